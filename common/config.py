@@ -1,0 +1,71 @@
+"""Engine arguments: what a user sets (CLI flags, `LLM(**kwargs)`), shared by both services."""
+
+import re
+
+import msgspec
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "M": 1000**2, "MB": 1000**2,
+               "MIB": 1024**2, "G": 1000**3, "GB": 1000**3, "GIB": 1024**3, "T": 1000**4,
+               "TB": 1000**4, "TIB": 1024**4}
+
+
+def parse_size(text: str | int) -> int:
+    """'2GiB' -> 2147483648. Raises ValueError with the accepted forms."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _SIZE_UNITS:
+        raise ValueError(f"size {text!r} is not a size like 512MiB, 2GiB or 1073741824")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
+
+
+class EngineArgs(msgspec.Struct, kw_only=True):
+    model: str | None = None  # HF folder, GGUF file, or None for the embedded default model
+    served_model_name: str | None = None
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    max_model_len: int | None = None  # None: the model's own limit
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory: str | int | None = None  # bytes or '2GiB'; default: from device memory
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    nnodes: int = 1  # hosts the tensor-parallel workers span (the core runs on node 0)
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"  # torch.distributed rendezvous, on node 0
+    master_port: int = 29511
+    seed: int = 0
+    attention_backend: str = "auto"  # auto | torch | triton | flash_attn
+    enforce_eager: bool = False
+
+    def validate(self) -> None:
+        checks = [
+            (self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype",
+             f"must be one of auto, float32, bfloat16, float16, got {self.dtype!r}"),
+            (self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}"),
+            (self.max_model_len is None or self.max_model_len >= 1, "max_model_len",
+             f"must be at least 1, got {self.max_model_len}"),
+            (self.max_num_seqs >= 1, "max_num_seqs", f"must be at least 1, got {self.max_num_seqs}"),
+            (self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
+             f"must be at least 1, got {self.max_num_batched_tokens}"),
+            (self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "block_size",
+             f"must be a power of two from 1 to 128, got {self.block_size}"),
+            (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
+             f"must be in (0, 1], got {self.gpu_memory_utilization}"),
+            (self.tensor_parallel_size >= 1, "tensor_parallel_size",
+             f"must be at least 1, got {self.tensor_parallel_size}"),
+            (self.attention_backend in ("auto", "torch", "triton", "flash_attn"), "attention_backend",
+             f"must be auto, torch, triton or flash_attn, got {self.attention_backend!r}"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise ValueError(f"{name} {why}")
+        if self.kv_cache_memory is not None:
+            try:
+                size = parse_size(self.kv_cache_memory)
+            except ValueError as e:
+                raise ValueError(f"kv_cache_memory {e}") from None
+            if size <= 0:
+                raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory!r}")

@@ -1,0 +1,122 @@
+"""Messages between frontend and engine core.
+
+msgspec Structs encoded as msgpack arrays. Each socket decodes with one typed decoder, so a frame
+that is not exactly the expected type is a DecodeError the receiver logs and drops.
+"""
+
+from enum import IntEnum
+
+import msgspec
+
+from common.sampling_params import SamplingParams
+
+PROTOCOL_VERSION = 1
+
+
+class FinishReason(IntEnum):
+    STOP = 0  # EOS, a stop token id or a stop string
+    LENGTH = 1  # max_tokens or max_model_len
+    ABORT = 2  # aborted by the client or the engine
+    ERROR = 3
+
+    def __str__(self) -> str:
+        return ("stop", "length", "abort", "error")[self.value]
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: list[int] = []
+    arrival_time: float = 0.0
+
+
+class Logprobs(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Logprobs of one generated token: the sampled one, then the top N (ids and values)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_token_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[Logprobs] = []
+    finish_reason: FinishReason | None = None
+    stop_reason: int | None = None  # the stop token id that ended it, if any
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+
+class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache (cumulative)
+    prefix_cache_hits: int = 0  # of those, tokens found (cumulative)
+    num_preemptions: int = 0  # cumulative
+    num_prompt_tokens: int = 0  # computed this step
+    num_generation_tokens: int = 0  # sampled this step
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+    engine_index: int = 0
+
+
+# ---- frames ------------------------------------------------------------------------------------
+# Every frame is [one type byte, msgpack body]. Frontends talk to the core's ROUTER socket through
+# a DEALER, so the core sees [frontend identity, type, body] and answers the same identity.
+
+
+# frames a frontend sends
+HELLO = b"\x01"  # body: Hello
+ADD = b"\x02"  # body: EngineCoreRequest
+ABORT = b"\x03"  # body: list[str] of request ids
+UTILITY = b"\x04"  # body: UtilityCall
+GOODBYE = b"\x05"  # body: empty; the frontend is leaving
+
+# frames the core sends
+READY = b"\x81"  # body: Ready
+OUTPUTS = b"\x82"  # body: EngineCoreOutputs (also sent as a heartbeat when idle)
+UTILITY_RESULT = b"\x83"  # body: UtilityResult
+SHUTDOWN = b"\x84"  # body: str, why the core is going away
+REJECTED = b"\x85"  # body: str, e.g. a protocol version the core does not speak
+
+
+class Hello(msgspec.Struct, array_like=True, omit_defaults=True):
+    protocol_version: int
+    client_name: str = ""
+
+
+class Ready(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    protocol_version: int
+    core_id: str  # new at every core start, so a frontend can tell a restarted core
+    engine_index: int = 0
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    tokenizer_files: dict[str, str]
+    block_size: int = 16
+    num_gpu_blocks: int = 0
+    dtype: str = ""
+
+
+class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True):
+    call_id: int
+    method: str  # one of the core's UTILITY_METHODS
+    args: list[int | float | str | bool | None] = []
+
+
+class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):
+    call_id: int
+    result: int | float | str | bool | None | SchedulerStats = None
+    error: str | None = None

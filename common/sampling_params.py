@@ -1,0 +1,74 @@
+"""Per-request sampling parameters, shared by the offline API, the HTTP server and the wire."""
+
+from enum import IntEnum
+
+import msgspec
+
+
+class RequestOutputKind(IntEnum):
+    CUMULATIVE = 0  # every RequestOutput carries the whole text so far
+    DELTA = 1  # every RequestOutput carries only what is new
+    FINAL_ONLY = 2  # one RequestOutput when the request finishes
+
+
+class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k cut
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None  # top-N logprobs per generated token (0: the sampled one only)
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.top_k == -1:
+            self.top_k = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5 or self.top_k == 1
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field and its limit."""
+        checks = [
+            (self.n >= 1, "n", f"must be at least 1, got {self.n}"),
+            (self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, "top_k", f"must be -1 (off) or >= 1, got {self.top_k}"),
+            (0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+             f"must be at least 1, got {self.max_tokens}"),
+            (self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}"),
+            (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+             f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"),
+            (self.repetition_penalty > 0, "repetition_penalty",
+             f"must be > 0, got {self.repetition_penalty}"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty",
+             f"must be in [-2, 2], got {self.presence_penalty}"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty",
+             f"must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
+             f"must be in [0, 20], got {self.logprobs}"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "prompt_logprobs",
+             f"must be in [0, 20], got {self.prompt_logprobs}"),
+            (all(s for s in self.stop), "stop", "must not contain empty strings"),
+            (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be >= 0"),
+            (self.seed is None or 0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise ValueError(f"{name} {why}")

@@ -1,0 +1,1 @@
+"""The engine core: scheduler, paged KV cache, model execution. Owns the accelerators."""

@@ -1,0 +1,114 @@
+"""EngineCore: the scheduler and the executor behind an in-process interface.
+
+add_request / abort_requests / step() -> EngineCoreOutputs. The ZMQ process wraps exactly this.
+"""
+
+import logging
+import time
+import uuid
+
+from common.config import EngineArgs
+from common.protocol import PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready
+from engine_core.kv_cache_manager import KVCacheManager
+from engine_core.model_config import eos_token_ids, load_hf_config, read_tokenizer_files
+from engine_core.platform import pick_device, pick_dtype
+from engine_core.request import Request
+from engine_core.scheduler import Scheduler, SchedulerConfig
+from engine_core.weights.model_resolver import resolve_model
+
+logger = logging.getLogger("nvllm")
+
+
+class EngineCore:
+    def __init__(self, args: EngineArgs, executor_class=None):
+        args.validate()
+        self.args = args
+        self.model_path = resolve_model(args.model)
+        self.hf_config = load_hf_config(self.model_path)
+        self.max_model_len = self._max_model_len()
+        device = pick_device(args.device)
+        dtype = pick_dtype(args.dtype, device)
+        if executor_class is None:
+            from engine_core.executor_factory import executor_class_for
+            executor_class = executor_class_for(args)
+        self.executor = executor_class(args, self.model_path, self.hf_config, device, dtype)
+        num_blocks, per_block = self.executor.num_blocks_for_budget()
+        capacity = num_blocks * args.block_size
+        if capacity < self.max_model_len:
+            self.executor.shutdown()
+            raise ValueError(
+                f"kv_cache_memory holds {capacity} tokens ({num_blocks} blocks of {args.block_size}), fewer than "
+                f"max_model_len {self.max_model_len}: raise --kv-cache-memory (or --gpu-memory-utilization) "
+                f"to at least {-(-self.max_model_len // args.block_size) * per_block} bytes, "
+                f"or lower --max-model-len")
+        self.executor.initialize_cache(num_blocks)
+        logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)", num_blocks, args.block_size,
+                    capacity, num_blocks * per_block / 2**30, str(dtype).removeprefix("torch."))
+        self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=self.max_model_len, block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching), self.kv_cache_manager)
+        self.num_blocks = num_blocks
+        self.dtype = dtype
+        self._pending: list[EngineCoreOutput] = []  # abort notices, sent with the next step
+        self.core_id = uuid.uuid4().hex
+
+    def _max_model_len(self) -> int:
+        limit = self.hf_config.max_position_embeddings
+        if self.args.max_model_len is None:
+            return limit
+        if self.args.max_model_len > limit:
+            raise ValueError(f"max_model_len {self.args.max_model_len} exceeds the model's "
+                             f"max_position_embeddings {limit}")
+        return self.args.max_model_len
+
+    def model_info(self) -> Ready:
+        """What a frontend needs to serve this model without a copy of it."""
+        return Ready(
+            protocol_version=PROTOCOL_VERSION,
+            core_id=self.core_id,
+            model_name=self.args.served_model_name or self._default_name(),
+            max_model_len=self.max_model_len,
+            vocab_size=self.hf_config.vocab_size,
+            eos_token_ids=eos_token_ids(self.model_path, self.hf_config),
+            tokenizer_files=read_tokenizer_files(self.model_path),
+            num_gpu_blocks=self.num_blocks,
+            block_size=self.args.block_size,
+            dtype=str(self.dtype).removeprefix("torch."),
+        )
+
+    def _default_name(self) -> str:
+        return self.args.model or "SmolLM2-135M-Instruct"
+
+    # ---- the in-process interface -------------------------------------------------------------
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.scheduler.add_request(Request.from_engine_core_request(request))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        outputs = self.scheduler.abort_requests(request_ids)
+        self.executor.forget_requests([o.request_id for o in outputs])
+        self._pending.extend(outputs)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        outputs, self._pending = self._pending, []
+        if self.scheduler.has_unfinished_requests():
+            sched_out = self.scheduler.schedule()
+            sampled, logprobs = ({}, {})
+            if sched_out.total_num_scheduled_tokens > 0:
+                sampled, logprobs = self.executor.execute_model(sched_out)
+            step_outputs = self.scheduler.update_from_output(sched_out, sampled, logprobs)
+            self.executor.forget_requests([o.request_id for o in step_outputs if o.finish_reason is not None])
+            outputs.extend(step_outputs)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.get_stats(),
+                                 timestamp=time.time())
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,38 @@
+"""Runs a scheduled step on the model and samples. One process (TP=1) here; the multiprocess
+executor for tensor parallelism has the same interface."""
+
+import torch
+
+from common.protocol import Logprobs
+from engine_core.model_runner import ModelRunner
+from engine_core.scheduler import SchedulerOutput
+from engine_core.step_input import build_step_input
+
+
+class UniprocExecutor:
+    def __init__(self, args, model_path: str, hf_config, device: torch.device, dtype: torch.dtype):
+        self.runner = ModelRunner(args, model_path, hf_config, device, dtype)
+        self.block_size = args.block_size
+
+    def num_blocks_for_budget(self) -> tuple[int, int]:
+        """(blocks that fit the memory budget, bytes per block)."""
+        per_block = self.runner.kv_bytes_per_block()
+        return max(0, self.runner.kv_cache_budget() // per_block), per_block
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.runner.allocate_kv_cache(num_blocks)
+
+    def execute_model(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
+        step, sampled_reqs = build_step_input(out, self.block_size)
+        logits = self.runner.forward(step)
+        tokens, logprobs = self.runner.sampler(logits, sampled_reqs) if sampled_reqs else ([], [])
+        sampled = {r.request_id: [t] for r, t in zip(sampled_reqs, tokens)}
+        lps = {r.request_id: [lp] for r, lp in zip(sampled_reqs, logprobs) if lp is not None}
+        return sampled, lps
+
+    def forget_requests(self, request_ids) -> None:
+        for rid in request_ids:
+            self.runner.sampler.forget(rid)
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,319 @@
+"""Tensor-parallel executor: rank 0 in the core process, ranks 1..N-1 in worker processes.
+
+Start-up: rank 0 serves the rendezvous store (torch.distributed's TCPStore) and puts the engine
+arguments and the channel addresses in it, starts this node's workers (`python -m
+engine_core.worker`, arguments as JSON through the store), waits until every rank has checked in
+(other nodes start theirs with `nvllm worker`), then all ranks join the process group, load their
+shards, and agree on the smallest KV block count any rank can hold (all-reduce MIN).
+
+Each step: rank 0 builds the StepInput (plain lists), publishes it msgpack-encoded to every worker,
+and runs the same forward pass; the all-reduces inside the model keep the ranks in lock step, the
+LM head gathers logits on rank 0, and rank 0 samples. Nothing comes back from the workers but
+status (hello, ready, heartbeat, error, bye).
+
+Faults: a monitor thread watches the local worker processes, the workers' heartbeats and error
+reports. A failed rank makes the next (or current) step raise TensorParallelError naming it; if
+the core is idle, the monitor raises it in the main thread through SIGUSR1, so an engine-core
+process exits non-zero within seconds instead of waiting for the next request.
+"""
+
+import logging
+import signal
+import subprocess
+import threading
+import time
+
+import msgspec
+import torch
+import zmq
+
+from common.config import EngineArgs
+from common.protocol import Logprobs
+from engine_core.distributed import channel
+from engine_core.distributed import rendezvous as rdv
+from engine_core.distributed.parallel_state import all_reduce
+from torch.distributed import ReduceOp
+from engine_core.model_runner import ModelRunner
+from engine_core.scheduler import SchedulerOutput
+from engine_core.step_input import build_step_input
+from engine_core.worker import spawn_worker
+
+logger = logging.getLogger("nvllm")
+
+
+class TensorParallelError(RuntimeError):
+    """A tensor-parallel rank failed; the engine cannot run another step."""
+
+
+def _exit_description(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class MultiprocExecutor:
+    def __init__(self, args: EngineArgs, model_path: str, hf_config, device: torch.device, dtype: torch.dtype):
+        self.layout = rdv.Layout(args.tensor_parallel_size, args.nnodes, args.node_rank)
+        if args.node_rank != 0:
+            raise ValueError(f"the engine core runs on node 0, not --node-rank {args.node_rank}; "
+                             "start the other nodes' ranks with `nvllm worker`")
+        self.block_size = args.block_size
+        self.world_size = self.layout.world_size
+        self.peers = range(1, self.world_size)
+        self.failure: str | None = None
+        self.failed_at = 0.0
+        self.closing = False
+        self.in_step = False
+        self.raised = False
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.hello: set[int] = set()
+        self.ready: dict[int, int] = {}
+        self.bye: set[int] = set()
+        self.last_seen: dict[int, float] = {}
+        self.cond = threading.Condition()
+        self.pub_lock = threading.Lock()
+        self.encoder = msgspec.msgpack.Encoder()
+        self.threads_before = torch.get_num_threads()
+        self.signal_before = None
+        self.ctx = zmq.Context()
+        self.store = None
+        self.runner = None
+        self.monitor = None
+        self.stop_monitor = threading.Event()
+        try:
+            self._start(args, model_path, hf_config, device, dtype)
+        except BaseException:
+            self.shutdown()
+            raise
+        self._install_failure_signal()
+
+    # ---- start-up ---------------------------------------------------------------------------
+
+    def _start(self, args, model_path, hf_config, device, dtype) -> None:
+        multinode = self.layout.nnodes > 1
+        host = args.master_addr if multinode else "127.0.0.1"
+        self.pub = channel.step_publisher(self.ctx)
+        self.pull = channel.status_receiver(self.ctx)
+        step_addr = channel.bind_address(self.pub, host if multinode else None)
+        status_addr = channel.bind_address(self.pull, host if multinode else None)
+        # one host: a free port, so several engines can run side by side; several: the agreed port
+        self.store = rdv.master_store(host, args.master_port if multinode else 0)
+        self.master = (host, self.store.port)
+        # workers get the dtype and device type rank 0 resolved, so every rank computes alike
+        shared = msgspec.structs.replace(args, dtype=str(dtype).removeprefix("torch."), device=device.type)
+        self.store.set(rdv.KEY_ARGS, msgspec.json.encode(shared))
+        self.store.set(rdv.KEY_MODEL, model_path)
+        self.store.set(rdv.KEY_STEP_ADDR, step_addr)
+        self.store.set(rdv.KEY_STATUS_ADDR, status_addr)
+
+        self.monitor = threading.Thread(target=self._monitor, name="nvllm-tp-monitor", daemon=True)
+        self.monitor.start()
+        for rank in self.layout.local_ranks:
+            if rank != 0:
+                self.procs[rank] = spawn_worker(host, self.store.port, rank)
+        self._wait_for_hello(rdv.init_timeout())
+
+        device = rdv.rank_device(device.type, 0, self.layout.per_node)
+        if device.type == "cpu":
+            torch.set_num_threads(rdv.cpu_threads_per_rank(self.layout.per_node))
+        rdv.init_process_group(self.store, 0, self.world_size, device)
+        self.device = device
+        self.runner = ModelRunner(args, model_path, hf_config, device, dtype)
+        self._wait(lambda: len(self.ready) == len(self.peers), None, "load their shards of the model")
+        self._wait_for_subscribers(rdv.init_timeout())
+        logger.info("tensor parallel: %d ranks on %d node(s) ready (%s, %d torch threads per rank)",
+                    self.world_size, self.layout.nnodes, "nccl" if device.type == "cuda" else "gloo",
+                    torch.get_num_threads())
+
+    def _wait(self, done, timeout: float | None, what: str) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while not done():
+                if self.failure is not None:
+                    raise TensorParallelError(self.failure)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(self._missing_message(what, timeout))
+                self.cond.wait(0.2)
+
+    def _wait_for_hello(self, timeout: float) -> None:
+        self._wait(lambda: len(self.hello) == len(self.peers), timeout, "check in")
+
+    def _missing_message(self, what: str, timeout: float) -> str:
+        missing = [r for r in self.peers if r not in self.hello]
+        text = f"tensor-parallel rank(s) {missing} did not {what} within {timeout:.0f} s"
+        remote = [r for r in missing if r not in self.layout.local_ranks]
+        if remote:
+            nodes = sorted({r // self.layout.per_node for r in remote})
+            host, port = self.master
+            text += (f"; start them with `nvllm worker --nnodes {self.layout.nnodes} --node-rank N "
+                     f"--master-addr {host} --master-port {port}` for node(s) {nodes}")
+        return text + f" (time-out: {rdv.INIT_TIMEOUT_ENV})"
+
+    def _wait_for_subscribers(self, timeout: float) -> None:
+        """Every worker's SUB socket is connected, so no step is published into the void."""
+        deadline, subscribed = time.monotonic() + timeout, 0
+        while subscribed < len(self.peers):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {subscribed} of {len(self.peers)} workers subscribed to the step channel")
+            with self.pub_lock:
+                if self.pub.poll(100):
+                    if self.pub.recv()[:1] == b"\x01":
+                        subscribed += 1
+
+    # ---- monitor thread ---------------------------------------------------------------------
+
+    def _monitor(self) -> None:
+        last_heartbeat = 0.0
+        silence = rdv.heartbeat_timeout()
+        while not self.stop_monitor.is_set():
+            self._drain_status(200)
+            now = time.monotonic()
+            for rank, proc in self.procs.items():
+                code = proc.poll()
+                if code is not None and not (self.closing or rank in self.bye):
+                    self._drain_status(100)  # its last error report may still be in flight
+                    self._fail(f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with "
+                               f"{_exit_description(code)}")
+            for rank, seen in list(self.last_seen.items()):
+                if now - seen > silence and rank not in self.bye:
+                    self._fail(f"tensor-parallel rank {rank} sent no heartbeat for {now - seen:.0f} s")
+            if now - last_heartbeat >= rdv.HEARTBEAT_SECONDS and not self.closing:
+                with self.pub_lock:
+                    self.pub.send_multipart([channel.HEARTBEAT, b""])
+                last_heartbeat = now
+            if self.failure is not None and not self.raised and not self.in_step and now - self.failed_at > 1.0:
+                self._interrupt_main()
+
+    def _drain_status(self, timeout_ms: int) -> None:
+        if not self.pull.poll(timeout_ms):
+            return
+        while True:
+            try:
+                frame = self.pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = channel.status_decoder.decode(frame)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                logger.warning("dropped a malformed worker status frame: %s", e)
+                continue
+            with self.cond:
+                self.last_seen[msg.rank] = time.monotonic()
+                if msg.kind == "hello":
+                    self.hello.add(msg.rank)
+                elif msg.kind == "ready":
+                    self.ready[msg.rank] = msg.num_blocks
+                elif msg.kind == "bye":
+                    self.bye.add(msg.rank)
+                elif msg.kind == "error":
+                    self._fail(f"tensor-parallel rank {msg.rank} failed: {msg.message}")
+                self.cond.notify_all()
+
+    def _fail(self, reason: str) -> None:
+        with self.cond:
+            if self.failure is not None or self.closing:
+                return
+            self.failure = reason
+            self.failed_at = time.monotonic()
+            self.cond.notify_all()
+        logger.error("%s; the engine stops", reason)
+
+    # ---- raising a failure in the main thread while the core is idle ----------------------
+
+    def _install_failure_signal(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+            return
+        self.signal_before = signal.signal(signal.SIGUSR1, self._on_failure_signal)
+        self.main_ident = threading.main_thread().ident
+
+    def _interrupt_main(self) -> None:
+        if self.signal_before is not None:
+            self.raised = True  # once
+            signal.pthread_kill(self.main_ident, signal.SIGUSR1)
+
+    def _on_failure_signal(self, signum, frame) -> None:
+        if self.failure is not None and not self.in_step and not self.closing:
+            raise TensorParallelError(self.failure)
+
+    # ---- the executor interface -------------------------------------------------------------
+
+    def num_blocks_for_budget(self) -> tuple[int, int]:
+        """(blocks every rank can hold, rank 0's bytes per block: it holds the most heads)."""
+        per_block = self.runner.kv_bytes_per_block()
+        mine = max(0, self.runner.kv_cache_budget() // per_block)
+        agreed = all_reduce(torch.tensor([mine], dtype=torch.int64, device=self.device), ReduceOp.MIN)
+        return int(agreed.item()), per_block
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.runner.allocate_kv_cache(num_blocks)  # the workers allocated the same count after the all-reduce
+
+    def _check(self) -> None:
+        if self.failure is not None:
+            self.raised = True
+            raise TensorParallelError(self.failure)
+
+    def execute_model(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
+        self._check()
+        step, sampled_reqs = build_step_input(out, self.block_size)
+        self.in_step = True
+        try:
+            with self.pub_lock:
+                self.pub.send_multipart([channel.STEP, self.encoder.encode(step)])
+            logits = self.runner.forward(step)
+        except Exception as e:
+            raise self._step_failed(e) from e
+        finally:
+            self.in_step = False
+        self._check()
+        tokens, logprobs = self.runner.sampler(logits, sampled_reqs) if sampled_reqs else ([], [])
+        sampled = {r.request_id: [t] for r, t in zip(sampled_reqs, tokens)}
+        lps = {r.request_id: [lp] for r, lp in zip(sampled_reqs, logprobs) if lp is not None}
+        return sampled, lps
+
+    def _step_failed(self, error: Exception) -> TensorParallelError:
+        """A collective failed: give the monitor a moment to learn which rank is gone."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.failure is not None, timeout=3.0)
+        self.raised = True
+        return TensorParallelError(self.failure or f"a tensor-parallel collective failed: {error}")
+
+    def forget_requests(self, request_ids) -> None:
+        if self.runner is not None and self.runner.sampler is not None:
+            for rid in request_ids:
+                self.runner.sampler.forget(rid)
+
+    def shutdown(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        if self.signal_before is not None:
+            signal.signal(signal.SIGUSR1, self.signal_before)
+            self.signal_before = None
+        if hasattr(self, "pub"):
+            with self.pub_lock:
+                self.pub.send_multipart([channel.QUIT, b""])
+            # remote ranks say bye; local ones also exit
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                local_done = all(p.poll() is not None for p in self.procs.values())
+                remote_done = all(r in self.bye or r in self.procs or r not in self.hello for r in self.peers)
+                if local_done and remote_done:
+                    break
+                time.sleep(0.05)
+        for rank, proc in self.procs.items():
+            if proc.poll() is None:
+                logger.warning("tensor-parallel worker rank %d did not exit; killing it", rank)
+                proc.kill()
+                proc.wait()
+        self.stop_monitor.set()
+        if self.monitor is not None:
+            self.monitor.join(timeout=5)
+        rdv.destroy_process_group()
+        self.ctx.destroy(linger=0)
+        self.store = None
+        torch.set_num_threads(self.threads_before)

@@ -1,0 +1,35 @@
+"""Per-step state the attention layers read: set by the model runner around each forward pass.
+
+Passing it through every layer's signature would clutter the model code; a module-level slot
+keeps models written like their reference implementations.
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from engine_core.attention.backend import AttentionBackend
+from engine_core.attention.metadata import AttentionMetadata
+
+
+@dataclass
+class ForwardContext:
+    meta: AttentionMetadata
+    backend: AttentionBackend
+
+
+_current: ForwardContext | None = None
+
+
+def get_forward_context() -> ForwardContext:
+    assert _current is not None, "attention ran outside a model runner step"
+    return _current
+
+
+@contextmanager
+def forward_context(meta: AttentionMetadata, backend: AttentionBackend):
+    global _current
+    previous, _current = _current, ForwardContext(meta, backend)
+    try:
+        yield
+    finally:
+        _current = previous

@@ -1,0 +1,111 @@
+"""Per-request block tables on top of the BlockPool, with prefix caching by chained block hashes.
+
+Block i of a request is identified by hash(hash of block i-1, token ids of block i), so equal hashes
+mean equal whole prefixes, not just equal blocks. Only full blocks are ever hashed or shared.
+"""
+
+from array import array
+
+import xxhash
+
+from engine_core.block_pool import BlockPool, KVCacheBlock
+from engine_core.request import Request
+
+
+def hash_block_tokens(parent_hash: int | None, token_ids) -> int:
+    """xxh3_64 over the parent hash and the block's token ids (int64 each)."""
+    h = xxhash.xxh3_64()
+    if parent_hash is None:
+        h.update(b"\x00")
+    else:
+        h.update(b"\x01" + (parent_hash & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little"))
+    h.update(array("q", token_ids).tobytes())
+    return h.intdigest()
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.prefix_cache_queries = 0  # tokens looked up (cumulative)
+        self.prefix_cache_hits = 0  # tokens found (cumulative)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.usage
+
+    def _hash_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Extend request.block_hashes to cover every full block among its first num_tokens tokens."""
+        bs, hashes, tokens = self.block_size, request.block_hashes, request.all_token_ids
+        for i in range(len(hashes), min(num_tokens, len(tokens)) // bs):
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs]))
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest run of cached full blocks that prefixes the request, and the tokens they hold.
+        At least one token is left to compute, since the model must run to sample the next one."""
+        if not self.enable_caching:
+            return [], 0
+        self._hash_full_blocks(request, request.num_tokens)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        num_hit_tokens = len(hits) * self.block_size
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += num_hit_tokens
+        return hits, num_hit_tokens
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVCacheBlock] = ()) -> bool:
+        """Grow the request's block table to hold its computed tokens, the prefix hits and
+        num_new_tokens more. All or nothing: False, with nothing changed, if blocks run short."""
+        bs, pool = self.block_size, self.block_pool
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * bs
+        total = num_computed + num_new_tokens
+        num_needed = -(-total // bs) - len(request.block_ids) - len(new_computed_blocks)
+        # hits sitting in the free queue stop being free once touched
+        num_hits_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_needed > pool.num_free_blocks - num_hits_free:
+            return False
+        pool.touch(new_computed_blocks)  # before get_new_blocks, so the hits cannot be evicted
+        request.block_ids.extend(b.block_id for b in new_computed_blocks)
+        if num_needed > 0:
+            request.block_ids.extend(b.block_id for b in pool.get_new_blocks(num_needed))
+        if self.enable_caching:
+            self._cache_blocks(request, num_computed // bs, total // bs)
+        return True
+
+    def _cache_blocks(self, request: Request, first: int, end: int) -> None:
+        """Register blocks [first, end) of the request, which are full once this step has run.
+        Registering now, before the step runs, is safe: a request that hits them in this same step
+        is in the same forward pass, and every layer writes the step's K/V before reading any."""
+        self._hash_full_blocks(request, end * self.block_size)
+        pool = self.block_pool
+        for i in range(first, end):
+            block = pool.blocks[request.block_ids[i]]
+            if block.block_hash is None:
+                pool.cache_full_block(block, request.block_hashes[i])
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first; they keep their hashes until evicted."""
+        blocks = self.block_pool.blocks
+        self.block_pool.free_blocks([blocks[i] for i in reversed(request.block_ids)])
+        request.block_ids.clear()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()

@@ -1,0 +1,38 @@
+"""Vocabulary-parallel embedding and LM head: each rank holds a contiguous slice of the vocabulary."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine_core.distributed.parallel_state import all_reduce, gather_to_rank0, tp_rank, tp_size
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.per_rank = (vocab_size + tp_size() - 1) // tp_size()
+        self.start = tp_rank() * self.per_rank
+        self.end = min(self.start + self.per_rank, vocab_size)
+        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        part = loaded[self.start:self.end]
+        param.data[: part.shape[0]].copy_(part)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if tp_size() == 1:
+            return F.embedding(input_ids, self.weight)
+        mine = (input_ids >= self.start) & (input_ids < self.end)
+        local = torch.where(mine, input_ids - self.start, 0)
+        y = F.embedding(local, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
+        return all_reduce(y)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Full-vocabulary logits on rank 0 (None on other ranks)."""
+        logits = F.linear(hidden, self.weight)
+        logits = gather_to_rank0(logits, dim=-1)
+        return logits[..., : self.vocab_size] if logits is not None else None

@@ -1,0 +1,98 @@
+"""Linear layers with tensor parallelism built in.
+
+Column-parallel layers split output features over ranks (no communication); row-parallel layers
+split input features and all-reduce their partial sums. Each parameter has a `weight_loader` that
+takes the full checkpoint tensor and keeps only this rank's shard. Splits that do not divide go
+as evenly as possible (parallel_state.split_evenly); with one rank every shard is the whole tensor.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine_core.distributed.parallel_state import all_reduce, partition_heads, split_evenly, tp_rank, tp_size
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, out_per_rank: int | None = None):
+        super().__init__()
+        self.out_start, count = split_evenly(out_features, tp_size(), tp_rank())
+        self.out_per_rank = count if out_per_rank is None else out_per_rank
+        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.out_per_rank), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        param.data.copy_(loaded.narrow(0, self.out_start, self.out_per_rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input in one matmul (gate and up).
+    Each projection is split on its own, so this rank's output is [its gate rows, its up rows]."""
+
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool = False):
+        self.out_sizes = out_sizes
+        self.shards = [split_evenly(n, tp_size(), tp_rank()) for n in out_sizes]
+        super().__init__(in_features, sum(out_sizes), bias, out_per_rank=sum(c for _, c in self.shards))
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+        start, count = self.shards[shard_id]
+        offset = sum(c for _, c in self.shards[:shard_id])
+        param.data.narrow(0, offset, count).copy_(loaded.narrow(0, start, count))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul, over this rank's heads (parallel_state.partition_heads):
+    KV heads split as evenly as possible, or replicated when there are fewer KV heads than ranks."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
+        self.head_dim = head_dim
+        self.heads = partition_heads(num_heads, num_kv_heads, tp_rank(), tp_size())
+        self.num_heads = self.heads.num_q
+        self.num_kv_heads = self.heads.num_kv
+        self.num_kv_heads_total = num_kv_heads
+        out = (num_heads + 2 * num_kv_heads) * head_dim
+        super().__init__(hidden_size, out, bias, out_per_rank=(self.num_heads + 2 * self.num_kv_heads) * head_dim)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str = "q") -> None:
+        d = self.head_dim
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
+        if shard_id == "q":
+            offset, start, size = 0, self.heads.q_start * d, q_size
+        else:
+            offset = q_size if shard_id == "k" else q_size + kv_size
+            start, size = self.heads.kv_start * d, kv_size
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+
+
+class RowParallelLinear(nn.Module):
+    """Input features split over ranks (evenly, or the slice [input_start, input_start + input_size)
+    given by the caller, e.g. the rows of this rank's attention heads); outputs all-reduced."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 input_start: int | None = None, input_size: int | None = None):
+        super().__init__()
+        if input_start is None:
+            input_start, input_size = split_evenly(in_features, tp_size(), tp_rank())
+        self.in_start, self.in_per_rank = input_start, input_size
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = lambda p, w, s=None: p.data.copy_(w)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        param.data.copy_(loaded.narrow(1, self.in_start, self.in_per_rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        y = all_reduce(y)
+        # the bias is added once, after the sum of the partial products
+        return y + self.bias if self.bias is not None else y

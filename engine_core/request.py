@@ -1,0 +1,58 @@
+"""A request as the engine core tracks it, from arrival to finish."""
+
+from enum import IntEnum
+
+from common.protocol import EngineCoreRequest, FinishReason
+from common.sampling_params import SamplingParams
+
+
+class RequestStatus(IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2  # blocks freed; waits to recompute everything it had
+    FINISHED = 3
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 eos_token_ids: list[int] = (), arrival_time: float = 0.0):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = set(eos_token_ids)
+        self.arrival_time = arrival_time
+        self.all_token_ids: list[int] = list(prompt_token_ids)  # prompt, then generated tokens
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 until admitted
+        self.block_ids: list[int] = []  # the block table, managed by the KVCacheManager
+        self.block_hashes: list[int] = []  # hashes of this request's full blocks, in order
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | None = None
+        self.num_preemptions = 0
+
+    @classmethod
+    def from_engine_core_request(cls, req: EngineCoreRequest) -> "Request":
+        return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
+                   req.arrival_time)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_output_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+        self.output_token_ids.append(token_id)

@@ -1,0 +1,267 @@
+"""Continuous batching: which requests run this step, and how many tokens each computes.
+
+One token budget per step (max_num_batched_tokens) is shared by decodes and prefill chunks. Running
+requests go first, oldest first; then waiting requests are admitted FCFS. A prompt longer than the
+budget is prefilled in chunks over several steps. When KV blocks run out, the newest running request
+is preempted: its blocks are freed and it recomputes everything later, from the front of the queue.
+
+Why this never spins forever:
+- blocks are held only by running requests, and a victim is always the newest running request, so the
+  oldest running request is never preempted by another; it gets tokens every step (the budget is at
+  least 1 and it is served first), so it finishes in a bounded number of steps;
+- a request that cannot get its blocks while nothing else holds any (it is alone in `running`, or
+  nothing runs and it heads the queue) needs more blocks than the whole pool has, now or later, since
+  its tokens only grow: it finishes with FinishReason.ERROR instead of being retried.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from common.protocol import EngineCoreOutput, FinishReason, Logprobs, SchedulerStats
+from engine_core.kv_cache_manager import KVCacheManager
+from engine_core.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens computed this step
+    num_computed_tokens_before: int  # tokens already in the KV cache (prefix hits included)
+
+    @property
+    def is_decode(self) -> bool:
+        # one query token: what the attention backends batch as a decode
+        return self.num_new_tokens == 1
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)  # decodes first, then prefill chunks
+    num_decodes: int = 0  # the leading entries of `scheduled` with exactly one new token
+    total_num_scheduled_tokens: int = 0
+    preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)  # finished since the last step; drop their state
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+        if config.block_size != kv_cache_manager.block_size:
+            raise ValueError(f"scheduler block_size {config.block_size} differs from the KV cache "
+                             f"manager's {kv_cache_manager.block_size}")
+        if config.max_num_batched_tokens < 1 or config.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be at least 1")
+        self.config = config
+        self.kv = kv_cache_manager
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # oldest admission first
+        self.finished_ids: list[str] = []  # for the next SchedulerOutput
+        self.pending_outputs: list[EngineCoreOutput] = []  # errors raised outside update_from_output
+        self.num_preemptions = 0
+        self.step_prompt_tokens = 0
+        self.step_generation_tokens = 0
+
+    # ---- requests in and out ------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if request.num_tokens == 0:
+            self._finish_with_error(request, "prompt is empty")
+            return
+        if request.num_tokens >= self.config.max_model_len:
+            self._finish_with_error(request, f"prompt has {request.num_tokens} tokens, which leaves no room to "
+                                             f"generate within max_model_len {self.config.max_model_len}")
+            return
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_requests(self, request_ids) -> list[EngineCoreOutput]:
+        """Finish the given requests (unknown or finished ids are ignored) and free their blocks."""
+        aborted = [self.requests[rid] for rid in dict.fromkeys(request_ids) if rid in self.requests]
+        if not aborted:
+            return []
+        gone = {id(r) for r in aborted}
+        self.running = [r for r in self.running if id(r) not in gone]
+        self.waiting = deque(r for r in self.waiting if id(r) not in gone)
+        outputs = []
+        for request in aborted:
+            self._finish(request, FinishReason.ABORT)
+            outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                            finish_reason=FinishReason.ABORT,
+                                            num_cached_tokens=max(0, request.num_cached_tokens)))
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        # pending error outputs count: the core must step once more to deliver them
+        return bool(self.requests) or bool(self.pending_outputs)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def _finish(self, request: Request, reason: FinishReason, stop_reason: int | None = None) -> None:
+        """Mark finished and free its blocks; the caller takes it out of running/waiting."""
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.stop_reason = stop_reason
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)
+        self.finished_ids.append(request.request_id)
+
+    def _finish_with_error(self, request: Request, error: str) -> None:
+        self._finish(request, FinishReason.ERROR)
+        self.pending_outputs.append(EngineCoreOutput(
+            request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR,
+            num_cached_tokens=max(0, request.num_cached_tokens), error=error))
+
+    def _preempt(self, request: Request) -> None:
+        """Free its blocks and send it to the front of the queue to recompute everything it had."""
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _no_room_error(self, request: Request) -> str:
+        needed = -(-request.num_tokens // self.kv.block_size)
+        return (f"request needs {needed} KV cache blocks for its {request.num_tokens} tokens, but the whole "
+                f"cache has {self.kv.num_blocks}: raise the KV cache size or lower max_model_len")
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted_ids: list[str] = []
+
+        # 1. running requests, oldest first: decodes, and prefills that continue their chunks
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(request, num_new):
+                if len(self.running) == 1:  # it holds every block in use and still does not fit
+                    self.running.pop()
+                    self._finish_with_error(request, self._no_room_error(request))
+                    break
+                victim = self.running.pop()  # never one already scheduled this step: those are older
+                self._preempt(victim)
+                preempted_ids.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+                budget -= num_new
+                i += 1
+
+        # 2. waiting requests, FCFS; none after a preemption, since blocks are already short
+        while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
+               and not preempted_ids):
+            request = self.waiting[0]
+            hits, num_hit_tokens = self.kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            if not self.kv.allocate_slots(request, num_new, hits):
+                if not self.running:  # the whole pool is free and it still does not fit
+                    self.waiting.popleft()
+                    self._finish_with_error(request, self._no_room_error(request))
+                    continue
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append(ScheduledRequest(request, num_new, num_hit_tokens))
+            budget -= num_new
+
+        decodes = [s for s in scheduled if s.is_decode]
+        prefills = [s for s in scheduled if not s.is_decode]
+        finished_ids, self.finished_ids = self.finished_ids, []
+        return SchedulerOutput(
+            scheduled=decodes + prefills,
+            num_decodes=len(decodes),
+            total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
+            preempted_ids=preempted_ids,
+            finished_ids=finished_ids,
+        )
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]],
+                           logprobs: dict[str, list[Logprobs]] | None = None) -> list[EngineCoreOutput]:
+        """Advance each scheduled request by its chunk; append the token sampled for every request whose
+        chunk reached its last known token, and finish the ones that hit a stop condition."""
+        outputs, self.pending_outputs = self.pending_outputs, []
+        finished: set[int] = set()
+        self.step_prompt_tokens = self.step_generation_tokens = 0
+        for s in scheduler_output.scheduled:
+            request = s.request
+            if self.requests.get(request.request_id) is not request or request.status != RequestStatus.RUNNING:
+                continue  # aborted (or finished) since schedule()
+            before = request.num_computed_tokens
+            request.num_computed_tokens = before + s.num_new_tokens
+            self.step_prompt_tokens += max(0, min(request.num_computed_tokens, request.num_prompt_tokens) - before)
+            if request.num_computed_tokens < request.num_tokens:
+                continue  # mid-prefill: nothing was sampled
+            tokens = sampled.get(request.request_id)
+            if not tokens:
+                self.running.remove(request)
+                self._finish(request, FinishReason.ERROR)
+                finished.add(id(request))
+                outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                                finish_reason=FinishReason.ERROR,
+                                                error="the model runner returned no token for this request"))
+                continue
+            token = tokens[0]
+            request.append_output_token(token)
+            self.step_generation_tokens += 1
+            reason, stop_reason = self._check_stop(request, token)
+            if reason is not None:
+                self._finish(request, reason, stop_reason)
+                finished.add(id(request))
+            outputs.append(EngineCoreOutput(
+                request_id=request.request_id, new_token_ids=[token],
+                new_logprobs=(logprobs or {}).get(request.request_id, []),
+                finish_reason=reason, stop_reason=stop_reason,
+                num_cached_tokens=max(0, request.num_cached_tokens)))
+        if finished:
+            self.running = [r for r in self.running if id(r) not in finished]
+        return outputs
+
+    def _check_stop(self, request: Request, token: int) -> tuple[FinishReason | None, int | None]:
+        params = request.sampling_params
+        past_min = request.num_output_tokens >= params.min_tokens
+        if past_min and not params.ignore_eos and token in request.eos_token_ids:
+            return FinishReason.STOP, None
+        if past_min and token in params.stop_token_ids:
+            return FinishReason.STOP, token
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return FinishReason.LENGTH, None
+        if request.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH, None
+        return None, None
+
+    # ---- stats ----------------------------------------------------------------------------------
+
+    def get_stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_free_blocks=self.kv.num_free_blocks,
+            num_total_blocks=self.kv.num_blocks,
+            kv_cache_usage=self.kv.usage,
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+            num_prompt_tokens=self.step_prompt_tokens,
+            num_generation_tokens=self.step_generation_tokens,
+        )

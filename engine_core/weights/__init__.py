@@ -1,0 +1,1 @@
+"""Weight loading: HF safetensors folders, GGUF import, and where models come from."""

@@ -1,0 +1,334 @@
+"""Import a GGUF file once into an HF folder (config.json + model.safetensors + tokenizer files).
+
+The engine only loads HF folders; a GGUF is dequantized here one time and the result cached, so a later
+start reads plain safetensors. Supported GGUF architectures: llama (SmolLM2, Llama, Mistral-as-llama),
+qwen2 and qwen3.
+
+llama.cpp's converter permutes the rows of the llama q/k projections so that each head's rotary pairs
+are interleaved (GPT-J style) instead of split in halves (NeoX style, what HF uses). For the llama
+architecture we undo that here, so the weights equal what transformers loads from the same GGUF.
+Qwen2/Qwen3 GGUFs are converted without the permutation and are copied as they are.
+
+dtype: float32 by default, which keeps the import exact (every dequantized Q4/Q8/F16 value is exactly a
+float32; most are not a bfloat16). SmolLM2-135M is 0.54 GB in float32 (0.27 GB in bfloat16), a fair price
+for exactness; the model code casts to its compute dtype at load. Models whose float32 copy would exceed
+FLOAT32_LIMIT_BYTES are written in bfloat16 instead, to halve the disk and load time.
+"""
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+logger = logging.getLogger("nvllm")
+
+MARKER_FILE = ".nvllm-import.json"  # written last: its presence means the folder is complete
+IMPORT_FORMAT = 1  # bump when the layout of imported folders changes, so old imports are redone
+FLOAT32_LIMIT_BYTES = 8 << 30
+SHARD_BYTES = 4 << 30
+
+# GGUF architecture -> (HF architectures entry, model_type, q/k rows permuted by llama.cpp)
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama", True),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
+}
+
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# tensors llama.cpp adds that HF checkpoints do not have
+_SKIPPED = {"rope_freqs.weight"}
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """HF Llama/Qwen name of a GGUF tensor name ('blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight')."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if suffix not in ("weight", "bias"):
+        return None
+    if base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{suffix}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
+        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
+    return None
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's permute(): rows of each head go from interleaved rotary pairs back to halves.
+
+    llama.cpp stores W.reshape(n, 2, d/2, ...).swapaxes(1, 2); this is its inverse."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to HF q/k rows (used by tests to build GGUFs)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class _Metadata:
+    """Typed access to a GGUFReader's key/value fields."""
+
+    def __init__(self, reader):
+        self.fields = reader.fields
+
+    def get(self, key, default=None):
+        field = self.fields.get(key)
+        if field is None:
+            return default
+        if hasattr(field, "contents"):
+            return field.contents()
+        # older gguf: decode by hand
+        values = [field.parts[i] for i in field.data]
+        out = [bytes(v).decode("utf-8") if v.dtype == np.uint8 else v.tolist()[0] for v in values]
+        return out[0] if len(out) == 1 else out
+
+
+def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows: int, dtype: torch.dtype) -> dict:
+    hf_arch, model_type, _ = ARCHITECTURES[arch]
+
+    def key(name, default=None):
+        return meta.get(f"{arch}.{name}", default)
+
+    hidden = int(key("embedding_length"))
+    n_heads = int(key("attention.head_count"))
+    n_kv = key("attention.head_count_kv", n_heads)
+    if isinstance(n_kv, list):  # per-layer counts: all equal for the supported architectures
+        n_kv = max(n_kv)
+    head_dim = key("attention.key_length") or key("rope.dimension_count") or hidden // n_heads
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = key("vocab_size") or (len(tokens) if tokens else vocab_rows)
+    config = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(n_kv),
+        "head_dim": int(head_dim),
+        "hidden_act": "silu",
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(key("context_length", 2048)),
+        "vocab_size": int(vocab),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if arch == "llama":
+        config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+        config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
+    elif arch == "qwen3":
+        config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+    rope_scaling = _rope_scaling(meta, arch)
+    if rope_scaling:
+        config["rope_scaling"] = rope_scaling
+    for name in ("bos", "eos", "padding"):
+        token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
+        if token_id is not None:
+            config["pad_token_id" if name == "padding" else f"{name}_token_id"] = int(token_id)
+    return config
+
+
+def _rope_scaling(meta: _Metadata, arch: str) -> dict | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta.get(f"{arch}.rope.scaling.factor")
+    if kind is None and meta.get(f"{arch}.rope.scale_linear") is not None:  # older GGUFs
+        kind, factor = "linear", meta.get(f"{arch}.rope.scale_linear")
+    if kind in (None, "none") or not factor:
+        return None
+    scaling = {"rope_type": kind, "factor": float(factor)}
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if original:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+def _eos_ids(meta: _Metadata) -> list[int]:
+    ids = []
+    for name in ("eos", "eot", "eom"):
+        token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
+        if token_id is not None and int(token_id) not in ids:
+            ids.append(int(token_id))
+    return ids
+
+
+def _write_tokenizer(gguf_path: str, out_dir: str, meta: _Metadata, max_length: int) -> None:
+    """tokenizer.json, tokenizer_config.json (with the chat template), chat_template.jinja,
+    special_tokens_map.json, built by transformers from the GGUF's tokenizer metadata."""
+    from transformers import AutoTokenizer
+
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except Exception as e:
+        raise ValueError(f"could not build a tokenizer from the metadata of {gguf_path}: {type(e).__name__}: {e}") from e
+    tokenizer.save_pretrained(out_dir)
+    template = meta.get("tokenizer.chat_template") or getattr(tokenizer, "chat_template", None)
+
+    config_path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(config_path, encoding="utf-8") as f:
+        tok_config = json.load(f)
+    for noise in ("is_local", "local_files_only", "_commit_hash", "name_or_path"):
+        tok_config.pop(noise, None)
+    if tok_config.get("tokenizer_class") == "TokenizersBackend":  # transformers 5's name; 4.x knows this one
+        tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    # transformers saves a huge model_max_length meaning "unknown"; the GGUF knows the context length
+    tok_config["model_max_length"] = max_length
+    if template:
+        # transformers 5 keeps the template in chat_template.jinja; older readers look in tokenizer_config.json
+        tok_config["chat_template"] = template
+        with open(os.path.join(out_dir, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(template)
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(tok_config, f, indent=2, ensure_ascii=False)
+
+    special = {}
+    for attr in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            special[attr] = str(value)
+    with open(os.path.join(out_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
+        json.dump(special, f, indent=2, ensure_ascii=False)
+
+
+def _write_weights(reader, arch: str, n_heads: int, n_kv: int, out_dir: str, dtype: torch.dtype) -> int:
+    """Dequantize, rename and (llama) un-permute every tensor; write shards of at most SHARD_BYTES.
+    Returns the number of tensors written."""
+    from gguf.quants import dequantize
+    from safetensors.torch import save_file
+
+    permuted = ARCHITECTURES[arch][2]
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    shard_bytes = 0
+    count = 0
+    for tensor in reader.tensors:
+        if tensor.name in _SKIPPED:
+            logger.warning("GGUF import: skipping %s (llama.cpp-only tensor)", tensor.name)
+            continue
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            raise ValueError(f"GGUF tensor {tensor.name!r} of architecture {arch!r} has no HF Llama/Qwen name; "
+                             "this GGUF is not supported")
+        # a copy: F32/F16 tensors may come back as views of the read-only memory map
+        w = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32, copy=True)
+        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
+            w = unpermute_qk(w, n_heads)
+        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
+            w = unpermute_qk(w, n_kv)
+        t = torch.from_numpy(np.ascontiguousarray(w)).to(dtype)
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and shard_bytes + nbytes > SHARD_BYTES:
+            shards.append({})
+            shard_bytes = 0
+        shards[-1][name] = t
+        shard_bytes += nbytes
+        count += 1
+
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+        return count
+    weight_map = {}
+    total = 0
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(out_dir, file), metadata={"format": "pt"})
+        for name, t in shard.items():
+            weight_map[name] = file
+            total += t.numel() * t.element_size()
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return count
+
+
+def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) -> str:
+    """Convert `gguf_path` into the HF folder `out_dir` and return `out_dir`.
+
+    Written into a temporary sibling folder, completed by a marker file, then renamed into place, so a
+    crash never leaves a half folder at `out_dir`. If `out_dir` already holds a complete import it is kept.
+    dtype None: float32, or bfloat16 when the float32 copy would exceed FLOAT32_LIMIT_BYTES."""
+    from gguf import GGUFReader
+
+    start = time.perf_counter()
+    gguf_path = os.path.abspath(gguf_path)
+    out_dir = os.path.abspath(out_dir)
+    reader = GGUFReader(gguf_path)
+    meta = _Metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"GGUF architecture {arch!r} of {gguf_path} is not supported; "
+                         f"nvllm imports {', '.join(sorted(ARCHITECTURES))} GGUFs")
+    tensor_names = {t.name for t in reader.tensors}
+    if dtype is None:
+        n_params = sum(int(np.prod(t.shape)) for t in reader.tensors)
+        dtype = torch.float32 if n_params * 4 <= FLOAT32_LIMIT_BYTES else torch.bfloat16
+    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    config = _build_config(meta, arch, tensor_names, int(embed.shape[-1]), dtype)
+
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    try:
+        count = _write_weights(reader, arch, config["num_attention_heads"], config["num_key_value_heads"], tmp, dtype)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        generation = {k: config[k] for k in ("bos_token_id", "pad_token_id") if k in config}
+        eos = _eos_ids(meta)
+        if eos:
+            generation["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+        with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+            json.dump(generation, f, indent=2)
+        _write_tokenizer(gguf_path, tmp, meta, config["max_position_embeddings"])
+        with open(os.path.join(tmp, MARKER_FILE), "w") as f:
+            json.dump({"format": IMPORT_FORMAT, "source": gguf_path, "architecture": arch, "tensors": count,
+                       "dtype": config["torch_dtype"], "seconds": round(time.perf_counter() - start, 2)}, f)
+        # mkdtemp made the folder private; an import is a cache others (another user, a container) may read
+        os.chmod(tmp, 0o755)
+        for name in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, name), 0o644)
+        if os.path.isdir(out_dir):
+            if is_complete_import(out_dir):  # someone else finished first
+                shutil.rmtree(tmp, ignore_errors=True)
+                return out_dir
+            if os.listdir(out_dir) and not os.path.exists(os.path.join(out_dir, MARKER_FILE)):
+                raise FileExistsError(f"{out_dir} exists and is not an nvllm GGUF import; "
+                                      "remove it or import into another folder")
+            shutil.rmtree(out_dir)  # empty, or an import of an older format
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("imported %s (%s, %d tensors, %s) into %s in %.1f s", os.path.basename(gguf_path), arch, count,
+                config["torch_dtype"], out_dir, time.perf_counter() - start)
+    return out_dir
+
+
+def is_complete_import(folder: str) -> bool:
+    """True when `folder` holds a finished import of the current format."""
+    try:
+        with open(os.path.join(folder, MARKER_FILE)) as f:
+            return json.load(f).get("format") == IMPORT_FORMAT
+    except (OSError, ValueError):
+        return False

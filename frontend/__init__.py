@@ -1,0 +1,19 @@
+"""The frontend: tokenizing, validating, detokenizing, the offline and HTTP APIs. Imports no torch."""
+
+from common.sampling_params import RequestOutputKind, SamplingParams
+from frontend.outputs import CompletionOutput, Logprob, RequestOutput
+
+
+def __getattr__(name):
+    # LLM pulls in the engine-core client; import it on first use so `import frontend` stays light
+    if name == "LLM":
+        from frontend.llm import LLM
+        return LLM
+    if name == "AsyncLLM":
+        from frontend.async_llm import AsyncLLM
+        return AsyncLLM
+    raise AttributeError(name)
+
+
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
+           "RequestOutputKind"]

@@ -1,0 +1,161 @@
+"""The FastAPI app around an AsyncLLM.
+
+`build_app(engine_factory, ...)`: the lifespan starts the engine in the background (so /health can
+answer 503 while the core loads or is unreachable) and shuts it down with the server. Endpoints
+that need the engine answer 503 until it is READY and after it dies.
+"""
+
+import asyncio
+import logging
+import os
+import secrets
+from contextlib import asynccontextmanager
+from importlib import metadata
+from typing import Awaitable, Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from frontend.api import serving_chat, serving_completion, serving_tokenize
+from frontend.api.errors import APIError, engine_unavailable, install_error_handlers
+from frontend.api.metrics import CONTENT_TYPE
+from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                   CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
+                                   HealthResponse, ModelCard, ModelList, TokenizeChatRequest,
+                                   TokenizeCompletionRequest, TokenizeResponse, VersionResponse)
+from frontend.api.state import ServerState
+
+logger = logging.getLogger("nvllm")
+
+_bearer = HTTPBearer(auto_error=False, description="the server's --api-key, when it has one")
+
+ERRORS = {status: {"model": ErrorResponse, "description": why} for status, why in [
+    (400, "an invalid parameter (`error.param` names it) or malformed JSON"),
+    (401, "missing or wrong API key"),
+    (404, "unknown model"),
+    (503, "the engine core is not ready or is dead"),
+]}
+STREAM = {200: {"content": {"text/event-stream": {"schema": {
+    "type": "string", "description": "with stream=true: `data: {chunk}` events, then `data: [DONE]`"}}}}}
+
+
+def version() -> str:
+    try:
+        return metadata.version("nvllm")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        import tomllib
+        path = os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml")
+        try:
+            with open(path, "rb") as f:
+                return tomllib.load(f)["project"]["version"]
+        except (OSError, KeyError, ValueError):
+            return "unknown"
+
+
+def build_app(engine_factory: Callable[[], Awaitable], *, api_key: str | None = None,
+              served_model_name: str | None = None, on_ready: Callable | None = None,
+              on_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """engine_factory(): awaitable AsyncLLM (e.g. `lambda: AsyncLLM.create(args)`)."""
+    state = ServerState(served_model_name, api_key)
+
+    async def start_engine() -> None:
+        try:
+            engine = await engine_factory()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            state.startup_error = f"it failed to start: {e}"
+            logger.error("the engine core failed to start: %s", e)
+            if on_failure is not None:
+                on_failure(e)
+            return
+        state.engine = engine
+        collector = state.metrics.engine
+        collector.engine_up = True
+        collector.stats = engine.stats
+        engine.stats_listeners.append(lambda stats: setattr(collector, "stats", stats))
+        if on_ready is not None:
+            on_ready(state)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        starter = asyncio.create_task(start_engine(), name="nvllm-engine-start")
+        try:
+            yield
+        finally:
+            starter.cancel()
+            try:
+                await starter
+            except BaseException:
+                pass
+            if state.engine is not None:
+                logger.info("shutting down the engine")
+                state.engine.shutdown()
+
+    app = FastAPI(title="nvllm", version=version(), lifespan=lifespan,
+                  description="OpenAI-compatible API of the nvllm serving engine")
+    app.state.nvllm = state
+    install_error_handlers(app)
+
+    def require_api_key(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+        if state.api_key is None:
+            return
+        if creds is None:
+            raise APIError(401, "missing API key: send it as 'Authorization: Bearer KEY'", code="invalid_api_key")
+        if not secrets.compare_digest(creds.credentials.encode(), state.api_key.encode()):
+            raise APIError(401, "incorrect API key", code="invalid_api_key")
+
+    api = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS)
+
+    @api.post("/v1/completions", response_model=CompletionResponse, responses=STREAM)
+    async def completions(body: CompletionRequest, request: Request):
+        return await serving_completion.create_completion(state, body, request)
+
+    @api.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=STREAM)
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await serving_chat.create_chat_completion(state, body, request)
+
+    @api.get("/v1/models", response_model=ModelList)
+    async def models():
+        engine = state.ready_engine()
+        return ModelList(data=[ModelCard(id=state.model_name, max_model_len=engine.model_info.max_model_len)])
+
+    @api.post("/tokenize", response_model=TokenizeResponse)
+    async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest):
+        return serving_tokenize.tokenize(state, body)
+
+    @api.post("/detokenize", response_model=DetokenizeResponse)
+    async def detokenize(body: DetokenizeRequest):
+        return serving_tokenize.detokenize(state, body)
+
+    app.include_router(api)
+
+    @app.get("/health", response_model=HealthResponse, responses={503: ERRORS[503]})
+    async def health():
+        """200 only when the engine core answers a ping."""
+        engine = state.ready_engine()
+        try:
+            await engine.check_health()
+        except Exception as e:
+            raise engine_unavailable(str(e) or type(e).__name__) from None
+        return HealthResponse()
+
+    @app.get("/version", response_model=VersionResponse)
+    async def get_version():
+        return VersionResponse(version=version())
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
+    async def metrics():
+        """Prometheus text format; the engine's figures are fetched fresh from the core."""
+        engine = state.engine
+        collector = state.metrics.engine
+        collector.engine_up = engine is not None and engine.dead is None
+        if collector.engine_up:
+            try:
+                collector.stats = await asyncio.wait_for(engine.get_stats(), 2.0)
+            except Exception:  # a slow or dying core: export the last figures it sent
+                collector.stats = engine.stats
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

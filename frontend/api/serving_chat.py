@@ -1,0 +1,104 @@
+"""POST /v1/chat/completions: messages rendered with the model's chat template, streamed or whole.
+
+A stream begins with one {"role": "assistant", "content": ""} delta per choice, then content deltas
+token by token; the last delta of a choice carries its finish_reason.
+"""
+
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from frontend.api import generation as G
+from frontend.api.errors import APIError
+from frontend.api.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
+                                   ChatCompletionStreamResponse, ChatMessage, ChatResponseMessage, ChatStreamChoice,
+                                   ChatTokenLogprob, ChatTopLogprob, DeltaMessage)
+from frontend.api.state import ServerState
+from frontend.api.streams import SSE_DONE, ClientDisconnected, cancel_on_disconnect, sse
+from frontend.outputs import Logprob
+
+
+def render_chat(engine, messages: list[ChatMessage], add_generation_prompt: bool) -> tuple[str, list[int]]:
+    """The prompt text and its token ids (the template holds any special tokens itself)."""
+    conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+    try:
+        text = engine.tokenizer.apply_chat_template(conversation, tokenize=False,
+                                                    add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # no template, or the template refused the conversation (jinja raise)
+        raise APIError(400, f"messages cannot be rendered with the model's chat template: {e}",
+                       param="messages") from None
+    return text, engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_logprobs(engine, token_ids: list[int], logprobs: list[dict[int, Logprob]], num_top: int) -> ChatChoiceLogprobs:
+    content = []
+    for tid, entry in zip(token_ids, logprobs):
+        sampled = entry.get(tid)
+        token = G.decoded(engine, tid, sampled)
+        top = []
+        for t, lp in G.top_entries(entry, tid, num_top):
+            text = G.decoded(engine, t, lp)
+            top.append(ChatTopLogprob(token=text, logprob=lp.logprob, bytes=list(text.encode())))
+        content.append(ChatTokenLogprob(token=token, logprob=sampled.logprob if sampled else float("-inf"),
+                                        bytes=list(token.encode()), top_logprobs=top))
+    return ChatChoiceLogprobs(content=content)
+
+
+async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request):
+    engine = state.ready_engine()
+    state.check_model(body.model)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    params = body.to_sampling_params()
+    request_id = G.new_request_id("chatcmpl")
+    text, ids = render_chat(engine, body.messages, body.add_generation_prompt)
+    prompts = G.validate_prompts(engine, request_id, [ids], params, param="messages")
+    prompts[0].text = text
+    stream = G.generate(state, engine, request_id, prompts, params)
+    num_top = body.top_logprobs or 0
+    if body.stream:
+        return StreamingResponse(_stream(state, engine, body, request_id, prompts, stream, num_top),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    try:
+        choices = await cancel_on_disconnect(raw, G.collect(stream, 1, params.n))
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody is listening; the engine request is aborted
+    except Exception as e:
+        raise G.engine_error(e) from e
+    G.check_finished(state, choices)
+    result = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                         logprobs=chat_logprobs(engine, c.token_ids, c.logprobs, num_top) if body.logprobs else None,
+                         finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+              for c in choices]
+    return ChatCompletionResponse(id=request_id, model=state.model_name, choices=result,
+                                  usage=G.usage(prompts, sum(len(c.token_ids) for c in choices)))
+
+
+async def _stream(state: ServerState, engine, body: ChatCompletionRequest, request_id: str, prompts, stream,
+                  num_top: int):
+    model = state.model_name
+    completion_tokens = 0
+
+    def chunk(choices: list[ChatStreamChoice], usage=None) -> str:
+        return sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=choices, usage=usage))
+
+    try:
+        for index in range(body.n):
+            yield chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+        async for _, out in stream:
+            choices = []
+            for c in out.outputs:
+                completion_tokens += len(c.token_ids)
+                logprobs = chat_logprobs(engine, c.token_ids, c.logprobs or [], num_top) if body.logprobs else None
+                choices.append(ChatStreamChoice(index=c.index, delta=DeltaMessage(content=c.text), logprobs=logprobs,
+                                                finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+            if choices:
+                yield chunk(choices)
+        if body.include_usage:
+            yield chunk([], G.usage(prompts, completion_tokens))
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # the engine died mid-stream: say so in the stream, then end it
+        yield f"data: {G.engine_error(e).body().model_dump_json()}\n\n"
+    yield SSE_DONE

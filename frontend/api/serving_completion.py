@@ -1,0 +1,143 @@
+"""POST /v1/completions: prompts as text or token ids, streamed (SSE) or whole.
+
+Choice i x n + j is completion j of prompt i. With `echo` the prompt text comes first; the core
+does not compute prompt logprobs, so the echoed prompt tokens carry null logprobs.
+"""
+
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from frontend.api import generation as G
+from frontend.api.errors import APIError
+from frontend.api.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+                                   CompletionStreamResponse)
+from frontend.api.state import ServerState
+from frontend.api.streams import SSE_DONE, ClientDisconnected, cancel_on_disconnect, sse
+from frontend.outputs import Logprob
+
+
+def _prompts(prompt) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    return list(prompt)
+
+
+class LogprobsBuilder:
+    """OpenAI's completion logprobs (tokens, token_logprobs, top_logprobs, text_offset) for one choice,
+    built piece by piece so streamed chunks carry consecutive text offsets."""
+
+    def __init__(self, engine, num_top: int, offset: int = 0):
+        self.engine = engine
+        self.num_top = num_top
+        self.offset = offset
+
+    def prompt(self, token_ids: list[int]) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for tid in token_ids:
+            self._token(out, G.decoded(self.engine, tid, None), None, None)
+        return out
+
+    def generated(self, token_ids: list[int], logprobs: list[dict[int, Logprob]]) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for tid, entry in zip(token_ids, logprobs):
+            sampled = entry.get(tid)
+            top = {G.decoded(self.engine, t, lp): lp.logprob for t, lp in G.top_entries(entry, tid, self.num_top)}
+            token = G.decoded(self.engine, tid, sampled)
+            if sampled is not None:
+                top.setdefault(token, sampled.logprob)
+            self._token(out, token, sampled.logprob if sampled is not None else None, top)
+        return out
+
+    def _token(self, out: CompletionLogprobs, token: str, logprob, top) -> None:
+        out.tokens.append(token)
+        out.token_logprobs.append(logprob)
+        out.top_logprobs.append(top)
+        out.text_offset.append(self.offset)
+        self.offset += len(token)
+
+
+def _echo_text(engine, prompt: G.Prompt) -> str:
+    return prompt.text if prompt.text is not None else engine.tokenizer.decode(prompt.token_ids)
+
+
+async def create_completion(state: ServerState, body: CompletionRequest, raw: Request):
+    engine = state.ready_engine()
+    state.check_model(body.model)
+    params = body.to_sampling_params()
+    request_id = G.new_request_id("cmpl")
+    prompts = G.validate_prompts(engine, request_id, _prompts(body.prompt), params)
+    stream = G.generate(state, engine, request_id, prompts, params)
+    if body.stream:
+        return StreamingResponse(_stream(state, engine, body, request_id, prompts, stream),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    try:
+        choices = await cancel_on_disconnect(raw, G.collect(stream, len(prompts), params.n))
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody is listening; the engine requests are aborted
+    except Exception as e:
+        raise G.engine_error(e) from e
+    G.check_finished(state, choices)
+    result = []
+    for choice in choices:
+        prompt = prompts[choice.index // params.n]
+        text, logprobs = choice.text, None
+        if body.logprobs is not None:
+            builder = LogprobsBuilder(engine, body.logprobs)
+            logprobs = builder.prompt(prompt.token_ids) if body.echo else CompletionLogprobs()
+            gen = builder.generated(choice.token_ids, choice.logprobs)
+            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                getattr(logprobs, name).extend(getattr(gen, name))
+        if body.echo:
+            text = _echo_text(engine, prompt) + text
+        result.append(CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
+                                       finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
+    completion_tokens = sum(len(c.token_ids) for c in choices)
+    return CompletionResponse(id=request_id, model=state.model_name, choices=result,
+                              usage=G.usage(prompts, completion_tokens))
+
+
+async def _stream(state: ServerState, engine, body: CompletionRequest, request_id: str, prompts, stream):
+    n = body.n
+    model = state.model_name
+    builders = {}
+    completion_tokens = 0
+
+    def chunk(choices: list[CompletionChoice], usage=None) -> str:
+        return sse(CompletionStreamResponse(id=request_id, model=model, choices=choices, usage=usage))
+
+    try:
+        if body.echo:
+            for index in range(len(prompts) * n):
+                prompt = prompts[index // n]
+                text = _echo_text(engine, prompt)
+                logprobs = None
+                if body.logprobs is not None:
+                    builders[index] = LogprobsBuilder(engine, body.logprobs)
+                    logprobs = builders[index].prompt(prompt.token_ids)
+                yield chunk([CompletionChoice(index=index, text=text, logprobs=logprobs)])
+        async for i, out in stream:
+            choices = []
+            for c in out.outputs:
+                index = i * n + c.index
+                completion_tokens += len(c.token_ids)
+                logprobs = None
+                if body.logprobs is not None:
+                    builder = builders.setdefault(index, LogprobsBuilder(engine, body.logprobs))
+                    logprobs = builder.generated(c.token_ids, c.logprobs or [])
+                choices.append(CompletionChoice(index=index, text=c.text, logprobs=logprobs,
+                                                finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+            if choices:
+                yield chunk(choices)
+        if body.include_usage:
+            yield chunk([], G.usage(prompts, completion_tokens))
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # the engine died mid-stream: say so in the stream, then end it
+        yield f"data: {G.engine_error(e).body().model_dump_json()}\n\n"
+    yield SSE_DONE

@@ -1,0 +1,33 @@
+"""What every endpoint needs: the engine (once it is ready), the served model name, the metrics."""
+
+from frontend.api.errors import engine_unavailable, model_not_found
+from frontend.api.metrics import Metrics
+
+MAX_SEQUENCES_PER_REQUEST = 1024  # prompts x n in one HTTP request
+
+
+class ServerState:
+    def __init__(self, served_model_name: str | None = None, api_key: str | None = None):
+        self.engine = None  # AsyncLLM once the core said READY
+        self.served_model_name = served_model_name
+        self.api_key = api_key
+        self.metrics = Metrics()
+        self.startup_error: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return self.engine.model_info.model_name if self.engine is not None else ""
+
+    def ready_engine(self):
+        """The engine, or a 503 while it is starting, failed to start, or died."""
+        if self.engine is None:
+            raise engine_unavailable(self.startup_error or "it is still starting; retry shortly")
+        if self.engine.dead is not None:
+            raise engine_unavailable(str(self.engine.dead))
+        return self.engine
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise model_not_found(name, self.model_name)

@@ -1,0 +1,42 @@
+"""Subcommands. Each register function adds one to the parser; heavy imports wait for its run."""
+
+import argparse
+
+from frontend.cli.engine_args import add_engine_args
+from frontend.cli.serve_cmd import register_bench_serve, register_engine_core, register_frontend, register_serve
+from frontend.cli.worker_cmd import register_worker
+
+FORMATTER = argparse.ArgumentDefaultsHelpFormatter
+
+
+def _log_level(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def register_bench(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks", formatter_class=FORMATTER)
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+    tp = kinds.add_parser("throughput", help="offline throughput on random prompts", formatter_class=FORMATTER)
+    add_engine_args(tp)
+    _log_level(tp)
+    tp.add_argument("--num-prompts", type=int, default=32, help="requests in the workload")
+    tp.add_argument("--min-input-len", type=int, default=64, help="shortest prompt (tokens)")
+    tp.add_argument("--max-input-len", type=int, default=512, help="longest prompt (tokens)")
+    tp.add_argument("--min-output-len", type=int, default=64, help="shortest output (tokens)")
+    tp.add_argument("--max-output-len", type=int, default=256, help="longest output (tokens)")
+    tp.add_argument("--bench-seed", type=int, default=0, help="seed of the random workload")
+    tp.add_argument("--backend", default="nvllm", choices=["nvllm", "hf"],
+                    help="hf also runs the workload through transformers' batched generate and prints the ratio")
+    tp.add_argument("--engine-mode", default="inproc", choices=["inproc", "mp"],
+                    help="core in this process or in a background process")
+    tp.add_argument("--output-json", default=None, help="write the figures here")
+
+    def run(args):
+        from frontend.bench.throughput import run_throughput
+        return run_throughput(args)
+
+    tp.set_defaults(func=run)
+    register_bench_serve(kinds)
+
+
+REGISTRY = [register_serve, register_engine_core, register_frontend, register_bench, register_worker]

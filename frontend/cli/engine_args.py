@@ -1,0 +1,65 @@
+"""Engine flags (vLLM's names) shared by every subcommand that starts an engine core."""
+
+import argparse
+
+from common.config import EngineArgs, parse_size
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _size(text: str) -> str:
+    parse_size(text)  # raises ValueError -> argparse prints a one-line error
+    return text
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
+    d = EngineArgs()
+    if with_model:
+        parser.add_argument("model", nargs="?", default=None,
+                            help="HF model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    g = parser.add_argument_group("engine")
+    g.add_argument("--served-model-name", default=None, help="model name the API reports (default: the model)")
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights and activations; auto is bfloat16 on CUDA and AMX/AVX512-BF16 CPUs, else float32")
+    g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"], help="where the model runs")
+    g.add_argument("--max-model-len", type=_positive_int, default=None,
+                   help="longest prompt + output in tokens (default: the model's own limit)")
+    g.add_argument("--max-num-seqs", type=_positive_int, default=d.max_num_seqs,
+                   help="most requests running at once")
+    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=d.max_num_batched_tokens,
+                   help="token budget of one engine step (decodes + prefill chunks)")
+    g.add_argument("--block-size", type=int, default=d.block_size, choices=[1, 2, 4, 8, 16, 32, 64, 128],
+                   help="tokens per KV cache block")
+    g.add_argument("--kv-cache-memory", type=_size, default=None,
+                   help="KV cache size, e.g. 2GiB (default: 1GiB on CPU; on CUDA from --gpu-memory-utilization)")
+    g.add_argument("--gpu-memory-utilization", type=_fraction, default=d.gpu_memory_utilization,
+                   help="fraction of GPU memory the engine may use (CUDA)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching,
+                   help="reuse KV blocks of shared prompt prefixes")
+    g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=d.tensor_parallel_size,
+                   help="worker processes (devices) the model is split over")
+    g.add_argument("--nnodes", type=_positive_int, default=d.nnodes, help="hosts the tensor-parallel workers span")
+    g.add_argument("--node-rank", type=int, default=d.node_rank, help="this host's rank among --nnodes (0 runs the core)")
+    g.add_argument("--master-addr", default=d.master_addr, help="address of node 0 for torch.distributed rendezvous")
+    g.add_argument("--master-port", type=int, default=d.master_port, help="port of node 0 for the rendezvous")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed for requests that give none")
+    g.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "torch", "triton", "flash_attn"],
+                   help="attention kernels; auto: flash_attn, else triton on CUDA; torch on CPU")
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+
+
+def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
+    fields = EngineArgs.__struct_fields__
+    return EngineArgs(**{f: getattr(ns, f) for f in fields if hasattr(ns, f)})

@@ -1,0 +1,167 @@
+"""`nvllm serve`, `nvllm engine-core` and `nvllm frontend`.
+
+- serve [MODEL]: the HTTP frontend in this process and an engine core child process (ipc://).
+- engine-core [MODEL] --listen ADDR: only the core, for frontends that connect to ADDR.
+- frontend --engine ADDR: only the HTTP frontend, on the core at ADDR (it needs no model files:
+  the core sends the tokenizer at handshake).
+"""
+
+import argparse
+import os
+
+from frontend.cli.engine_args import add_engine_args, engine_args_from
+
+FORMATTER = argparse.ArgumentDefaultsHelpFormatter
+DEFAULT_CORE_ADDRESS = "tcp://127.0.0.1:5555"
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
+def _number(kind, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a{'n integer' if kind is int else ' number'}, got {text!r}") from None
+
+
+def _port(text: str) -> int:
+    value = _number(int, text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
+    return value
+
+
+def _zmq_address(text: str) -> str:
+    if not text.startswith(("tcp://", "ipc://")):
+        raise argparse.ArgumentTypeError(f"must be tcp://HOST:PORT or ipc://PATH, got {text!r}")
+    return text
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="logging level")
+
+
+def _add_http_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("HTTP server")
+    g.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    g.add_argument("--port", type=_port, default=8000, help="port to listen on (0: any free port)")
+    g.add_argument("--api-key", default=argparse.SUPPRESS,
+                   help="key clients must send as 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
+                        "/detokenize (default: $NVLLM_API_KEY; neither set: no key needed)")
+    g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
+
+
+def _api_key(ns: argparse.Namespace) -> str | None:
+    key = getattr(ns, "api_key", None) or os.environ.get("NVLLM_API_KEY") or None
+    return key
+
+
+def _serve_http(ns: argparse.Namespace, engine_factory, served_model_name: str | None) -> int:
+    from frontend.api.server import run_server
+    return run_server(engine_factory, host=ns.host, port=ns.port, api_key=_api_key(ns),
+                      served_model_name=served_model_name, log_level=ns.log_level,
+                      access_log=not ns.disable_uvicorn_access_log)
+
+
+def run_serve(ns: argparse.Namespace) -> int:
+    from frontend.async_llm import AsyncLLM
+
+    args = engine_args_from(ns)
+    args.validate()
+    os.environ.setdefault("NVLLM_LOG_LEVEL", ns.log_level.upper())  # the core child logs at this level too
+    return _serve_http(ns, lambda: AsyncLLM.create(args), None)
+
+
+def run_frontend(ns: argparse.Namespace) -> int:
+    from frontend.async_llm import AsyncLLM
+
+    return _serve_http(ns, lambda: AsyncLLM.create(address=ns.engine), ns.served_model_name)
+
+
+def run_engine_core_cmd(ns: argparse.Namespace) -> int:
+    args = engine_args_from(ns)
+    args.validate()
+    from engine_core.core_proc import run_engine_core  # torch enters here, not in the frontend
+    return run_engine_core(args, ns.listen)
+
+
+def register_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible API (frontend + engine core child process)",
+                       description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) over an "
+                                   "OpenAI-compatible HTTP API.", formatter_class=FORMATTER)
+    add_engine_args(p)
+    _add_http_args(p)
+    _add_common(p)
+    p.set_defaults(func=run_serve)
+
+
+def register_engine_core(sub) -> None:
+    p = sub.add_parser("engine-core", help="run only the engine core, for `nvllm frontend` to connect to",
+                       formatter_class=FORMATTER)
+    add_engine_args(p)
+    p.add_argument("--listen", type=_zmq_address, default=DEFAULT_CORE_ADDRESS,
+                   help="ZeroMQ address to bind (tcp://HOST:PORT or ipc://PATH)")
+    _add_common(p)
+    p.set_defaults(func=run_engine_core_cmd)
+
+
+def register_frontend(sub) -> None:
+    p = sub.add_parser("frontend", help="run only the HTTP frontend, on an engine core started elsewhere",
+                       formatter_class=FORMATTER)
+    p.add_argument("--engine", type=_zmq_address, default=DEFAULT_CORE_ADDRESS,
+                   help="ZeroMQ address of the engine core (`nvllm engine-core --listen`)")
+    p.add_argument("--served-model-name", default=None, help="model name the API reports (default: the core's)")
+    _add_http_args(p)
+    _add_common(p)
+    p.set_defaults(func=run_frontend)
+
+
+def register_bench_serve(kinds) -> None:
+    """`nvllm bench serve`, under `nvllm bench`."""
+    p = kinds.add_parser("serve", help="HTTP load test of an OpenAI-compatible server", formatter_class=FORMATTER)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server, without /v1")
+    p.add_argument("--endpoint", default="/v1/completions", help="completions endpoint path")
+    p.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
+    p.add_argument("--api-key", default=argparse.SUPPRESS,
+                   help="bearer key to send (default: $OPENAI_API_KEY, else $NVLLM_API_KEY, else none)")
+    p.add_argument("--num-prompts", type=_positive, default=64, help="requests to send")
+    p.add_argument("--max-concurrency", type=_positive, default=None,
+                   help="most requests in flight at once (default: no limit)")
+    p.add_argument("--request-rate", type=_rate, default=float("inf"),
+                   help="mean requests per second, Poisson arrivals (inf: all at once)")
+    p.add_argument("--random-input-len", type=_positive, default=128, help="prompt length in tokens")
+    p.add_argument("--random-output-len", type=_positive, default=64, help="output length in tokens")
+    p.add_argument("--random-range-ratio", type=_ratio, default=0.0,
+                   help="lengths are uniform in [L(1-r), L(1+r)]; 0: fixed lengths")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask the server to generate every requested token (vLLM's ignore_eos)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random workload")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
+    p.add_argument("--output-json", default=None, help="also write the figures here as JSON")
+    _add_common(p)
+
+    def run(ns):
+        from frontend.bench.serve import run_bench_serve
+        return run_bench_serve(ns)
+
+    p.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    value = _number(int, text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = _number(float, text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = _number(float, text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value

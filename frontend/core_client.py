@@ -1,0 +1,32 @@
+"""How the frontend reaches an engine core. The in-process client runs the core in this process
+(debugging, `LLM(multiprocess=False)`); it is the only frontend code that imports the core."""
+
+from common.config import EngineArgs
+from common.protocol import EngineCoreOutputs, EngineCoreRequest
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core died or stopped answering; no request can be served until it is back."""
+
+
+class InprocClient:
+    def __init__(self, args: EngineArgs):
+        from engine_core.core import EngineCore  # torch enters the process only here
+        self.core = EngineCore(args)
+        self.model_info = self.core.model_info()
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.core.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.core.abort_requests(request_ids)
+
+    def get_output(self) -> EngineCoreOutputs:
+        return self.core.step()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.core.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.core.shutdown()

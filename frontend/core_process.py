@@ -1,0 +1,35 @@
+"""Starting an engine core as a child process of this frontend (ipc:// on this host).
+
+The child is a fresh interpreter (`python -m engine_core`) given its arguments as JSON, so no
+pickled object crosses between the two processes.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+import msgspec
+
+from common.config import EngineArgs
+
+
+def start_core_process(args: EngineArgs, listen: str, engine_index: int = 0) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "engine_core", "--args-json", msgspec.json.encode(args).decode(),
+           "--listen", listen, "--engine-index", str(engine_index), "--parent-pid", str(os.getpid()),
+           "--log-level", os.environ.get("NVLLM_LOG_LEVEL", "INFO")]
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen(cmd, env=env)
+
+
+def stop_core_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,49 @@
+"""Incremental detokenization and stop strings for one generated sequence.
+
+tokenizers' DecodeStream yields text only once a UTF-8 character is complete, so the streamed
+pieces always join to the full decode. Text that might be the start of a stop string is held back
+until it is known not to be one.
+"""
+
+from tokenizers.decoders import DecodeStream
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str], include_stop_str: bool,
+                 skip_special_tokens: bool = True):
+        self._backend = tokenizer.backend_tokenizer
+        self._stream = DecodeStream(ids=prompt_ids[-8:], skip_special_tokens=skip_special_tokens)
+        self.stop = stop
+        self.include_stop_str = include_stop_str
+        self.hold_back = 0 if include_stop_str or not stop else max(map(len, stop)) - 1
+        self.text = ""
+        self._sent = 0  # characters of self.text already handed out
+
+    def update(self, new_token_ids: list[int]) -> str | None:
+        """Adds tokens; returns the stop string that matched, if one did (text is cut there)."""
+        start = len(self.text)
+        for tid in new_token_ids:
+            piece = self._stream.step(self._backend, tid)
+            if piece:
+                self.text += piece
+        if not self.stop:
+            return None
+        # a stop string may straddle the old end of text
+        search_from = max(0, start - max(map(len, self.stop)) + 1)
+        best = None
+        for s in self.stop:
+            at = self.text.find(s, search_from)
+            if at != -1 and (best is None or at < best[0]):
+                best = (at, s)
+        if best is None:
+            return None
+        at, s = best
+        self.text = self.text[: at + len(s)] if self.include_stop_str else self.text[:at]
+        return s
+
+    def new_text(self, finished: bool) -> str:
+        """Text not yet handed out, less what must wait in case it begins a stop string."""
+        end = len(self.text) if finished else max(self._sent, len(self.text) - self.hold_back)
+        piece = self.text[self._sent:end]
+        self._sent = end
+        return piece

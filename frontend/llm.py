@@ -1,0 +1,126 @@
+"""The offline API: `LLM(model).generate(prompts, params)`, like vLLM's."""
+
+import itertools
+import time
+from typing import Sequence
+
+import msgspec
+from tqdm.auto import tqdm
+
+from common.config import EngineArgs
+from common.sampling_params import RequestOutputKind, SamplingParams
+from frontend.core_client import InprocClient
+from frontend.output_processor import OutputProcessor
+from frontend.outputs import RequestOutput
+from frontend.processor import Processor, child_request
+from frontend.tokenizer import tokenizer_from_files
+
+PromptType = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, multiprocess: bool = False, **engine_args):
+        self.engine_args = EngineArgs(model=model, **engine_args)
+        self.engine_args.validate()
+        self.client = self._make_client(multiprocess)
+        self._setup()
+
+    @classmethod
+    def connect(cls, address: str, socket_setup=None) -> "LLM":
+        """An LLM on an engine core that is already running at `address`."""
+        from frontend.core_client_mp import SyncMPClient
+        llm = cls.__new__(cls)
+        llm.engine_args = None
+        llm.client = SyncMPClient(None, address, socket_setup)
+        llm._setup()
+        return llm
+
+    def _setup(self) -> None:
+        info = self.client.model_info
+        self.model_info = info
+        self.tokenizer = tokenizer_from_files(info.tokenizer_files)
+        self.processor = Processor(self.tokenizer, info.max_model_len, info.vocab_size, info.eos_token_ids)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    def _make_client(self, multiprocess: bool):
+        if multiprocess:
+            from frontend.core_client_mp import SyncMPClient
+            return SyncMPClient(self.engine_args)
+        return InprocClient(self.engine_args)
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"sampling_params has {len(sampling_params)} entries for {len(prompts)} prompts")
+        order = []
+        for prompt, params in zip(prompts, sampling_params):
+            order.append(self._add(prompt, params))
+        return self._run(order, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                      chat_template=chat_template) for c in conversations]
+        # the template already holds any BOS token: tokenize without adding special tokens again
+        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        outs = self.generate(ids, sampling_params, use_tqdm)
+        for out, text in zip(outs, prompts):
+            out.prompt = text
+        return outs
+
+    def _add(self, prompt: PromptType, params: SamplingParams) -> str:
+        request_id = str(next(self._ids))
+        # the offline API returns only finished requests: skip the per-token outputs
+        params = msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+        text, request = self.processor.process(request_id, prompt, params)
+        children = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
+                                                     request.sampling_params)
+        for i, cid in enumerate(children):
+            self.client.add_request(child_request(request, cid, i))
+        return request_id
+
+    def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(order), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        start, prompt_tokens, output_tokens = time.perf_counter(), 0, 0
+        try:
+            while len(finished) < len(order):
+                outputs = self.client.get_output()
+                results, to_abort = self.output_processor.process_outputs(outputs)
+                self.client.abort_requests(to_abort)
+                stats = outputs.scheduler_stats
+                if stats is not None:
+                    prompt_tokens += stats.num_prompt_tokens
+                    output_tokens += stats.num_generation_tokens
+                for _, ro in results:
+                    if ro.finished:
+                        finished[ro.request_id] = ro
+                        bar.update(1)
+                elapsed = time.perf_counter() - start
+                bar.set_postfix_str(f"prefill {prompt_tokens / elapsed:.0f} tok/s, "
+                                    f"decode {output_tokens / elapsed:.0f} tok/s", refresh=False)
+        except BaseException:
+            for rid in order:
+                if rid not in finished:
+                    self.client.abort_requests(self.output_processor.abort_request(rid))
+            raise
+        finally:
+            bar.close()
+        return [finished[rid] for rid in order]
+
+    def shutdown(self) -> None:
+        self.client.shutdown()
+

@@ -1,0 +1,23 @@
+"""The model's tokenizer, built from the files the engine core sends at handshake."""
+
+import os
+import tempfile
+
+# AutoTokenizer would import torch (through transformers' config classes); the fast tokenizer
+# class reads the same files and needs only the tokenizers library
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+
+def tokenizer_from_files(files: dict[str, str]) -> PreTrainedTokenizerBase:
+    """A fast HF tokenizer from {file name: text}; needs tokenizer.json among them."""
+    if "tokenizer.json" not in files:
+        raise ValueError("the engine core sent no tokenizer.json; only models with a fast tokenizer are served")
+    with tempfile.TemporaryDirectory(prefix="nvllm-tok-") as folder:
+        for name, text in files.items():
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+def tokenizer_from_folder(folder: str) -> PreTrainedTokenizerBase:
+    return PreTrainedTokenizerFast.from_pretrained(folder)

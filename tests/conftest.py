@@ -1,0 +1,62 @@
+"""Shared fixtures: tiny random models built with transformers, and the default model folder."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+# every test process uses a private model cache unless the caller chose one
+os.environ.setdefault("NVLLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "nvllm"))
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    """The embedded SmolLM2 imported as an HF folder (imported once, then cached)."""
+    from engine_core.weights.model_resolver import resolve_model
+    return resolve_model(None)
+
+
+def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int = 2, num_heads: int = 4,
+                     seed: int = 0, **overrides) -> str:
+    """A 2-layer random model of `arch` saved with save_pretrained, with the SmolLM2 tokenizer."""
+    import transformers
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, max_position_embeddings=512,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False, eos_token_id=2, bos_token_id=1)
+    common.update(overrides)
+    if arch == "llama":
+        config = transformers.LlamaConfig(head_dim=16, **common)
+        model = transformers.LlamaForCausalLM(config)
+    elif arch == "qwen2":
+        config = transformers.Qwen2Config(**common)
+        model = transformers.Qwen2ForCausalLM(config)
+    elif arch == "qwen3":
+        config = transformers.Qwen3Config(head_dim=32, **common)
+        model = transformers.Qwen3ForCausalLM(config)
+    else:
+        raise ValueError(arch)
+    # random init leaves norms at 1 and biases at 0: perturb them so those paths are checked
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.to(torch.float32).save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        src = os.path.join(tokenizer_dir, name)
+        if os.path.exists(src):
+            shutil.copy(src, path)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": 2, "bos_token_id": 1}, f)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, default_model_dir):
+    """{arch: folder} for tiny llama, qwen2 and qwen3 models."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: build_tiny_model(str(root / arch), arch, default_model_dir) for arch in ("llama", "qwen2", "qwen3")}

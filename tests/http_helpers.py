@@ -1,0 +1,89 @@
+"""Starting real `nvllm` processes for the HTTP tests (a helper module, not a test module)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NVLLM = [sys.executable, "-m", "frontend.cli.main"]  # `nvllm` without needing `pip install -e .`
+SMALL_ENGINE = ["--kv-cache-memory", "512MiB", "--max-model-len", "2048"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """An `nvllm ...` process whose output goes to a log file (read it with .log())."""
+
+    def __init__(self, args: list[str], log_path: str, env: dict | None = None):
+        self.log_path = log_path
+        self.log_file = open(log_path, "w")
+        full_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(NVLLM + args, cwd=ROOT, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                     env=full_env)
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def children(self) -> list[int]:
+        """Pids of this process's child processes (the engine core of `nvllm serve`)."""
+        kids = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                            kids.append(int(pid))
+                except (OSError, IndexError, ValueError):
+                    pass
+        return kids
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log_file.close()
+        return self.proc.returncode
+
+
+def wait_healthy(base_url: str, proc: Proc, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            raise RuntimeError(f"nvllm exited with {proc.proc.returncode} before it was ready:\n{proc.log()[-5000:]}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"nvllm did not become healthy in {timeout} s:\n{proc.log()[-5000:]}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)

@@ -1,0 +1,436 @@
+"""The OpenAI-compatible API of a real `nvllm serve` on the default model (one server per module)."""
+
+import asyncio
+import json
+import re
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from http_helpers import ROOT, SMALL_ENGINE, Proc, free_port, metric, pid_alive, wait_healthy
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, default_model_dir):
+    """(base url, Proc) of `nvllm serve` on the default model; stopped with SIGTERM at the end, which
+    must stop its engine core child too."""
+    port = free_port()
+    proc = Proc(["serve", "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
+                 *SMALL_ENGINE], str(tmp_path_factory.mktemp("serve") / "serve.log"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc)
+    except BaseException:
+        proc.stop()
+        raise
+    children = proc.children()
+    yield base, proc
+    assert proc.stop(signal.SIGTERM) == 0, proc.log()[-3000:]
+    time.sleep(0.5)
+    assert children and not any(pid_alive(pid) for pid in children), "the engine core outlived nvllm serve"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def post(server, path: str, body) -> httpx.Response:
+    if isinstance(body, (bytes, str)):
+        return httpx.post(server[0] + path, content=body, headers={"Content-Type": "application/json"}, timeout=300)
+    return httpx.post(server[0] + path, json=body, timeout=300)
+
+
+# ---- start-up, discovery ------------------------------------------------------------------------
+
+def test_startup_logs_say_where_what_and_ready(server):
+    log = server[1].log()
+    assert re.search(r"listening on http://127\.0\.0\.1:\d+", log)
+    ready = [line for line in log.splitlines() if "nvllm ready" in line]
+    assert len(ready) == 1
+    assert MODEL in ready[0] and ("bfloat16" in ready[0] or "float32" in ready[0])
+    assert re.search(r"KV cache \d+ tokens", ready[0]) and "max_model_len 2048" in ready[0]
+
+
+def test_models_health_version_openapi(server, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert httpx.get(server[0] + "/health").status_code == 200
+    assert httpx.get(server[0] + "/version").json()["version"]
+    spec = httpx.get(server[0] + "/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/version", "/metrics",
+                 "/tokenize", "/detokenize"):
+        assert path in spec["paths"], path
+    schemas = spec["components"]["schemas"]
+    req = schemas["CompletionRequest"]["properties"]
+    assert req["max_tokens"]["anyOf"][0]["minimum"] == 1 and req["top_p"]["anyOf"][0]["exclusiveMinimum"] == 0
+    assert "ErrorResponse" in schemas and "ChatCompletionResponse" in schemas
+    assert "400" in spec["paths"]["/v1/completions"]["post"]["responses"]
+
+
+# ---- completions --------------------------------------------------------------------------------
+
+def test_completion_and_usage(client):
+    out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.object == "text_completion" and out.model == MODEL
+    assert len(out.choices) == 1 and out.choices[0].finish_reason == "length" and out.choices[0].text
+    prompt_tokens = len(httpx.post(str(client.base_url).replace("/v1/", "") + "/tokenize",
+                                   json={"prompt": "The capital of France is"}).json()["tokens"])
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == \
+        (prompt_tokens, 6, prompt_tokens + 6)
+
+
+def test_completion_stream_token_by_token_equals_whole(client):
+    kwargs = dict(model=MODEL, prompt="def fibonacci(n):", max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    token_chunks = [c for c in chunks if c.choices]
+    assert len(token_chunks) == 8  # one event per token
+    assert "".join(c.choices[0].text for c in token_chunks) == whole.choices[0].text
+    assert token_chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in token_chunks[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+
+
+def test_raw_sse_format(server):
+    with httpx.stream("POST", server[0] + "/v1/completions", timeout=300,
+                      json={"prompt": "Hi", "max_tokens": 3, "stream": True, "ignore_eos": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    assert [json.loads(e[6:])["object"] for e in events[:-1]] == ["text_completion"] * 3
+
+
+def test_batched_prompts_text_and_token_ids(client, server):
+    ids = httpx.post(server[0] + "/tokenize", json={"prompt": "Once upon a time"}).json()["tokens"]
+    out = client.completions.create(model=MODEL, prompt=["Once upon a time", "1, 2, 3,"], max_tokens=4,
+                                    temperature=0, n=2, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    by_index = {c.index: c.text for c in out.choices}
+    assert by_index[0] == by_index[1]  # greedy: both samples of prompt 0 agree
+    single = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0)
+    assert single.choices[0].text == by_index[0]
+    nested = client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=4, temperature=0)
+    assert [c.text for c in nested.choices] == [by_index[0]] * 2
+    assert out.usage.completion_tokens == 4 * 4
+    assert out.usage.prompt_tokens == len(ids) + len(httpx.post(server[0] + "/tokenize",
+                                                                json={"prompt": "1, 2, 3,"}).json()["tokens"])
+
+
+def test_n2_seed_reproducible(client):
+    kwargs = dict(model=MODEL, prompt="My favourite animal is", max_tokens=10, temperature=1.0, n=2, seed=1234)
+    a = client.completions.create(**kwargs)
+    b = client.completions.create(**kwargs)
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert len(a.choices) == 2 and a.choices[0].text != a.choices[1].text  # n samples, not n copies
+    c = client.completions.create(**{**kwargs, "seed": 99})
+    assert [x.text for x in c.choices] != [x.text for x in a.choices]
+
+
+def test_stop_string(client):
+    base = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0).choices[0].text
+    assert len(base) > 4
+    stop = base[2:4]
+    out = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[stop])
+    assert out.choices[0].finish_reason == "stop" and out.choices[0].text == base[:base.index(stop)]
+    streamed = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+                                         stop=stop, stream=True)
+    chunks = [c for c in streamed if c.choices]
+    assert "".join(c.choices[0].text for c in chunks) == out.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_completion_logprobs_and_echo(client):
+    out = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=5, temperature=0, logprobs=3,
+                                    extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
+    assert "".join(lp.tokens) == out.choices[0].text
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert value <= 0 and 3 <= len(top) <= 4 and top[token] == value
+        assert value == max(top.values())  # greedy picks the most likely token
+    echo = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=5, temperature=0, logprobs=1,
+                                     echo=True, extra_body={"ignore_eos": True})
+    assert echo.choices[0].text == "The sky is" + out.choices[0].text
+    elp = echo.choices[0].logprobs
+    n_prompt = echo.usage.prompt_tokens
+    assert elp.token_logprobs[:n_prompt] == [None] * n_prompt and elp.top_logprobs[:n_prompt] == [None] * n_prompt
+    assert elp.token_logprobs[n_prompt:] == lp.token_logprobs
+    assert elp.text_offset == sorted(elp.text_offset) and elp.text_offset[n_prompt] == len("The sky is")
+
+
+# ---- chat ---------------------------------------------------------------------------------------
+
+MESSAGES = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Blue."},
+            {"role": "user", "content": "Another one?"}]
+
+
+def test_chat_whole_and_streamed(client, server):
+    kwargs = dict(model=MODEL, messages=MESSAGES, max_completion_tokens=8, temperature=0)
+    whole = client.chat.completions.create(**kwargs)
+    choice = whole.choices[0]
+    assert whole.object == "chat.completion" and choice.message.role == "assistant" and choice.message.content
+    rendered = httpx.post(server[0] + "/tokenize", json={"messages": MESSAGES}).json()
+    assert whole.usage.prompt_tokens == rendered["count"]
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert chunks[0].object == "chat.completion.chunk"
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    content = [c for c in chunks[1:] if c.choices]
+    assert all(c.choices[0].delta.role is None for c in content)
+    assert "".join(c.choices[0].delta.content or "" for c in content) == choice.message.content
+    assert content[-1].choices[0].finish_reason == choice.finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # max_tokens (the older name) does the same
+    old = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0)
+    assert old.choices[0].message.content == choice.message.content
+
+
+def test_chat_logprobs_n2_stop(client):
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True,
+                                         top_logprobs=2, n=2)
+    assert [c.index for c in out.choices] == [0, 1]
+    assert out.choices[0].message.content == out.choices[1].message.content
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens // 2
+    for item in content:
+        assert len(item.top_logprobs) == 2 and item.top_logprobs[0].token == item.token
+        assert item.bytes == list(item.token.encode())
+    text = out.choices[0].message.content
+    if len(text) >= 3:
+        stopped = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0,
+                                                 stop=[text[1:3]])
+        assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].message.content == text[:1]
+
+
+# ---- greedy output equals the offline API -------------------------------------------------------
+
+def test_greedy_http_equals_llm_generate(client):
+    from common.sampling_params import SamplingParams
+    from frontend.llm import LLM
+
+    prompts = ["Paris is the capital of", "import numpy as", "Water boils at"]
+    http = [client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0).choices[0].text
+            for p in prompts]
+    llm = LLM(None, kv_cache_memory="256MiB", max_model_len=2048)
+    try:
+        offline = [llm.generate(p, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0].outputs[0].text
+                   for p in prompts]
+    finally:
+        llm.shutdown()
+    assert http == offline
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+BAD = [
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -0.1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 1.01}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2048}, 400, "max_tokens"),  # 1 + 2048 > max_model_len
+    ("/v1/completions", {"prompt": "hi " * 2100}, 400, "prompt"),  # the prompt alone is too long
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": []}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [[]]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, 2, 49152]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [-1]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": 42}, 400, "prompt"),
+    ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "min_tokens": 9, "max_tokens": 3}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": "hi", "best_of": 2}, 400, "best_of"),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 3', 400, None),
+    ("/v1/completions", b'["not", "an", "object"]', 400, None),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -5}, 400,
+     "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
+     "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "nope"}, 404, "model"),
+    ("/detokenize", {"tokens": [1, 10**9]}, 400, "tokens"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_input_is_an_openai_error(server, path, body, status, param):
+    r = post(server, path, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param, error
+    if param is not None:
+        assert param in error["message"]
+
+
+def test_unknown_route_and_method_are_openai_errors(server):
+    r = httpx.get(server[0] + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.get(server[0] + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_openai_client_raises_typed_errors(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="hi", temperature=-1)
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_server_survives_hostile_input(server, client):
+    for body in [b"\xff\xfe\x00garbage", b"{" * 10000, b'{"prompt": "' + b"a" * 200000 + b'"}',
+                 json.dumps({"prompt": "hi", "n": 10**9}).encode(), json.dumps({"prompt": [[1]] * 5000}).encode()]:
+        r = post(server, "/v1/completions", body)
+        assert 400 <= r.status_code < 500, r.text[:300]
+    assert client.completions.create(model=MODEL, prompt="still alive?", max_tokens=2).choices[0].text is not None
+
+
+# ---- tokenize / detokenize ----------------------------------------------------------------------
+
+def test_tokenize_detokenize(server):
+    r = post(server, "/tokenize", {"prompt": "Hello world"}).json()
+    assert r["count"] == len(r["tokens"]) and r["max_model_len"] == 2048
+    assert post(server, "/detokenize", {"tokens": r["tokens"]}).json()["prompt"] == "Hello world"
+    chat = post(server, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]}).json()
+    text = post(server, "/detokenize", {"tokens": chat["tokens"]}).json()["prompt"]
+    assert text.endswith("assistant\n") and "Hi" in text
+
+
+# ---- disconnects, concurrency, metrics ----------------------------------------------------------
+
+def wait_idle(server, timeout=60) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(server[0] + "/metrics").text
+        idle = metric(text, "nvllm:num_requests_running") == 0 and metric(text, "nvllm:num_requests_waiting") == 0
+        if idle and metric(text, "nvllm:kv_cache_free_blocks") == metric(text, "nvllm:kv_cache_total_blocks"):
+            return text
+        assert time.monotonic() < deadline, text
+        time.sleep(0.2)
+
+
+def test_disconnected_stream_is_aborted_and_frees_blocks(server):
+    wait_idle(server)
+    with httpx.stream("POST", server[0] + "/v1/completions", timeout=300,
+                      json={"prompt": "Tell me a very long story. " * 20, "max_tokens": 1000, "stream": True,
+                            "ignore_eos": True}) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(4)]  # two events (each is a line + a blank line)
+        assert got[0].startswith("data: ")
+        busy = httpx.get(server[0] + "/metrics").text
+        assert metric(busy, "nvllm:num_requests_running") == 1
+        assert metric(busy, "nvllm:kv_cache_free_blocks") < metric(busy, "nvllm:kv_cache_total_blocks")
+    text = wait_idle(server, timeout=30)  # the core's running count is back to 0 and every block is free
+    assert metric(text, 'nvllm:request_success_total{finished_reason="abort"}') >= 1
+
+
+def test_disconnected_non_streaming_request_is_aborted(server):
+    wait_idle(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server[0] + "/v1/completions", timeout=3,
+                   json={"prompt": "Count to a thousand:", "max_tokens": 1500, "ignore_eos": True})
+    wait_idle(server, timeout=30)
+
+
+def test_64_concurrent_streams_complete(server):
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[int, int, str | None]:
+        stream = await client.completions.create(model=MODEL, prompt=f"Request {i}: the number after {i} is",
+                                                 max_tokens=8 + i % 5, temperature=0.8, seed=i, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True})
+        events, usage, reason = 0, None, None
+        async for chunk in stream:
+            if chunk.choices:
+                events += 1
+                reason = chunk.choices[0].finish_reason or reason
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+        return events, usage, reason
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=600,
+                                    http_client=openai.DefaultAsyncHttpxClient(
+                                        limits=httpx.Limits(max_connections=100)))
+        try:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(main())
+    assert [r for r in results] == [(8 + i % 5, 8 + i % 5, "length") for i in range(64)]
+    wait_idle(server)
+
+
+def test_metrics_names(server, client):
+    client.completions.create(model=MODEL, prompt="metrics please", max_tokens=3)
+    text = httpx.get(server[0] + "/metrics").text
+    for name in ["nvllm:num_requests_running", "nvllm:num_requests_waiting", "nvllm:kv_cache_usage_perc",
+                 "nvllm:kv_cache_free_blocks", "nvllm:kv_cache_total_blocks", "nvllm:prefix_cache_hit_rate",
+                 "nvllm:prefix_cache_queries_total", "nvllm:prefix_cache_hits_total", "nvllm:prompt_tokens_total",
+                 "nvllm:generation_tokens_total", "nvllm:num_preemptions_total", "nvllm:engine_up",
+                 "nvllm:time_to_first_token_seconds_count", "nvllm:inter_token_latency_seconds_count",
+                 "nvllm:e2e_request_latency_seconds_count"]:
+        assert metric(text, name) >= 0, name
+    assert metric(text, "nvllm:generation_tokens_total") >= 3 and metric(text, "nvllm:engine_up") == 1
+    assert metric(text, "nvllm:time_to_first_token_seconds_count") >= 1
+    # the same prompt again hits the prefix cache
+    long_prompt = "A shared prefix that is long enough to fill at least a couple of KV blocks. " * 4
+    client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1)
+    before = metric(httpx.get(server[0] + "/metrics").text, "nvllm:prefix_cache_hits_total")
+    client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1)
+    after = metric(httpx.get(server[0] + "/metrics").text, "nvllm:prefix_cache_hits_total")
+    assert after - before >= 32
+
+
+# ---- the README's examples ----------------------------------------------------------------------
+
+def readme_serve_blocks(lang: str) -> list[str]:
+    with open(f"{ROOT}/README.md") as f:
+        text = f.read()
+    section = text.split("\n## Serve", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S)
+
+
+def test_readme_curl_examples(server):
+    import subprocess
+
+    port = server[0].rsplit(":", 1)[1]
+    blocks = [b for b in readme_serve_blocks("bash") if b.lstrip().startswith("curl")]
+    assert len(blocks) >= 3
+    for block in blocks:
+        out = subprocess.run(["bash", "-c", block.replace("localhost:8000", f"localhost:{port}")],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert '"choices"' in out.stdout or '"error"' in out.stdout, out.stdout
+        if "stream" in block:
+            assert out.stdout.rstrip().endswith("data: [DONE]")
+        if "max_tokens\": -1" in block:
+            assert json.loads(out.stdout)["error"]["param"] == "max_tokens"
+
+
+def test_readme_python_examples(server):
+    import subprocess
+    import sys
+
+    port = server[0].rsplit(":", 1)[1]
+    blocks = readme_serve_blocks("python")
+    assert len(blocks) >= 2
+    for block in blocks:
+        out = subprocess.run([sys.executable, "-c", block.replace("localhost:8000", f"localhost:{port}")],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip()

@@ -1,0 +1,223 @@
+"""The Triton paged-KV kernels against the plain torch reference.
+
+Without CUDA the kernels run in the Triton interpreter, which needs TRITON_INTERPRET=1 set before
+triton is first imported in the process: Triton reads the variable when `@triton.jit` decorates a
+function, and triton.language decorates its own helpers (tl.zeros, the reduction combiners) when it
+is imported, so a late setting leaves a mix that cannot run. This module sets it at the top. If
+another test module of the same pytest process imported triton earlier without it (torch.compile,
+say), the in-process tests skip themselves and test_kernels_in_fresh_process reruns this file in a
+subprocess with the variable set from the start. That is robust whatever the import order is.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+TRITON_IMPORTED_LATE = not CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+pytest.importorskip("triton")
+
+from engine_core.attention import triton_kernels  # noqa: E402
+from engine_core.attention.metadata import AttentionMetadata  # noqa: E402
+from engine_core.attention.torch_reference import reference_paged_attention  # noqa: E402
+
+IN_PROCESS = CUDA or (not TRITON_IMPORTED_LATE and triton_kernels._INTERPRETED)
+
+
+@pytest.fixture(autouse=True)
+def _kernels_runnable_here(request):
+    if not IN_PROCESS and request.node.originalname != "test_kernels_in_fresh_process":
+        pytest.skip("triton was imported before TRITON_INTERPRET=1; test_kernels_in_fresh_process runs this")
+
+
+def test_kernels_in_fresh_process():
+    if IN_PROCESS:
+        pytest.skip("the kernels run in this process")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", os.path.abspath(__file__), "-q", "-x",
+                           "-p", "no:cacheprovider"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+DEVICE = "cuda" if CUDA else "cpu"
+TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=1e-2, rtol=1e-2),
+       torch.float16: dict(atol=2e-3, rtol=2e-3)}
+
+# (seq_len, query_len), decodes first: decodes at a block edge, short and long; then a fresh prefill,
+# prefill chunks after a cached prefix (aligned and not), a one-token-context chunk
+MIXED = [(37, 1), (16, 1), (1, 1), (80, 1), (23, 23), (80, 29), (48, 16), (9, 8)]
+DECODES = [(37, 1), (16, 1), (1, 1), (80, 1), (33, 1)]
+
+
+def make_batch(seqs, block_size, num_kv_heads, group, head_dim, dtype, seed=0, spare_blocks=3):
+    """Random q and caches, block tables drawn from a shuffled pool (non-contiguous ids, padded
+    with 0). Returns q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, slot_mapping."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-s // block_size) for s, _ in seqs]
+    num_blocks = sum(need) + spare_blocks
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.zeros(len(seqs), max(need), dtype=torch.int32)
+    for i, n in enumerate(need):
+        tables[i, :n] = torch.tensor([pool.pop() for _ in range(n)], dtype=torch.int32)
+    starts = [0]
+    slots = []
+    for i, (s, ql) in enumerate(seqs):
+        starts.append(starts[-1] + ql)
+        slots += [int(tables[i, p // block_size]) * block_size + p % block_size for p in range(s - ql, s)]
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    q = torch.randn(starts[-1], num_kv_heads * group, head_dim, generator=gen).to(dtype)
+    to = lambda x: x.to(DEVICE)  # noqa: E731
+    return (to(q), to(k_cache), to(v_cache), to(torch.tensor(starts, dtype=torch.int32)),
+            to(torch.tensor([s for s, _ in seqs], dtype=torch.int32)), to(tables),
+            to(torch.tensor(slots, dtype=torch.int64)))
+
+
+def check_attention(seqs, block_size, num_kv_heads, group, head_dim, dtype, seed=0):
+    q, kc, vc, qsl, lens, tables, _ = make_batch(seqs, block_size, num_kv_heads, group, head_dim, dtype, seed)
+    scale = head_dim ** -0.5
+    out = triton_kernels.paged_attention(q, kc, vc, qsl, lens, tables, scale,
+                                         max(ql for _, ql in seqs), max(s for s, _ in seqs))
+    assert out.shape == q.shape and out.dtype == dtype
+    # the reference on exactly upcast inputs, in fp32: the kernel's only extra error is its own rounding
+    ref = reference_paged_attention(q.float(), kc.float(), vc.float(), qsl, lens, tables, scale)
+    torch.testing.assert_close(out.float(), ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_mixed_batch(group, head_dim, dtype):
+    check_attention(MIXED, 16, 2, group, head_dim, dtype)
+
+
+@pytest.mark.parametrize("block_size,group,head_dim,dtype", [
+    (8, 4, 64, torch.bfloat16),
+    (32, 3, 128, torch.float32),
+    (1, 2, 64, torch.float32),
+    (32, 1, 64, torch.float16),
+])
+def test_other_block_sizes(block_size, group, head_dim, dtype):
+    check_attention(MIXED, block_size, 2, group, head_dim, dtype, seed=1)
+
+
+@pytest.mark.parametrize("group,dtype", [(1, torch.float32), (3, torch.bfloat16), (4, torch.bfloat16)])
+def test_decode_only(group, dtype):
+    """max_query_len == 1 takes the decode tiling (all query heads of a kv head in one program)."""
+    check_attention(DECODES, 16, 2, group, 64, dtype, seed=2)
+
+
+def test_prefill_only_and_single_sequence():
+    check_attention([(70, 70)], 16, 1, 4, 64, torch.float32, seed=3)
+    check_attention([(75, 40), (17, 17)], 16, 3, 1, 64, torch.bfloat16, seed=4)
+
+
+def test_head_dim_not_power_of_two():
+    check_attention([(20, 1), (50, 12)], 16, 2, 2, 80, torch.float32, seed=5)
+
+
+def test_strided_query_and_empty_sequence():
+    """q as a view into a fused qkv tensor (row stride > H * D), and a trailing sequence with no
+    query tokens (as padding may leave): it must not disturb the others."""
+    seqs = [(30, 1), (40, 13), (0, 0)]
+    q, kc, vc, qsl, lens, tables, _ = make_batch(seqs, 16, 2, 3, 64, torch.float32, seed=6)
+    T, H, D = q.shape
+    qkv = torch.randn(T, (H + 4) * D, device=DEVICE)
+    qkv[:, :H * D] = q.reshape(T, H * D)
+    q_view = qkv[:, :H * D].view(T, H, D)
+    assert not q_view.is_contiguous()
+    out = triton_kernels.paged_attention(q_view, kc, vc, qsl, lens, tables, 0.125, 13, 40)
+    ref = reference_paged_attention(q, kc, vc, qsl, lens, tables, 0.125)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+
+
+def test_writes_into_given_out():
+    q, kc, vc, qsl, lens, tables, _ = make_batch([(12, 1), (20, 5)], 8, 2, 2, 64, torch.float32, seed=7)
+    out = torch.full_like(q, float("nan"))
+    res = triton_kernels.paged_attention(q, kc, vc, qsl, lens, tables, 0.125, 5, 20, out=out)
+    assert res is out
+    torch.testing.assert_close(out, reference_paged_attention(q, kc, vc, qsl, lens, tables, 0.125),
+                               **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("block_size,num_kv_heads,head_dim", [(16, 3, 64), (8, 2, 128)])
+def test_store_kvcache_writes_exactly_its_slots(block_size, num_kv_heads, head_dim, dtype):
+    gen = torch.Generator().manual_seed(8)
+    num_blocks, T = 6, 20
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype).to(DEVICE)
+    v_cache = torch.randn(shape, generator=gen).to(dtype).to(DEVICE)
+    k = torch.randn(T, num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    v = torch.randn(T, num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:T]
+    slots[[3, 11, 19]] = -1  # padding tokens: skipped
+    slots = slots.to(DEVICE)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    keep = slots >= 0
+    want_k.view(-1, num_kv_heads, head_dim)[slots[keep]] = k[keep]
+    want_v.view(-1, num_kv_heads, head_dim)[slots[keep]] = v[keep]
+    triton_kernels.store_kvcache(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, want_k)
+    assert torch.equal(v_cache, want_v)
+
+
+def test_backend_forward_stores_then_attends():
+    """The backend end to end: caches hold only the prefixes; the new tokens' k/v go in first."""
+    from engine_core.attention.triton_backend import TritonAttentionBackend
+
+    seqs = [(25, 1), (40, 1), (33, 33), (60, 20)]
+    block_size, num_kv_heads, group, head_dim = 16, 2, 3, 64
+    q, kc, vc, qsl, lens, tables, slots = make_batch(seqs, block_size, num_kv_heads, group, head_dim,
+                                                     torch.bfloat16, seed=9)
+    full_k, full_v = kc.clone(), vc.clone()
+    new_k = full_k.view(-1, num_kv_heads, head_dim)[slots].clone()
+    new_v = full_v.view(-1, num_kv_heads, head_dim)[slots].clone()
+    kc.view(-1, num_kv_heads, head_dim)[slots] = 0  # the new tokens are not cached yet
+    vc.view(-1, num_kv_heads, head_dim)[slots] = 0
+    starts = qsl.tolist()
+    meta = AttentionMetadata(slot_mapping=slots, query_start_loc=qsl, seq_lens=lens, block_tables=tables,
+                             max_query_len=33, max_seq_len=60, num_decodes=2, query_start_loc_cpu=starts,
+                             seq_lens_cpu=lens.tolist())
+    backend = TritonAttentionBackend()
+    assert backend.name == "triton"
+    out = backend.forward(q, new_k, new_v, kc, vc, meta, head_dim ** -0.5)
+    assert torch.equal(kc, full_k) and torch.equal(vc, full_v)
+    ref = reference_paged_attention(q.float(), full_k.float(), full_v.float(), qsl, lens, tables, head_dim ** -0.5)
+    torch.testing.assert_close(out.float(), ref, **TOL[torch.bfloat16])
+
+
+def test_reference_matches_dense_causal_attention():
+    """The reference itself, on a contiguous one-sequence cache, against SDPA."""
+    gen = torch.Generator().manual_seed(10)
+    S, Hkv, group, D, bs = 24, 2, 2, 16, 8
+    k = torch.randn(S, Hkv, D, generator=gen)
+    v = torch.randn(S, Hkv, D, generator=gen)
+    q = torch.randn(S, Hkv * group, D, generator=gen)
+    kc, vc = k.view(S // bs, bs, Hkv, D), v.view(S // bs, bs, Hkv, D)
+    tables = torch.arange(S // bs, dtype=torch.int32)[None]
+    ref = reference_paged_attention(q[-5:], kc, vc, [0, 5], [S], tables, 0.3)
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(group, 0), v.transpose(0, 1).repeat_interleave(group, 0),
+        is_causal=True, scale=0.3).transpose(0, 1)
+    torch.testing.assert_close(ref, dense[-5:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (large shapes are too slow in the interpreter)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("group,head_dim", [(4, 128), (3, 64), (8, 128)])
+def test_large_mixed_batch_gpu(group, head_dim, dtype):
+    gen = torch.Generator().manual_seed(11)
+    decodes = [(int(s), 1) for s in torch.randint(1, 3000, (48,), generator=gen)]
+    prefills = [(1000, 1000), (2500, 700), (4097, 513), (300, 299), (64, 64)]
+    check_attention(decodes + prefills, 16, 8, group, head_dim, dtype, seed=12)
+    check_attention(decodes, 32, 8, group, head_dim, dtype, seed=13)
