@@ -26,13 +26,13 @@ import time
 import msgspec
 import torch
 import zmq
+from torch.distributed import ReduceOp
 
 from common.config import EngineArgs
 from common.protocol import Logprobs
 from engine_core.distributed import channel
 from engine_core.distributed import rendezvous as rdv
 from engine_core.distributed.parallel_state import all_reduce
-from torch.distributed import ReduceOp
 from engine_core.model_runner import ModelRunner
 from engine_core.scheduler import SchedulerOutput
 from engine_core.step_input import build_step_input
@@ -166,12 +166,19 @@ class MultiprocExecutor:
     # ---- monitor thread ---------------------------------------------------------------------
 
     def _monitor(self) -> None:
+        try:
+            self._monitor_loop()
+        except Exception as e:  # never die silently: without the monitor, faults would go unseen
+            logger.exception("tensor-parallel monitor failed")
+            self._fail(f"the tensor-parallel monitor failed: {e}")
+
+    def _monitor_loop(self) -> None:
         last_heartbeat = 0.0
         silence = rdv.heartbeat_timeout()
         while not self.stop_monitor.is_set():
             self._drain_status(200)
             now = time.monotonic()
-            for rank, proc in self.procs.items():
+            for rank, proc in list(self.procs.items()):
                 code = proc.poll()
                 if code is not None and not (self.closing or rank in self.bye):
                     self._drain_status(100)  # its last error report may still be in flight

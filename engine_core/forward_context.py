@@ -20,6 +20,10 @@ class ForwardContext:
 _current: ForwardContext | None = None
 
 
+def has_forward_context() -> bool:
+    return _current is not None
+
+
 def get_forward_context() -> ForwardContext:
     assert _current is not None, "attention ran outside a model runner step"
     return _current

@@ -72,11 +72,13 @@ class Sampler:
         if any(p.min_p > 0 for p in params):
             min_p = torch.tensor([p.min_p for p in params], device=logits.device)
             probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
-        # exponential race: argmax(p / E) with E ~ Exp(1) draws from p
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        # exponential race: argmax(p / E) with E ~ Exp(1) draws from p; E = -log(U) is drawn
+        # through rand(), several times faster on CPU than exponential_()
+        uniform = torch.rand(probs.shape, generator=self.generator, device=probs.device)
         for i, r in enumerate(reqs):
             if r.sampling_params.seed is not None and not r.sampling_params.greedy:
-                noise[i].exponential_(generator=self._generator_for(r))
+                uniform[i] = torch.rand(probs.shape[-1], generator=self._generator_for(r), device=probs.device)
+        noise = -torch.log(uniform.clamp_(min=1e-20))
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(greedy, tokens, sampled)
 

@@ -22,12 +22,12 @@ import traceback
 import msgspec
 import torch
 import zmq
+from torch.distributed import ReduceOp
 
 from common.config import EngineArgs
 from engine_core.distributed import channel
 from engine_core.distributed import rendezvous as rdv
 from engine_core.distributed.parallel_state import all_reduce
-from torch.distributed import ReduceOp
 from engine_core.step_input import StepInput
 
 logger = logging.getLogger("nvllm")
@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def spawn_worker(master_addr: str, master_port: int, rank: int, model: str | None = None) -> subprocess.Popen:
-    """A fresh interpreter for one rank, its arguments on the command line (no pickle)."""
+    """A fresh interpreter for one rank, its arguments on the command line as plain text."""
     cmd = [sys.executable, "-m", "engine_core.worker", "--master-addr", master_addr,
            "--master-port", str(master_port), "--rank", str(rank), "--parent-pid", str(os.getpid()),
            "--log-level", _log_level_name()]

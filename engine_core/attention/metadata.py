@@ -5,7 +5,7 @@ chunks). Sequence i owns query rows query_start_loc[i]:query_start_loc[i+1]; its
 seq_lens[i] cached tokens, found through block_tables[i] (the last query_len of them are new).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +21,8 @@ class AttentionMetadata:
     num_decodes: int  # the first num_decodes sequences have exactly one new token
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    # what backends and layers derive from the above once per step and share across layers
+    extras: dict = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:

@@ -1,4 +1,4 @@
-"""The core's channel to its tensor-parallel workers: ZeroMQ frames of msgspec messages, no pickle.
+"""The core's channel to its tensor-parallel workers: ZeroMQ frames of msgspec messages only.
 
 - step channel, core -> every worker (PUB/SUB): [STEP, StepInput], [HEARTBEAT, b""], [QUIT, b""].
   Each worker runs the same forward pass as rank 0 on the same StepInput; the collectives inside

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from engine_core.forward_context import get_forward_context, has_forward_context
+
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     factor = scaling["factor"]
@@ -48,14 +50,22 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q [T, H, D], k [T, Hkv, D] rotated by their token positions [T]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = self._tables_for(positions, q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def _tables_for(self, positions: torch.Tensor, dtype: torch.dtype):
+        # every layer rotates the same positions: look them up once per step
+        extras = get_forward_context().meta.extras if has_forward_context() else {}
+        key = ("rope", id(self.cos), dtype)
+        tables = extras.get(key)
+        if tables is None:
+            # in the activations' dtype, as transformers does, so bfloat16 runs match it too
+            tables = extras[key] = (self.cos[positions].unsqueeze(1).to(dtype),
+                                    self.sin[positions].unsqueeze(1).to(dtype))
+        return tables
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    dtype = x.dtype
-    x = x.float()
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x * cos + rotated * sin).to(dtype)
+    return x * cos + rotated * sin

@@ -3,6 +3,7 @@ and on SIGINT/SIGTERM stop accepting, let streams end (5 s at most), then stop t
 
 import asyncio
 import logging
+import signal
 import socket
 from typing import Awaitable, Callable
 
@@ -56,5 +57,11 @@ def run_server(engine_factory: Callable[[], Awaitable], *, host: str, port: int,
     server = uvicorn.Server(config)
     logger.info("nvllm HTTP server listening on %s (API key %s); starting the engine", url,
                 "required" if api_key else "not required")
-    asyncio.run(server.serve(sockets=[sock]))
+    # uvicorn re-raises the signal that stopped it once it is done; after a clean shutdown, SIGTERM
+    # should not turn into a kill (exit code -15): take it as an ordinary exit
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 1 if failures else 0

@@ -10,7 +10,7 @@ FORMATTER = argparse.ArgumentDefaultsHelpFormatter
 
 
 def _log_level(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging level")
 
 
 def register_bench(sub) -> None:

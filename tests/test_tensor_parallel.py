@@ -1,0 +1,224 @@
+"""Tensor parallelism on CPU (gloo): TP=2 gives TP=1's greedy tokens, across two "nodes" on
+loopback too; a dying worker ends the engine with an error naming its rank; a missing rank is a
+time-out error, not a hang; `nvllm serve -tp 2` serves HTTP."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import msgspec
+import pytest
+
+from common.config import EngineArgs
+from common.sampling_params import SamplingParams
+from common.transport import private_ipc_address
+from conftest import build_tiny_model
+from engine_core.distributed.parallel_state import HeadShard, partition_heads, split_evenly
+from http_helpers import NVLLM, ROOT, Proc, free_port, pid_alive, wait_healthy
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,"]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+ENGINE = dict(dtype="float32", kv_cache_memory="64MiB", max_model_len=512)
+ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+# ---- how heads and rows split over ranks ------------------------------------------------------
+
+def test_split_evenly():
+    assert [split_evenly(9, 2, r) for r in range(2)] == [(0, 5), (5, 4)]
+    assert [split_evenly(8, 4, r) for r in range(4)] == [(0, 2), (2, 2), (4, 2), (6, 2)]
+    assert split_evenly(1536, 1, 0) == (0, 1536)
+
+
+def test_partition_heads():
+    # SmolLM2: 9 heads, 3 KV heads on 2 ranks -> rank 0 KV 0-1 (q 0-5), rank 1 KV 2 (q 6-8)
+    assert partition_heads(9, 3, 0, 2) == HeadShard(0, 6, 0, 2)
+    assert partition_heads(9, 3, 1, 2) == HeadShard(6, 3, 2, 1)
+    assert partition_heads(9, 3, 0, 1) == HeadShard(0, 9, 0, 3)
+    # split KV heads
+    assert [partition_heads(4, 2, r, 2) for r in range(2)] == [HeadShard(0, 2, 0, 1), HeadShard(2, 2, 1, 1)]
+    # one KV head, replicated: each rank its share of the query heads
+    assert [partition_heads(4, 1, r, 2) for r in range(2)] == [HeadShard(0, 2, 0, 1), HeadShard(2, 2, 0, 1)]
+    assert [partition_heads(8, 2, r, 4) for r in range(4)] == [
+        HeadShard(0, 2, 0, 1), HeadShard(2, 2, 0, 1), HeadShard(4, 2, 1, 1), HeadShard(6, 2, 1, 1)]
+    # every query head is computed by exactly one rank
+    for heads, kv, size in [(9, 3, 2), (12, 4, 3), (12, 3, 4), (6, 2, 5), (32, 8, 6)]:
+        shards = [partition_heads(heads, kv, r, size) for r in range(size)]
+        assert sorted(q for s in shards for q in range(s.q_start, s.q_start + s.num_q)) == list(range(heads))
+        assert all(s.kv_start == (s.q_start * kv) // heads for s in shards)
+    with pytest.raises(ValueError, match="at most 2 ranks"):
+        partition_heads(2, 1, 0, 4)
+
+
+# ---- TP=2 equals TP=1 ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, default_model_dir):
+    root = tmp_path_factory.mktemp("tp")
+    out = {"default": default_model_dir}
+    for arch in ("llama", "qwen3"):
+        for kv in (1, 2):
+            out[f"{arch}-kv{kv}"] = build_tiny_model(str(root / f"{arch}-kv{kv}"), arch, default_model_dir,
+                                                     num_kv_heads=kv, num_heads=4)
+    return out
+
+
+_reference: dict[tuple, list] = {}
+
+
+def generate(model: str, prompts=PROMPTS, **kw) -> list[tuple[list[int], str]]:
+    """(token ids, text) of each prompt's greedy completion."""
+    from frontend.llm import LLM
+
+    llm = LLM(model, **ENGINE, **kw)
+    try:
+        return [(o.outputs[0].token_ids, o.outputs[0].text) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    finally:
+        llm.shutdown()
+
+
+def reference(model: str, prompts=PROMPTS, **kw) -> list[tuple[list[int], str]]:
+    key = (model, tuple(prompts), tuple(sorted(kw.items())))
+    if key not in _reference:
+        _reference[key] = generate(model, prompts, tensor_parallel_size=1, **kw)
+    return _reference[key]
+
+
+@pytest.mark.parametrize("name", ["default", "llama-kv1", "llama-kv2", "qwen3-kv1", "qwen3-kv2"])
+def test_tp2_greedy_equals_tp1(models, name):
+    """The default model's 9 heads / 3 KV heads split unevenly; kv1 replicates the KV head, kv2 splits."""
+    prompts = PROMPTS[:2] if name == "default" else PROMPTS
+    expected = reference(models[name], prompts)
+    assert generate(models[name], prompts, tensor_parallel_size=2) == expected
+
+
+def test_tp2_chunked_prefill_mixed_batches(models):
+    """Small step budgets: prefill chunks and decodes share steps on both ranks alike."""
+    long_prompts = PROMPTS + [" ".join(["tensor parallel"] * 30)]
+    expected = reference(models["llama-kv2"], long_prompts, max_num_batched_tokens=16)
+    assert generate(models["llama-kv2"], long_prompts, tensor_parallel_size=2, max_num_batched_tokens=16) == expected
+
+
+def test_two_nodes_on_loopback(models):
+    """The core with --nnodes 2 and `nvllm worker --nnodes 2 --node-rank 1` as a second "node"."""
+    model = models["qwen3-kv1"]
+    expected = reference(model)
+    port = free_port()
+    node1 = subprocess.Popen(NVLLM + ["worker", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                                      "--master-port", str(port)], cwd=ROOT, env=ENV)
+    try:
+        got = generate(model, tensor_parallel_size=2, nnodes=2, node_rank=0, master_addr="127.0.0.1",
+                       master_port=port)
+        assert got == expected
+        assert node1.wait(30) == 0  # the core told its ranks to quit; the node exits cleanly
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait()
+
+
+# ---- faults -------------------------------------------------------------------------------------
+
+def test_missing_rank_is_a_timeout_error(models, monkeypatch):
+    """A second node that never comes: a clear error after NVLLM_TP_INIT_TIMEOUT, no hang."""
+    from frontend.llm import LLM
+
+    monkeypatch.setenv("NVLLM_TP_INIT_TIMEOUT", "2")
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] did not check in within 2 s.*nvllm worker"):
+        LLM(models["llama-kv1"], tensor_parallel_size=2, nnodes=2, master_port=free_port(), **ENGINE)
+    assert time.monotonic() - start < 30
+
+
+def test_worker_without_core_is_a_timeout_error():
+    env = dict(ENV, NVLLM_TP_INIT_TIMEOUT="1")
+    r = subprocess.run(NVLLM + ["worker", "--nnodes", "2", "--node-rank", "1", "--master-port", str(free_port())],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no engine core answered" in r.stderr
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        kids.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return kids
+
+
+@pytest.mark.parametrize("when", ["mid-generation", "idle"])
+def test_killed_worker_stops_the_core(models, tmp_path, when):
+    """SIGKILL rank 1: in-flight requests end with an error, the frontend sees the engine dead, and
+    the core process exits non-zero within seconds, its log naming the rank."""
+    from frontend.core_client import EngineDeadError
+    from frontend.llm import LLM
+
+    address = private_ipc_address()
+    args = EngineArgs(model=models["llama-kv1"], tensor_parallel_size=2, **ENGINE)
+    log_path = tmp_path / "core.log"
+    with open(log_path, "w") as log:
+        core = subprocess.Popen([sys.executable, "-m", "engine_core", "--args-json", msgspec.json.encode(args).decode(),
+                                 "--listen", address], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    llm = None
+    try:
+        llm = LLM.connect(address)
+        workers = _children(core.pid)
+        assert len(workers) == 1
+        finished = []
+        if when == "mid-generation":
+            llm._add("Once upon a time", SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+            first = llm.client.get_output()
+            assert any(o.new_token_ids for o in first.outputs)
+        killed = time.monotonic()
+        os.kill(workers[0], signal.SIGKILL)
+        with pytest.raises(EngineDeadError):
+            while time.monotonic() - killed < 60:
+                finished += [o for o in llm.client.get_output().outputs if o.finish_reason is not None]
+        assert time.monotonic() - killed < 15
+        if when == "mid-generation":
+            assert [o.error for o in finished] == ["the engine core shut down"]
+        assert core.wait(15) != 0
+        assert time.monotonic() - killed < 20
+        text = log_path.read_text()
+        assert "tensor-parallel worker rank 1" in text and "SIGKILL" in text, text[-3000:]
+    finally:
+        if llm is not None:
+            llm.shutdown()
+        if core.poll() is None:
+            core.kill()
+            core.wait()
+
+
+# ---- nvllm serve -tp 2 --------------------------------------------------------------------------
+
+def test_serve_tp2_http(models, tmp_path):
+    model = models["llama-kv2"]
+    expected = reference(model)
+    port = free_port()
+    proc = Proc(["serve", model, "-tp", "2", "--host", "127.0.0.1", "--port", str(port),
+                 "--dtype", "float32", "--kv-cache-memory", "64MiB", "--max-model-len", "512",
+                 "--disable-uvicorn-access-log"], str(tmp_path / "serve.log"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, timeout=300)
+        core = proc.children()
+        workers = [w for c in core for w in _children(c)]
+        assert len(core) == 1 and len(workers) == 1
+        for prompt, (tokens, text) in zip(PROMPTS, expected):
+            r = httpx.post(f"{base}/v1/completions", timeout=120, json={
+                "prompt": prompt, "max_tokens": GREEDY.max_tokens, "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == len(tokens)
+            assert r.json()["choices"][0]["text"] == text
+    finally:
+        code = proc.stop(signal.SIGTERM)
+    assert code == 0, proc.log()[-3000:]
+    time.sleep(0.5)
+    assert not any(pid_alive(p) for p in core + workers), "a tensor-parallel process outlived nvllm serve"
