@@ -28,5 +28,8 @@ class InprocClient:
     def reset_prefix_cache(self) -> bool:
         return self.core.reset_prefix_cache()
 
+    def get_stats(self):
+        return self.core.scheduler.get_stats()
+
     def shutdown(self) -> None:
         self.core.shutdown()

@@ -169,6 +169,9 @@ class SyncMPClient(MPClientBase):
     def reset_prefix_cache(self) -> bool:
         return self.call_utility("reset_prefix_cache")
 
+    def get_stats(self):
+        return self.call_utility("get_stats")
+
     def shutdown(self) -> None:
         self._close()
 

@@ -19,7 +19,10 @@ PromptType = str | list[int]
 
 
 class LLM:
-    def __init__(self, model: str | None = None, multiprocess: bool = False, **engine_args):
+    """The core runs in a background process (`multiprocess=False` keeps it in this process,
+    for debugging); `LLM.connect(address)` uses a core that is already running."""
+
+    def __init__(self, model: str | None = None, multiprocess: bool = True, **engine_args):
         self.engine_args = EngineArgs(model=model, **engine_args)
         self.engine_args.validate()
         self.client = self._make_client(multiprocess)
@@ -64,10 +67,9 @@ class LLM:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"sampling_params has {len(sampling_params)} entries for {len(prompts)} prompts")
-        order = []
-        for prompt, params in zip(prompts, sampling_params):
-            order.append(self._add(prompt, params))
-        return self._run(order, use_tqdm)
+        # validate every prompt before the first reaches the core, so a bad one leaves nothing behind
+        prepared = [self._prepare(prompt, params) for prompt, params in zip(prompts, sampling_params)]
+        return self._run([self._submit(*p) for p in prepared], use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
@@ -81,11 +83,13 @@ class LLM:
             out.prompt = text
         return outs
 
-    def _add(self, prompt: PromptType, params: SamplingParams) -> str:
+    def _prepare(self, prompt: PromptType, params: SamplingParams):
         request_id = str(next(self._ids))
         # the offline API returns only finished requests: skip the per-token outputs
         params = msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
-        text, request = self.processor.process(request_id, prompt, params)
+        return request_id, *self.processor.process(request_id, prompt, params)
+
+    def _submit(self, request_id: str, text: str | None, request) -> str:
         children = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
                                                      request.sampling_params)
         for i, cid in enumerate(children):
@@ -121,6 +125,19 @@ class LLM:
             bar.close()
         return [finished[rid] for rid in order]
 
+    def get_stats(self):
+        """The core's SchedulerStats: running and waiting requests, free KV blocks, cache hits."""
+        return self.client.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.client.reset_prefix_cache()
+
     def shutdown(self) -> None:
         self.client.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 

@@ -105,7 +105,7 @@ def test_greedy_generate_with_preemption_matches(tiny_models):
               max_model_len=96, max_num_batched_tokens=16)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    stats = llm.client.core.scheduler.get_stats()
+    stats = llm.get_stats()
     assert stats.num_preemptions > 0
     assert stats.num_free_blocks == stats.num_total_blocks
     for prompt, out in zip(prompts, outs):

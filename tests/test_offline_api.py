@@ -140,5 +140,5 @@ def test_bad_prompts(llm):
         llm.generate([[5] * 300], SamplingParams(max_tokens=2), use_tqdm=False)
     # the engine is still fine afterwards, with every block back in the pool
     assert llm.generate("ok", SamplingParams(max_tokens=2), use_tqdm=False)[0].finished
-    stats = llm.client.core.scheduler.get_stats()
+    stats = llm.get_stats()
     assert stats.num_free_blocks == stats.num_total_blocks

@@ -36,6 +36,20 @@ def register_bench(sub) -> None:
         return run_throughput(args)
 
     tp.set_defaults(func=run)
+
+    oh = kinds.add_parser("overhead", help="tiny requests per second through frontend and core",
+                          formatter_class=FORMATTER)
+    add_engine_args(oh)
+    _log_level(oh)
+    oh.add_argument("--num-requests", type=int, default=2000, help="requests to send")
+    oh.add_argument("--concurrency", type=int, default=64, help="requests in flight at once")
+    oh.add_argument("--output-json", default=None, help="write the figures here")
+
+    def run_oh(args):
+        from frontend.bench.overhead import run_overhead
+        return run_overhead(args)
+
+    oh.set_defaults(func=run_oh)
     register_bench_serve(kinds)
 
 
