@@ -89,6 +89,8 @@ OUTPUTS = b"\x82"  # body: EngineCoreOutputs (also sent as a heartbeat when idle
 UTILITY_RESULT = b"\x83"  # body: UtilityResult
 SHUTDOWN = b"\x84"  # body: str, why the core is going away
 REJECTED = b"\x85"  # body: str, e.g. a protocol version the core does not speak
+UNKNOWN_FRONTEND = b"\x86"  # body: str; a frame came from a frontend that never said HELLO to this core
+#                             (the core restarted): the frontend's requests there are lost, it must say HELLO
 
 
 class Hello(msgspec.Struct, array_like=True, omit_defaults=True):

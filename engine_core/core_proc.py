@@ -8,7 +8,12 @@ Threads:
   each step's outputs per frontend.
 
 Request ids are namespaced by frontend inside the core, so two frontends may use the same ids and
-an abort from one never touches another's requests.
+an abort from one never touches another's requests. A frontend that says HELLO again (it lost the core
+for a while and reconnects) starts afresh: its earlier requests are aborted. A frame from a frontend
+that never said HELLO (this core restarted under it) is answered UNKNOWN_FRONTEND.
+
+With CURVE keys the socket is a CURVE server and pyzmq's authenticator admits only the frontends
+whose public keys the core was given (common/curve.py).
 """
 
 import logging
@@ -23,8 +28,9 @@ import zmq
 
 from common import protocol as P
 from common.config import EngineArgs
+from common.curve import Authenticator, ServerKeys, apply_server
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from common.transport import HEARTBEAT_SECONDS, limit_socket
+from common.transport import HEARTBEAT_SECONDS, is_loopback, limit_socket
 from engine_core.core import EngineCore
 
 logger = logging.getLogger("nvllm")
@@ -45,7 +51,7 @@ def _tag(identity: bytes) -> str:
 
 class EngineCoreProc:
     def __init__(self, args: EngineArgs, listen: str, engine_index: int = 0, parent_pid: int | None = None,
-                 socket_setup=None):
+                 socket_setup=None, curve: ServerKeys | None = None):
         self.core = EngineCore(args)
         self.engine_index = engine_index
         self.ready = msgspec.msgpack.encode(msgspec.structs.replace(self.core.model_info(), engine_index=engine_index))
@@ -55,8 +61,17 @@ class EngineCoreProc:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         limit_socket(self.sock)
+        self.auth = None
+        if curve is not None:  # the authenticator must run before the first frontend connects
+            self.auth = Authenticator(self.ctx, curve)
+            self.auth.start()
+            apply_server(self.sock, curve)
+            logger.info("CURVE on: %d frontend public key(s) authorized", len(curve.authorized))
+        elif not is_loopback(listen):
+            logger.warning("the engine core listens on %s WITHOUT CURVE: traffic is neither authenticated nor "
+                           "encrypted", listen)
         if socket_setup is not None:
-            socket_setup(self.sock)  # e.g. CURVE server keys, set before bind
+            socket_setup(self.sock)  # set before bind
         self.sock.bind(listen)
         self.listen = listen
         # the busy loop hands encoded frames to the IO thread through an inproc pipe
@@ -129,13 +144,18 @@ class EngineCoreProc:
                     f"protocol version {message.protocol_version} is not {P.PROTOCOL_VERSION}"))
                 return
             if identity not in self.frontends:  # a frontend repeats HELLO until READY arrives: log it once
-                logger.info("frontend %s connected%s", _tag(identity)[:8],
-                            f" ({message.client_name})" if message.client_name else "")
+                logger.log(logging.DEBUG if message.client_name == "healthcheck" else logging.INFO,
+                           "frontend %s connected%s", _tag(identity)[:8],
+                           f" ({message.client_name})" if message.client_name else "")
+            else:  # HELLO again: the frontend starts afresh, whatever it had running here is abandoned
+                self.inputs.put((P.GOODBYE, identity, None))
             self.frontends.add(identity)
             self._send(identity, P.READY, self.ready)
             return
         if identity not in self.frontends:
             logger.warning("dropped a frame from %s, which has not said HELLO", _tag(identity)[:8])
+            self._send(identity, P.UNKNOWN_FRONTEND, self.encoder.encode(
+                "this engine core does not know this frontend (it restarted?): say HELLO again"))
             return
         self.inputs.put((kind, identity, message))
 
@@ -192,6 +212,8 @@ class EngineCoreProc:
             self._flush_if_idle()
         elif kind == P.GOODBYE:
             mine = [rid for rid, who in self.owner.items() if who == identity]
+            if mine:
+                logger.info("aborting %d request(s) of frontend %s, which left or started afresh", len(mine), tag[:8])
             self.core.abort_requests(mine)
             self._flush_if_idle()
         elif kind == P.UTILITY:
@@ -250,12 +272,14 @@ class EngineCoreProc:
         self.stopping.set()
         self.io_thread.join(timeout=2)
         self.core.shutdown()
+        if self.auth is not None:
+            self.auth.stop()
         self.ctx.destroy(linger=0)
 
 
 def run_engine_core(args: EngineArgs, listen: str, engine_index: int = 0, parent_pid: int | None = None,
-                    socket_setup=None) -> int:
-    proc = EngineCoreProc(args, listen, engine_index, parent_pid, socket_setup)
+                    socket_setup=None, curve: ServerKeys | None = None) -> int:
+    proc = EngineCoreProc(args, listen, engine_index, parent_pid, socket_setup, curve)
     logger.info("engine core ready: model %s, max_model_len %d", proc.core.model_info().model_name,
                 proc.core.max_model_len)
     return proc.run()

@@ -2,18 +2,28 @@
 
 Both speak the same frames over a DEALER socket: HELLO until READY, then ADD / ABORT / UTILITY
 out and OUTPUTS / UTILITY_RESULT / SHUTDOWN in. The core speaks at least every heartbeat; a
-core that is silent for DEAD_AFTER_SECONDS, says SHUTDOWN, or whose child process exited, is dead.
+core that is silent for DEAD_AFTER_SECONDS, says SHUTDOWN, drops the connection, answers
+UNKNOWN_FRONTEND (it restarted), or whose child process exited, is dead.
+
+A client of a core it did not start (an address was given) can come back: `handshake()` again
+says HELLO until a core answers READY, which may be a restarted core (a new core_id), even one
+serving another model. A child-process core that died stays dead.
+
+The socket queues messages only on a finished connection (ZMQ_IMMEDIATE), so nothing piles up
+for a core that is away, and a monitor tells when the connection drops or its CURVE handshake fails.
 """
 
 import asyncio
 import itertools
 import logging
 import time
+import weakref
 from collections import deque
 
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
 from common import protocol as P
 from common.config import EngineArgs
@@ -25,10 +35,22 @@ from frontend.core_process import start_core_process, stop_core_process
 logger = logging.getLogger("nvllm")
 
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may import the default model
+HELLO_INTERVAL_SECONDS = 1.0  # how often HELLO is repeated while no READY has come
+RETRY_FAILED_HANDSHAKE_SECONDS = 5.0  # ZeroMQ gives up after a refused CURVE handshake; we try again
 _ready_decoder = msgspec.msgpack.Decoder(P.Ready)
 _outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
 _result_decoder = msgspec.msgpack.Decoder(P.UtilityResult)
 _text_decoder = msgspec.msgpack.Decoder(str)
+
+_MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_DISCONNECTED)
+_HANDSHAKE_PROBLEMS = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the engine core refused this frontend's CURVE key (is its public key among "
+                                     "the core's authorized keys?)",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the handshake with the engine core failed (CURVE on one side only?)",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the CURVE handshake with the engine core failed (a wrong public key "
+                                          "for the core?)",
+}
 
 
 class MPClientBase:
@@ -46,15 +68,33 @@ class MPClientBase:
         self.identity = new_identity()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, self.identity)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)
         limit_socket(self.sock)
         if socket_setup is not None:
             socket_setup(self.sock)  # CURVE client keys
+        # connection events, read without blocking through a plain socket on the same context
+        self._monitor_ctx = zmq.Context.shadow(self.ctx.underlying)
+        monitor_address = f"inproc://nvllm-monitor-{self.identity.hex()}"
+        self.sock.monitor(monitor_address, _MONITORED)
+        self.monitor = self._monitor_ctx.socket(zmq.PAIR)
+        self.monitor.connect(monitor_address)
         self.sock.connect(address)
+        # a client dropped without shutdown() must still close its sockets (else the context's own
+        # finalizer blocks forever in term()) and stop its child core
+        self._release = weakref.finalize(self, _release, self.sock, self.monitor, self.ctx, self.proc)
         self.encoder = msgspec.msgpack.Encoder()
         self.model_info: P.Ready | None = None
         self.dead_reason: str | None = None
+        self.connected = False  # a finished (CURVE) handshake with the core's socket
+        self.connect_problem: str | None = None  # why the last handshake failed, if it did
+        self._last_reconnect = time.monotonic()
         self.last_heard = time.monotonic()
         self._call_ids = itertools.count()
+
+    @property
+    def reconnects(self) -> bool:
+        """A core this client did not start may come back; a child process does not."""
+        return self.proc is None
 
     def _hello(self) -> list[bytes]:
         return [P.HELLO, self.encoder.encode(P.Hello(P.PROTOCOL_VERSION, self.client_name))]
@@ -63,37 +103,112 @@ class MPClientBase:
         if self.proc is not None and self.proc.poll() is not None:
             self._die(f"the engine core process exited with code {self.proc.returncode}")
 
+    def _check_process_at_start(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"the engine core process failed to start (exit code {self.proc.returncode}); "
+                               "its log above says why")
+
     def _die(self, reason: str) -> None:
         if self.dead_reason is None:
-            self.dead_reason = reason
-            logger.error("engine core is dead: %s", reason)
+            if self.reconnects:
+                self.dead_reason = f"lost the engine core at {self.address}: {reason}; reconnecting"
+                logger.warning("%s", self.dead_reason)
+            else:
+                self.dead_reason = reason
+                logger.error("engine core is dead: %s", reason)
         raise EngineDeadError(self.dead_reason)
 
     def _check_alive(self) -> None:
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         self._check_process()
-        if time.monotonic() - self.last_heard > DEAD_AFTER_SECONDS:
+        self._drain_monitor()
+        if time.monotonic() - self.last_heard > DEAD_AFTER_SECONDS and not self._frames_waiting():
+            # frames waiting unread mean this side was busy (not reading), not that the core went quiet
             self._die(f"no word from the engine core for {DEAD_AFTER_SECONDS:.0f} s")
+
+    def _frames_waiting(self) -> bool:
+        return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    def _drain_monitor(self) -> None:
+        """Applies pending connection events; a dropped connection to a ready core kills it."""
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected, self.connect_problem = True, None
+            elif event in _HANDSHAKE_PROBLEMS:
+                if self.connect_problem != _HANDSHAKE_PROBLEMS[event]:
+                    logger.error("%s: %s", self.address, _HANDSHAKE_PROBLEMS[event])
+                self.connect_problem = _HANDSHAKE_PROBLEMS[event]
+            elif event == zmq.EVENT_DISCONNECTED:
+                was_connected, self.connected = self.connected, False
+                if was_connected and self.model_info is not None and self.dead_reason is None:
+                    self._die("the connection closed")
+
+    def _retry_failed_connection(self) -> None:
+        """ZeroMQ does not reconnect after a refused CURVE handshake: keys may have been fixed since."""
+        if self.connect_problem is not None and time.monotonic() - self._last_reconnect > RETRY_FAILED_HANDSHAKE_SECONDS:
+            self._last_reconnect = time.monotonic()
+            try:
+                self.sock.disconnect(self.address)
+            except zmq.ZMQError:
+                pass
+            self.sock.connect(self.address)
+
+    def waiting_reason(self) -> str:
+        """Why there is no READY yet, for messages."""
+        if self.connect_problem:
+            return self.connect_problem
+        if not self.connected:
+            return f"no connection to {self.address} yet"
+        return f"the engine core at {self.address} has not answered HELLO yet"
 
     def _handle_ready(self, kind: bytes, body: bytes) -> bool:
         if kind == P.READY:
-            self.model_info = _ready_decoder.decode(body)
+            self._drain_monitor()  # events from before this connection must not count against it
+            info = _ready_decoder.decode(body)
+            previous, self.model_info = self.model_info, info
+            if previous is not None:
+                logger.info("engine core at %s is back%s, serving %s", self.address,
+                            "" if previous.core_id == info.core_id else " (a new core)", info.model_name)
+            self.dead_reason = None
             self.last_heard = time.monotonic()
             return True
         if kind == P.REJECTED:
             raise RuntimeError(f"the engine core refused this frontend: {_text_decoder.decode(body)}")
         return False
 
+    def _handle_control(self, kind: bytes, body: bytes) -> None:
+        """Frames other than outputs and results that a live client may get."""
+        if kind == P.SHUTDOWN:
+            self._die(_text_decoder.decode(body))
+        elif kind == P.UNKNOWN_FRONTEND:
+            self._die("the engine core does not know this frontend (it restarted)")
+        elif kind == P.READY and self.model_info is not None:
+            if _ready_decoder.decode(body).core_id != self.model_info.core_id:
+                self._die("a restarted engine core answered")
+
     def _close(self) -> None:
-        try:
-            self.sock.send_multipart([P.GOODBYE, b""], zmq.NOBLOCK)
+        try:  # through a plain socket: an asyncio one would leave a future nobody awaits
+            zmq.Socket.shadow(self.sock.underlying).send_multipart([P.GOODBYE, b""], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
-        self.sock.close(linger=100)
-        if self.proc is not None:
-            stop_core_process(self.proc)
-        self.ctx.term()
+        self._release()
+
+
+def _release(sock: zmq.Socket, monitor: zmq.Socket, ctx: zmq.Context, proc) -> None:
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    monitor.close(linger=0)
+    sock.close(linger=100)
+    if proc is not None:
+        stop_core_process(proc)
+    ctx.term()
 
 
 class SyncMPClient(MPClientBase):
@@ -104,31 +219,46 @@ class SyncMPClient(MPClientBase):
 
     def _handshake(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        next_hello = 0.0
         while time.monotonic() < deadline:
             self._check_process_at_start()
-            self.sock.send_multipart(self._hello())
-            if self.sock.poll(1000):
+            self._drain_monitor()
+            self._retry_failed_connection()
+            if time.monotonic() >= next_hello:
+                try:
+                    self.sock.send_multipart(self._hello(), zmq.NOBLOCK)
+                    next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
+                except zmq.Again:  # not connected yet
+                    pass
+            if self.sock.poll(100):
                 kind, body = self._recv()
                 if self._handle_ready(kind, body):
                     return
-        raise TimeoutError(f"the engine core at {self.address} did not answer within {STARTUP_TIMEOUT_SECONDS:.0f} s")
-
-    def _check_process_at_start(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"the engine core process failed to start (exit code {self.proc.returncode}); "
-                               "its log above says why")
+        raise TimeoutError(f"the engine core at {self.address} did not answer within {STARTUP_TIMEOUT_SECONDS:.0f} s "
+                           f"({self.waiting_reason()})")
 
     def _recv(self) -> tuple[bytes, bytes]:
         frames = self.sock.recv_multipart()
         return frames[0], frames[1] if len(frames) > 1 else b""
 
+    def _send(self, frames: list[bytes]) -> None:
+        while True:
+            self._check_alive()
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK)
+                return
+            except zmq.Again:  # the queue to the core is full, or the connection is down
+                self.sock.poll(100, zmq.POLLOUT)
+
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._check_alive()
-        self.sock.send_multipart([P.ADD, self.encoder.encode(request)])
+        self._send([P.ADD, self.encoder.encode(request)])
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids and self.dead_reason is None:
-            self.sock.send_multipart([P.ABORT, self.encoder.encode(request_ids)])
+            try:
+                self.sock.send_multipart([P.ABORT, self.encoder.encode(request_ids)], zmq.NOBLOCK)
+            except zmq.Again:  # nothing to abort on a core that is away
+                pass
 
     def get_output(self) -> EngineCoreOutputs:
         if self._pending_outputs:
@@ -141,12 +271,11 @@ class SyncMPClient(MPClientBase):
             self.last_heard = time.monotonic()
             if kind == P.OUTPUTS:
                 return _outputs_decoder.decode(body)
-            if kind == P.SHUTDOWN:
-                self._die(_text_decoder.decode(body))
+            self._handle_control(kind, body)
 
     def call_utility(self, method: str, *args):
         call_id = next(self._call_ids)
-        self.sock.send_multipart([P.UTILITY, self.encoder.encode(P.UtilityCall(call_id, method, list(args)))])
+        self._send([P.UTILITY, self.encoder.encode(P.UtilityCall(call_id, method, list(args)))])
         while True:
             self._check_alive()
             if not self.sock.poll(100):
@@ -163,8 +292,8 @@ class SyncMPClient(MPClientBase):
                     if result.error:
                         raise RuntimeError(result.error)
                     return result.result
-            elif kind == P.SHUTDOWN:
-                self._die(_text_decoder.decode(body))
+            else:
+                self._handle_control(kind, body)
 
     def reset_prefix_cache(self) -> bool:
         return self.call_utility("reset_prefix_cache")
@@ -177,32 +306,57 @@ class SyncMPClient(MPClientBase):
 
 
 class AsyncMPClient(MPClientBase):
-    """Call `await start()` before use; `await get_output()` from one reader task."""
+    """Call `await handshake()` before use (again after EngineDeadError, to reconnect); `await
+    get_output()` from one reader task."""
 
     def __init__(self, args: EngineArgs | None, address: str | None = None, socket_setup=None,
                  client_name: str = "AsyncLLM"):
         super().__init__(args, address, asyncio_ctx=True, socket_setup=socket_setup, client_name=client_name)
         self._results: dict[int, asyncio.Future] = {}
 
-    async def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"the engine core process failed to start (exit code {self.proc.returncode})")
-            await self.sock.send_multipart(self._hello())
-            if await self.sock.poll(1000):
+    async def handshake(self, timeout: float | None = STARTUP_TIMEOUT_SECONDS) -> P.Ready:
+        """HELLO (repeated) until READY; timeout None: until a core answers or this is cancelled.
+        Anything else that arrives meanwhile (the last outputs of a lost core) is dropped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        next_hello = 0.0
+        while deadline is None or time.monotonic() < deadline:
+            self._check_process_at_start()
+            self._drain_monitor()
+            self._retry_failed_connection()
+            if time.monotonic() >= next_hello:
+                try:
+                    await self.sock.send_multipart(self._hello(), flags=zmq.NOBLOCK)
+                    next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
+                except zmq.Again:  # not connected (yet)
+                    pass
+            if await self.sock.poll(100):
                 frames = await self.sock.recv_multipart()
                 if self._handle_ready(frames[0], frames[1] if len(frames) > 1 else b""):
-                    return
-        raise TimeoutError(f"the engine core at {self.address} did not answer within {timeout:.0f} s")
+                    return self.model_info
+        raise TimeoutError(f"the engine core at {self.address} did not answer within {timeout:.0f} s "
+                           f"({self.waiting_reason()})")
+
+    async def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
+        await self.handshake(timeout)
+
+    async def _send(self, frames: list[bytes]) -> None:
+        while True:
+            self._check_alive()
+            try:
+                await self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:  # the queue to the core is full, or the connection is down
+                await self.sock.poll(100, zmq.POLLOUT)
 
     async def add_request(self, request: EngineCoreRequest) -> None:
-        self._check_alive()
-        await self.sock.send_multipart([P.ADD, self.encoder.encode(request)])
+        await self._send([P.ADD, self.encoder.encode(request)])
 
     async def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids and self.dead_reason is None:
-            await self.sock.send_multipart([P.ABORT, self.encoder.encode(request_ids)])
+            try:
+                await self.sock.send_multipart([P.ABORT, self.encoder.encode(request_ids)], flags=zmq.NOBLOCK)
+            except zmq.Again:  # nothing to abort on a core that is away
+                pass
 
     async def get_output(self) -> EngineCoreOutputs:
         """The next outputs batch; raises EngineDeadError when the core is gone."""
@@ -223,17 +377,16 @@ class AsyncMPClient(MPClientBase):
                         future.set_exception(RuntimeError(result.error))
                     else:
                         future.set_result(result.result)
-            elif kind == P.SHUTDOWN:
-                self._die(_text_decoder.decode(body))
+            else:
+                self._handle_control(kind, body)
 
     async def call_utility(self, method: str, *args, timeout: float = 10.0):
         """Needs the reader task running get_output()."""
-        self._check_alive()
         call_id = next(self._call_ids)
         future = asyncio.get_running_loop().create_future()
         self._results[call_id] = future
-        await self.sock.send_multipart([P.UTILITY, self.encoder.encode(P.UtilityCall(call_id, method, list(args)))])
         try:
+            await self._send([P.UTILITY, self.encoder.encode(P.UtilityCall(call_id, method, list(args)))])
             return await asyncio.wait_for(future, timeout)
         finally:
             self._results.pop(call_id, None)

@@ -3,6 +3,7 @@
 import argparse
 
 from frontend.cli.engine_args import add_engine_args
+from frontend.cli.keys_cmd import register_keys
 from frontend.cli.serve_cmd import register_bench_serve, register_engine_core, register_frontend, register_serve
 from frontend.cli.worker_cmd import register_worker
 
@@ -30,6 +31,11 @@ def register_bench(sub) -> None:
     tp.add_argument("--engine-mode", default="inproc", choices=["inproc", "mp"],
                     help="core in this process or in a background process")
     tp.add_argument("--output-json", default=None, help="write the figures here")
+    tp.add_argument("--random-model", default=None, choices=["qwen3-0.6b"],
+                    help="benchmark a random-weight model of this shape (written once into the model cache) "
+                         "instead of a model folder. nano-vllm's GPU workload: --random-model qwen3-0.6b "
+                         "--num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 "
+                         "--max-output-len 1024")
 
     def run(args):
         from frontend.bench.throughput import run_throughput
@@ -53,4 +59,4 @@ def register_bench(sub) -> None:
     register_bench_serve(kinds)
 
 
-REGISTRY = [register_serve, register_engine_core, register_frontend, register_bench, register_worker]
+REGISTRY = [register_serve, register_engine_core, register_frontend, register_bench, register_worker, register_keys]

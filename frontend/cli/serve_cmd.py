@@ -3,13 +3,15 @@
 - serve [MODEL]: the HTTP frontend in this process and an engine core child process (ipc://).
 - engine-core [MODEL] --listen ADDR: only the core, for frontends that connect to ADDR.
 - frontend --engine ADDR: only the HTTP frontend, on the core at ADDR (it needs no model files:
-  the core sends the tokenizer at handshake).
+  the core sends the tokenizer at handshake); --engine again for more cores (least-loaded routing).
+CURVE key flags, `--allow-insecure` and `engine-core --check` are in keys_cmd.py.
 """
 
 import argparse
 import os
 
 from frontend.cli.engine_args import add_engine_args, engine_args_from
+from frontend.cli.keys_cmd import add_core_curve_args, add_frontend_curve_args
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
 DEFAULT_CORE_ADDRESS = "tcp://127.0.0.1:5555"
@@ -73,15 +75,28 @@ def run_serve(ns: argparse.Namespace) -> int:
 
 def run_frontend(ns: argparse.Namespace) -> int:
     from frontend.async_llm import AsyncLLM
+    from frontend.cli.keys_cmd import frontend_socket_setup
 
-    return _serve_http(ns, lambda: AsyncLLM.create(address=ns.engine), ns.served_model_name)
+    engines = getattr(ns, "engine", None) or [DEFAULT_CORE_ADDRESS]
+    if len(set(engines)) != len(engines):
+        raise ValueError(f"--engine names an engine core twice: {' '.join(engines)}")
+    socket_setup = frontend_socket_setup(ns, engines)
+    return _serve_http(ns, lambda: AsyncLLM.create(address=engines, socket_setup=socket_setup),
+                       ns.served_model_name)
 
 
 def run_engine_core_cmd(ns: argparse.Namespace) -> int:
+    from common.curve import check_listen_security
+    from frontend.cli.keys_cmd import core_keys, run_check
+
+    if ns.check:
+        return run_check(ns)
+    curve = core_keys(ns)  # bad keys or an insecure address fail here, before any model loads
+    check_listen_security(ns.listen, curve, ns.allow_insecure)
     args = engine_args_from(ns)
     args.validate()
     from engine_core.core_proc import run_engine_core  # torch enters here, not in the frontend
-    return run_engine_core(args, ns.listen)
+    return run_engine_core(args, ns.listen, curve=curve)
 
 
 def register_serve(sub) -> None:
@@ -100,6 +115,7 @@ def register_engine_core(sub) -> None:
     add_engine_args(p)
     p.add_argument("--listen", type=_zmq_address, default=DEFAULT_CORE_ADDRESS,
                    help="ZeroMQ address to bind (tcp://HOST:PORT or ipc://PATH)")
+    add_core_curve_args(p)
     _add_common(p)
     p.set_defaults(func=run_engine_core_cmd)
 
@@ -107,10 +123,12 @@ def register_engine_core(sub) -> None:
 def register_frontend(sub) -> None:
     p = sub.add_parser("frontend", help="run only the HTTP frontend, on an engine core started elsewhere",
                        formatter_class=FORMATTER)
-    p.add_argument("--engine", type=_zmq_address, default=DEFAULT_CORE_ADDRESS,
-                   help="ZeroMQ address of the engine core (`nvllm engine-core --listen`)")
+    p.add_argument("--engine", type=_zmq_address, action="append", default=argparse.SUPPRESS, metavar="ADDR",
+                   help="ZeroMQ address of the engine core (`nvllm engine-core --listen`); repeat for several cores: "
+                        f"each request goes to the least-loaded live one (default: {DEFAULT_CORE_ADDRESS})")
     p.add_argument("--served-model-name", default=None, help="model name the API reports (default: the core's)")
     _add_http_args(p)
+    add_frontend_curve_args(p)
     _add_common(p)
     p.set_defaults(func=run_frontend)
 

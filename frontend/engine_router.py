@@ -1,0 +1,177 @@
+"""One frontend on one or several engine cores (data parallel): a link per core, and the choice of
+core for each request.
+
+Each CoreLink owns one AsyncMPClient and a task that handshakes, then reads the core's outputs;
+when the core is lost the task says so and, for a core given by address, handshakes again until
+a core answers there (a restarted core, perhaps serving another model). The router picks, per
+request, the live core with the least load: running + waiting requests from the core's latest
+stats (every output batch and heartbeat carries them), plus the requests this frontend sent it
+since those stats; ties go round-robin.
+"""
+
+import asyncio
+import hashlib
+import logging
+from typing import Callable
+
+import msgspec
+
+from common import protocol as P
+from common.protocol import EngineCoreOutputs, SchedulerStats
+from frontend.core_client import EngineDeadError
+from frontend.core_client_mp import AsyncMPClient
+
+logger = logging.getLogger("nvllm")
+
+FAILED_HANDSHAKE_PAUSE_SECONDS = 5.0  # before trying again a core that refused this frontend
+
+
+def model_fingerprint(info: P.Ready) -> str:
+    """Equal for cores a frontend can use interchangeably: same model, limits and tokenizer."""
+    blob = msgspec.msgpack.encode([info.model_name, info.max_model_len, info.vocab_size, sorted(info.eos_token_ids),
+                                   sorted(info.tokenizer_files.items())])
+    return hashlib.sha256(blob).hexdigest()
+
+
+class CoreLink:
+    def __init__(self, client: AsyncMPClient, index: int):
+        self.client = client
+        self.index = index
+        self.up = False  # handshaken and not lost since
+        self.fingerprint: str | None = None
+        self.stats = SchedulerStats()
+        self.sent_since_stats = 0  # core requests sent after the latest stats
+        self.requests: set[str] = set()  # request ids (parents) this frontend has running there
+        self.task: asyncio.Task | None = None
+
+    @property
+    def address(self) -> str:
+        return self.client.address
+
+    @property
+    def load(self) -> int:
+        return self.stats.num_running + self.stats.num_waiting + self.sent_since_stats
+
+    def note_stats(self, stats: SchedulerStats) -> None:
+        self.stats = stats
+        self.sent_since_stats = 0
+
+    def status(self) -> str:
+        if self.up:
+            return "up"
+        return self.client.dead_reason or self.client.waiting_reason()
+
+
+class EngineRouter:
+    """Runs the links; calls on_up(link) after each READY, on_down(link, error) when a core is lost
+    and on_outputs(link, outputs) for each batch, all on the event loop."""
+
+    def __init__(self, clients: list[AsyncMPClient], on_up: Callable, on_down: Callable, on_outputs: Callable):
+        self.links = [CoreLink(c, i) for i, c in enumerate(clients)]
+        self.on_up, self.on_down, self.on_outputs = on_up, on_down, on_outputs
+        self._first_up: asyncio.Event | None = None
+        self._start_error: BaseException | None = None
+        self._next = 0  # round-robin start among equally loaded cores
+
+    async def start(self, timeout: float) -> None:
+        """Runs every link; returns once one core is up (the others keep trying in the background)."""
+        loop = asyncio.get_running_loop()
+        self._first_up = asyncio.Event()
+        for link in self.links:
+            link.task = asyncio.create_task(self._run(link, timeout), name=f"nvllm-core-{link.index}")
+        waiter = asyncio.create_task(self._first_up.wait())
+        deadline = loop.time() + timeout
+        try:
+            while not self._first_up.is_set():
+                pending = [waiter, *(link.task for link in self.links if not link.task.done())]
+                if len(pending) == 1:  # every link gave up
+                    raise self._start_error or RuntimeError("no engine core could be reached")
+                if loop.time() >= deadline:
+                    raise TimeoutError(f"no engine core answered within {timeout:.0f} s ({self.describe()})")
+                await asyncio.wait(pending, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+
+    async def _run(self, link: CoreLink, timeout: float) -> None:
+        client = link.client
+        first = True
+        while True:
+            try:
+                await client.handshake(timeout if first and not client.reconnects else None)
+            except asyncio.CancelledError:
+                raise
+            except RuntimeError as e:  # REJECTED, or a child process that failed to start
+                if not client.reconnects:
+                    self._start_error = e
+                    return
+                logger.error("engine core at %s: %s; trying again in %.0f s", link.address, e,
+                             FAILED_HANDSHAKE_PAUSE_SECONDS)
+                await asyncio.sleep(FAILED_HANDSHAKE_PAUSE_SECONDS)
+                continue
+            except TimeoutError as e:
+                self._start_error = e
+                return
+            if first:
+                logger.info("engine core at %s is up, serving %s", link.address, client.model_info.model_name)
+            first = False
+            link.up = True
+            link.fingerprint = model_fingerprint(client.model_info)
+            link.note_stats(SchedulerStats())
+            self.on_up(link)
+            if self._first_up is not None:
+                self._first_up.set()
+            try:
+                while True:
+                    self.on_outputs(link, await client.get_output())
+            except EngineDeadError as e:
+                error = e
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug here must not leave requests hanging
+                logger.exception("the output reader of engine core %s failed", link.address)
+                error = EngineDeadError(f"output reader failed: {e}")
+                if client.dead_reason is None:
+                    client.dead_reason = str(error)
+            link.up = False
+            client.fail_pending_calls(error)
+            self.on_down(link, error)
+            if not client.reconnects:
+                return
+
+    def live(self, fingerprint: str | None) -> list[CoreLink]:
+        return [link for link in self.links
+                if link.up and link.client.dead_reason is None and link.fingerprint == fingerprint]
+
+    def pick(self, fingerprint: str | None, exclude=()) -> CoreLink | None:
+        """The least-loaded live core serving `fingerprint`, not in `exclude`; None if there is none."""
+        candidates = [link for link in self.live(fingerprint) if link not in exclude]
+        if not candidates:
+            return None
+        n = len(self.links)
+        best = min(candidates, key=lambda link: (link.load, (link.index - self._next) % n))
+        self._next = (best.index + 1) % n
+        return best
+
+    def describe(self) -> str:
+        return "; ".join(f"{link.address}: {link.status()}" for link in self.links)
+
+    def shutdown(self) -> None:
+        for link in self.links:
+            if link.task is not None:
+                link.task.cancel()
+        for link in self.links:
+            link.client.shutdown()
+
+
+def sum_stats(stats: list[SchedulerStats]) -> SchedulerStats:
+    """Several cores' scheduler figures as one (KV cache usage weighted by blocks)."""
+    if len(stats) == 1:
+        return stats[0]
+    total = SchedulerStats()
+    for s in stats:
+        for name in SchedulerStats.__struct_fields__:
+            if name != "kv_cache_usage":
+                setattr(total, name, getattr(total, name) + getattr(s, name))
+    if total.num_total_blocks:
+        total.kv_cache_usage = sum(s.kv_cache_usage * s.num_total_blocks for s in stats) / total.num_total_blocks
+    return total
