@@ -1,6 +1,9 @@
 """Runs the model for one scheduled step: flat inputs for the mixed batch, forward, sample.
 
 One ModelRunner per tensor-parallel rank. Rank 0 also samples; the others only run the forward.
+On CUDA, the KV cache gets what `gpu_memory_utilization` leaves after a profiling step at the
+largest batch (`profile_run`), and decode-only steps replay CUDA graphs (engine_core/cuda_graph.py)
+unless `enforce_eager` is set.
 """
 
 import logging
@@ -9,12 +12,15 @@ import time
 import torch
 
 from common.config import EngineArgs, parse_size
+from common.sampling_params import SamplingParams
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.selector import get_attention_backend
-from engine_core.distributed.parallel_state import tp_rank
+from engine_core.cuda_graph import DecodeGraphRunner
+from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.forward_context import forward_context
 from engine_core.layers.attention import PagedAttention
 from engine_core.models.registry import model_class
+from engine_core.request import Request
 from engine_core.sampler import Sampler
 from engine_core.step_input import StepInput
 from engine_core.weights.loader import load_safetensors_weights
@@ -30,6 +36,10 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.block_size = args.block_size
+        self.max_model_len = args.max_model_len or hf_config.max_position_embeddings
+        self.hidden_size = hf_config.hidden_size
+        self.graph_runner: DecodeGraphRunner | None = None
+        self.activation_peak: int | None = None  # bytes, once profile_run has measured it
         start = time.perf_counter()
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
@@ -41,12 +51,26 @@ class ModelRunner:
         self.model.load_weights(load_safetensors_weights(model_path))
         self.model.eval()
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
-        self.backend = get_attention_backend(args.attention_backend, device)
+        self.backend = self._attention_backend()
         self.sampler = Sampler(device, args.seed) if tp_rank() == 0 else None
         if tp_rank() == 0:
             logger.info("loaded %s (%s) on %s in %.1f s, attention backend %s",
                         hf_config.architectures[0], str(dtype).removeprefix("torch."), device,
                         time.perf_counter() - start, self.backend.name)
+
+    def _attention_backend(self):
+        backend = get_attention_backend(self.args.attention_backend, self.device)
+        if backend.name == "flash_attn":
+            from engine_core.attention.flash_attn_backend import unsupported_reason
+            why = unsupported_reason(self.block_size, self.dtype, self.attn_layers[0].head_dim)
+            if why and self.args.attention_backend == "flash_attn":
+                raise ValueError(f"attention_backend flash_attn cannot run here: {why}. "
+                                 f"Use --attention-backend triton (or auto)")
+            if why:
+                if tp_rank() == 0:
+                    logger.warning("attention: %s; using the triton backend", why)
+                backend = get_attention_backend("triton", self.device)
+        return backend
 
     # ---- KV cache ---------------------------------------------------------------------------
 
@@ -60,17 +84,97 @@ class ModelRunner:
         if self.args.kv_cache_memory is not None:
             return parse_size(self.args.kv_cache_memory)
         if self.device.type == "cuda":
+            # tensor-parallel ranks would have to profile in step (collectives); they have no profile yet
+            peak = self.profile_run() if tp_size() == 1 else 0
             free, total = torch.cuda.mem_get_info(self.device)
-            used_by_others = total - free
-            return int(total * self.args.gpu_memory_utilization - used_by_others)
+            in_use = total - free  # weights, CUDA context, other processes
+            budget = int(total * self.args.gpu_memory_utilization - in_use - peak)
+            if tp_rank() == 0:
+                logger.info("GPU memory: %.2f GiB total x %.2f utilization - %.2f GiB in use - %.2f GiB "
+                            "peak of the profiled step = %.2f GiB for the KV cache", total / 2**30,
+                            self.args.gpu_memory_utilization, in_use / 2**30, peak / 2**30, budget / 2**30)
+            return budget
         return DEFAULT_CPU_KV_CACHE_BYTES
 
+    @torch.inference_mode()
+    def profile_run(self) -> int:
+        """Runs the largest step the scheduler can make on dummy inputs (max_num_batched_tokens tokens:
+        max_num_seqs sampled rows, the rest one long prefill chunk), sampler included, over a temporary
+        KV cache just large enough. Returns the peak bytes the step allocated (CUDA; 0 on other devices)."""
+        if self.activation_peak is not None:
+            return self.activation_peak
+        lens = profile_lengths(self.args.max_num_batched_tokens, self.args.max_num_seqs, self.max_model_len)
+        step, num_blocks = dummy_step(lens, self.block_size)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+        saved = [(a.k_cache, a.v_cache) for a in self.attn_layers]
+        self._bind_kv_cache(num_blocks)
+        try:
+            logits = self.forward(step)
+            if logits is not None and self.sampler is not None:
+                self._profile_sampler(logits)
+            del logits
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                cache = num_blocks * self.kv_bytes_per_block()
+                self.activation_peak = max(0, torch.cuda.max_memory_allocated(self.device) - base - cache)
+            else:
+                self.activation_peak = 0
+        finally:
+            for a, (k, v) in zip(self.attn_layers, saved):
+                a.k_cache, a.v_cache = k, v
+            if cuda:
+                torch.cuda.empty_cache()
+        if cuda and tp_rank() == 0:
+            logger.info("profiled a step of %d tokens in %d sequences: peak %.2f GiB beyond the weights",
+                        sum(lens), len(lens), self.activation_peak / 2**30)
+        return self.activation_peak
+
+    def _profile_sampler(self, logits: torch.Tensor) -> None:
+        """The sampler's most memory-hungry path on every row; its random stream is left as it was."""
+        params = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.01, logprobs=20,
+                                repetition_penalty=1.1, presence_penalty=0.1, frequency_penalty=0.1)
+        reqs = [Request(f"profile-{i}", [0, 1], params) for i in range(logits.shape[0])]
+        for r in reqs:
+            r.append_output_token(2)  # so the frequency and presence penalties have work
+        state = self.sampler.generator.get_state()
+        try:
+            self.sampler(logits, reqs)
+        finally:
+            self.sampler.generator.set_state(state)
+
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        self._bind_kv_cache(num_blocks)
+        if self._use_cuda_graphs():
+            self.graph_runner = DecodeGraphRunner(
+                self.model, self.backend, self.hidden_size, self.dtype, self.device, self.args.max_num_seqs,
+                -(-self.max_model_len // self.block_size), self.block_size)
+            self.graph_runner.capture()
+
+    def _bind_kv_cache(self, num_blocks: int) -> None:
         layer = self.attn_layers[0]
         shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
         for attn in self.attn_layers:
             attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _use_cuda_graphs(self) -> bool:
+        if self.device.type != "cuda" or self.args.enforce_eager:
+            return False
+        why = None
+        if self.backend.name == "torch":
+            why = "the torch attention backend sizes decode steps on the host"
+        elif tp_size() > 1:
+            why = "tensor parallelism does not capture its collectives yet"
+        if why:
+            if tp_rank() == 0:
+                logger.info("CUDA graphs: off (%s); decode steps run eagerly", why)
+            return False
+        return True
 
     # ---- one step ---------------------------------------------------------------------------
 
@@ -94,6 +198,13 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, step: StepInput) -> torch.Tensor | None:
         """Logits [num sampled sequences, vocab] on rank 0; None on other ranks."""
+        if self.graph_runner is not None and self.graph_runner.can_run(step):
+            hidden = self.graph_runner.run(step)
+            if step.sample_rows == list(range(len(step.input_ids))):
+                return self.model.compute_logits(hidden)
+            rows = torch.tensor(step.sample_rows, dtype=torch.int64)
+            rows = (rows.pin_memory() if self.device.type == "cuda" else rows).to(self.device, non_blocking=True)
+            return self.model.compute_logits(hidden[rows])
         meta = self._metadata(step)
         input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
         positions = torch.tensor(step.positions, dtype=torch.int64, device=self.device)
@@ -101,3 +212,33 @@ class ModelRunner:
             hidden = self.model(input_ids, positions)
         sample_rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[sample_rows])
+
+
+def profile_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:
+    """Sequence lengths of the profiling step: as many one-token sequences (sampled rows) as a step can
+    hold, and the remaining tokens as the longest prefill chunks max_model_len allows."""
+    num_seqs = max(1, min(max_num_seqs, num_tokens))
+    lens = [1] * (num_seqs - 1)
+    rest = num_tokens - len(lens)
+    while rest > 0:
+        lens.append(min(rest, max_model_len))
+        rest -= lens[-1]
+    return lens
+
+
+def dummy_step(lens: list[int], block_size: int) -> tuple[StepInput, int]:
+    """A step of fresh sequences of these lengths (token id 0) over blocks 0, 1, ... in order, every
+    sequence sampled; and the number of blocks it uses."""
+    input_ids, positions, slots, starts, tables, rows = [], [], [], [0], [], []
+    next_block = 0
+    for n in lens:
+        blocks = list(range(next_block, next_block + -(-n // block_size)))
+        next_block += len(blocks)
+        input_ids += [0] * n
+        positions += range(n)
+        slots += [blocks[p // block_size] * block_size + p % block_size for p in range(n)]
+        starts.append(starts[-1] + n)
+        tables.append(blocks)
+        rows.append(starts[-1] - 1)
+    num_decodes = next((i for i, n in enumerate(lens) if n != 1), len(lens))
+    return StepInput(input_ids, positions, slots, starts, list(lens), tables, num_decodes, rows), next_block

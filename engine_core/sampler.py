@@ -3,7 +3,13 @@
 Order: penalties and min_tokens masking on the raw logits, then temperature, top-k, top-p and
 min-p, then a draw. Each seeded request draws from its own generator, so its tokens do not depend
 on what else is in the batch. Logprobs are those of the raw model distribution, as vLLM reports.
+
+On a GPU the whole path runs without waiting for the device until the one copy that brings the
+sampled ids (and any logprobs) back: per-row parameters and penalty indices go up in pinned,
+asynchronous copies, and every branch is decided from the requests on the host.
 """
+
+from collections import Counter
 
 import torch
 
@@ -27,6 +33,13 @@ class Sampler:
             self.request_generators[req.request_id] = g
         return g
 
+    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """A host list as a tensor on the sampler's device, without a host sync on CUDA."""
+        t = torch.tensor(values, dtype=dtype)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[Logprobs | None]]:
         logits = logits.float()
         raw_logprobs = None
@@ -34,43 +47,64 @@ class Sampler:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         logits = self._apply_penalties(logits.clone(), reqs)
         tokens = self._draw(logits, reqs)
-        token_list = tokens.tolist()
-        logprobs = [None] * len(reqs)
-        if raw_logprobs is not None:
-            for i, r in enumerate(reqs):
-                if r.sampling_params.logprobs is not None:
-                    logprobs[i] = _logprobs_of(raw_logprobs[i], token_list[i], r.sampling_params.logprobs)
-        return token_list, logprobs
+        if raw_logprobs is None:
+            return tokens.tolist(), [None] * len(reqs)
+        return _with_logprobs(tokens, raw_logprobs, reqs)
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        # (row, token) entries of each kind, gathered on the host; each kind is one indexed update
+        rep_rows, rep_ids, rep_vals = [], [], []
+        pen_rows, pen_ids, counts, freqs, presences = [], [], [], [], []
+        ban_rows, ban_ids = [], []
         for i, r in enumerate(reqs):
             sp = r.sampling_params
             if sp.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(r.all_token_ids)), device=logits.device)
-                row = logits[i, seen]
-                logits[i, seen] = torch.where(row > 0, row / sp.repetition_penalty, row * sp.repetition_penalty)
+                seen = sorted(set(r.all_token_ids))
+                rep_rows += [i] * len(seen)
+                rep_ids += seen
+                rep_vals += [sp.repetition_penalty] * len(seen)
             if (sp.presence_penalty or sp.frequency_penalty) and r.output_token_ids:
-                ids, counts = torch.tensor(r.output_token_ids, device=logits.device).unique(return_counts=True)
-                logits[i, ids] -= sp.frequency_penalty * counts.float() + sp.presence_penalty
+                counted = sorted(Counter(r.output_token_ids).items())
+                pen_rows += [i] * len(counted)
+                pen_ids += [t for t, _ in counted]
+                counts += [c for _, c in counted]
+                freqs += [sp.frequency_penalty] * len(counted)
+                presences += [sp.presence_penalty] * len(counted)
             if r.num_output_tokens < sp.min_tokens:
                 banned = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(r.eos_token_ids))
-                if banned:
-                    logits[i, banned] = float("-inf")
+                ban_rows += [i] * len(banned)
+                ban_ids += banned
+        if rep_rows:
+            index = self._upload([rep_rows, rep_ids], torch.int64)
+            penalty = self._upload(rep_vals, torch.float32)
+            row = logits[index[0], index[1]]
+            logits[index[0], index[1]] = torch.where(row > 0, row / penalty, row * penalty)
+        if pen_rows:
+            index = self._upload([pen_rows, pen_ids], torch.int64)
+            amounts = self._upload([freqs, counts, presences], torch.float32)
+            logits[index[0], index[1]] -= amounts[0] * amounts[1] + amounts[2]
+        if ban_rows:
+            index = self._upload([ban_rows, ban_ids], torch.int64)
+            # a tensor made on the device: a Python scalar assigned through indices may cross to it blocking
+            logits.index_put_((index[0], index[1]), torch.full((len(ban_rows),), float("-inf"), device=logits.device))
         return logits
 
     def _draw(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
-        greedy = torch.tensor([r.sampling_params.greedy for r in reqs], device=logits.device)
         tokens = logits.argmax(dim=-1)
-        if bool(greedy.all()):
-            return tokens
         params = [r.sampling_params for r in reqs]
-        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=logits.device)
+        if all(p.greedy for p in params):
+            return tokens
+        vocab = logits.shape[-1]
+        # one upload: greedy flag, temperature, top-k, top-p, min-p per row
+        table = self._upload([[float(p.greedy), 1.0 if p.greedy else p.temperature,
+                               p.top_k if p.top_k > 0 else vocab, p.top_p, p.min_p] for p in params], torch.float32)
+        greedy, temps = table[:, 0] > 0, table[:, 1]
         logits = logits / temps[:, None]
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            logits = _top_k_top_p(logits, params)
+            logits = _top_k_top_p(logits, table[:, 2].to(torch.int64), table[:, 3])
         probs = torch.softmax(logits, dim=-1)
         if any(p.min_p > 0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], device=logits.device)
+            min_p = table[:, 4]
             probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
         # exponential race: argmax(p / E) with E ~ Exp(1) draws from p; E = -log(U) is drawn
         # through rand(), several times faster on CPU than exponential_()
@@ -83,13 +117,12 @@ class Sampler:
         return torch.where(greedy, tokens, sampled)
 
 
-def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """top_k [B] int64 (the vocab size: no cut), top_p [B] float32."""
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=logits.device)
     ranks = torch.arange(vocab, device=logits.device)[None, :]
     cut = ranks >= top_k[:, None]
-    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
     probs = torch.softmax(sorted_logits.masked_fill(cut, float("-inf")), dim=-1)
     # drop a token when the tokens ranked above it already reach top_p; the first always stays
     cut |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
@@ -97,12 +130,29 @@ def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def _logprobs_of(row: torch.Tensor, token: int, top_n: int) -> Logprobs:
-    value = row[token]
-    rank = int((row > value).sum()) + 1
-    out = Logprobs(token_id=token, logprob=float(value), rank=rank)
+def _with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor,
+                   reqs: list[Request]) -> tuple[list[int], list[Logprobs | None]]:
+    """Token ids and the requested logprobs, computed for the whole batch on the device and brought
+    back in one copy: per row the token id, its logprob and rank, then the top-n ids and logprobs."""
+    top_n = max(r.sampling_params.logprobs or 0 for r in reqs)
+    chosen = raw_logprobs.gather(1, tokens[:, None])
+    ranks = (raw_logprobs > chosen).sum(dim=-1, keepdim=True) + 1
+    columns = [tokens[:, None].double(), chosen.double(), ranks.double()]
     if top_n:
-        top = row.topk(top_n)
-        out.top_token_ids = top.indices.tolist()
-        out.top_logprobs = top.values.tolist()
-    return out
+        top = raw_logprobs.topk(top_n, dim=-1)
+        columns += [top.indices.double(), top.values.double()]
+    table = torch.cat(columns, dim=1).tolist()  # float64 holds the ids, ranks and float32 values exactly
+    token_list, logprobs = [], []
+    for r, row in zip(reqs, table):
+        token = int(row[0])
+        token_list.append(token)
+        n = r.sampling_params.logprobs
+        if n is None:
+            logprobs.append(None)
+            continue
+        out = Logprobs(token_id=token, logprob=row[1], rank=int(row[2]))
+        if n:
+            out.top_token_ids = [int(t) for t in row[3: 3 + n]]
+            out.top_logprobs = row[3 + top_n: 3 + top_n + n]
+        logprobs.append(out)
+    return token_list, logprobs

@@ -1,0 +1,74 @@
+"""Attention through flash-attn 2 (GPU; optional: `pip install 'nvllm[cuda]'`).
+
+The new keys and values go into the paged cache with the Triton store kernel (a slot < 0, a padding
+row of a CUDA-graph batch, is skipped). Then the decodes (the first num_decodes sequences, one query
+token each) attend through `flash_attn_with_kvcache` and the prefill chunks through
+`flash_attn_varlen_func`, both reading the cache through the block table, so a chunk that follows a
+cached prefix sees it. Neither call syncs with the host, so decode steps can be graph-captured.
+
+flash-attn 2 reads a paged cache only in pages of a multiple of 256 tokens (its docstring: "page_block_size
+must be a multiple of 256"; its C++ checks `page_block_size % 256 == 0`), only in fp16/bf16 and for head
+dims that are multiples of 8 up to 256. `unsupported_reason` says what rules a configuration out; the
+model runner then falls back to triton (auto) or refuses (`--attention-backend flash_attn`).
+"""
+
+import torch
+
+from engine_core.attention.backend import AttentionBackend
+from engine_core.attention.metadata import AttentionMetadata
+
+PAGE_MULTIPLE = 256  # flash-attn 2's paged kernels need pages of a multiple of this many tokens
+
+
+def unsupported_reason(block_size: int, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why flash-attn 2 cannot serve this configuration, or None when it can."""
+    if block_size % PAGE_MULTIPLE:
+        return (f"flash-attn 2 reads a paged KV cache only in blocks of a multiple of {PAGE_MULTIPLE} tokens, "
+                f"and --block-size is {block_size}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"flash-attn runs in float16 or bfloat16 only, and --dtype is {str(dtype).removeprefix('torch.')}"
+    if head_dim % 8 or head_dim > 256:
+        return f"flash-attn needs a head dim that is a multiple of 8 up to 256, and the model's is {head_dim}"
+    return None
+
+
+class FlashAttnBackend(AttentionBackend):
+    name = "flash_attn"
+
+    def __init__(self):
+        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+        self._varlen = flash_attn_varlen_func
+        self._with_kvcache = flash_attn_with_kvcache
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        from engine_core.attention import triton_kernels  # triton only once a GPU step runs
+
+        triton_kernels.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd:
+            # the decodes as a batch of one-token queries [nd, 1, H, D] over their cached keys
+            out[:nd] = self._with_kvcache(
+                q[:nd].unsqueeze(1), k_cache, v_cache, cache_seqlens=meta.seq_lens[:nd],
+                block_table=meta.block_tables[:nd], softmax_scale=scale, causal=True).squeeze(1)
+        if nd < meta.num_seqs:
+            lo = meta.query_start_loc_cpu[nd]
+            cu_q, cu_k = self._prefill_plan(meta)
+            out[lo:] = self._varlen(
+                q[lo:], k_cache, v_cache, cu_q, cu_k, meta.max_query_len, meta.max_seq_len,
+                softmax_scale=scale, causal=True, block_table=meta.block_tables[nd:])
+        return out
+
+    @staticmethod
+    def _prefill_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """cu_seqlens_q and cu_seqlens_k (int32, [num prefill seqs + 1]) of the prefill chunks, once per step."""
+        plan = meta.extras.get("flash_prefill")
+        if plan is None:
+            nd = meta.num_decodes
+            starts = meta.query_start_loc[nd:]
+            cu_q = (starts - starts[:1]).to(torch.int32)
+            cu_k = torch.zeros(meta.num_seqs - nd + 1, dtype=torch.int32, device=starts.device)
+            cu_k[1:] = torch.cumsum(meta.seq_lens[nd:], dim=0)
+            plan = meta.extras["flash_prefill"] = (cu_q, cu_k)
+        return plan
