@@ -299,6 +299,44 @@ def test_server_survives_hostile_input(server, client):
     assert client.completions.create(model=MODEL, prompt="still alive?", max_tokens=2).choices[0].text is not None
 
 
+HOSTILE = [None, -1, 0, 3, 0.5, 1e400, -1e400, "x", "", [], {}, True, 2**70, [2**70], ["a"], [[1]], "\u0000\ud800"]
+
+
+def test_no_field_value_crashes_the_server_or_leaks_blocks(server):
+    """Every field of both generation endpoints with hostile values: a 2xx or an OpenAI 4xx, never a 5xx;
+    afterwards the core is idle with every KV block free."""
+    spec = httpx.get(server[0] + "/openapi.json").json()["components"]["schemas"]
+    cases = [("/v1/completions", "CompletionRequest", {"prompt": "hi", "max_tokens": 1}),
+             ("/v1/chat/completions", "ChatCompletionRequest",
+              {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})]
+    requests = []
+    for path, schema, base in cases:
+        for field in spec[schema]["properties"]:
+            for value in HOSTILE:
+                if value is None and field in ("max_tokens", "max_completion_tokens"):
+                    continue  # valid, and means "up to max_model_len": slow, not hostile
+                body = {**base, field: value}
+                if field == "max_completion_tokens":
+                    body.pop("max_tokens")
+                requests.append((path, field, value, json.dumps(body).encode(errors="surrogatepass")))
+
+    async def send_all():
+        limit = asyncio.Semaphore(32)  # at once, so the engine batches the ones it accepts
+
+        async def send(client, path, content):
+            async with limit:
+                return await client.post(path, content=content, headers={"Content-Type": "application/json"})
+
+        async with httpx.AsyncClient(base_url=server[0], timeout=300) as client:
+            return await asyncio.gather(*(send(client, path, content) for path, _, _, content in requests))
+
+    for (path, field, value, _), r in zip(requests, asyncio.run(send_all())):
+        assert r.status_code < 500, (path, field, value, r.text[:300])
+        if r.status_code >= 400:
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    wait_idle(server)
+
+
 # ---- tokenize / detokenize ----------------------------------------------------------------------
 
 def test_tokenize_detokenize(server):
@@ -394,6 +432,27 @@ def test_metrics_names(server, client):
     client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1)
     after = metric(httpx.get(server[0] + "/metrics").text, "nvllm:prefix_cache_hits_total")
     assert after - before >= 32
+
+
+def test_bench_serve_against_the_server(server, tmp_path):
+    """README: `nvllm bench serve ... --output-json`, scaled down."""
+    import subprocess
+    import sys
+
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run([sys.executable, "-m", "frontend.cli.main", "bench", "serve", "--base-url", server[0],
+                          "--num-prompts", "6", "--max-concurrency", "3", "--random-input-len", "16",
+                          "--random-output-len", "5", "--random-range-ratio", "0.2", "--output-json", str(out_json)],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    for label in ("Request throughput", "Output token throughput", "Mean TTFT", "Median TPOT", "P99 ITL"):
+        assert label in out.stdout
+    figures = json.loads(out_json.read_text())
+    assert figures["completed"] == 6 and figures["failed"] == 0 and figures["model"] == MODEL
+    assert 6 * 4 <= figures["total_output_tokens"] <= 6 * 6  # ignore_eos: every requested token
+    for key in ("request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms"):
+        assert figures[key] > 0, key
 
 
 # ---- the README's examples ----------------------------------------------------------------------

@@ -28,10 +28,11 @@ _PARAMS = {
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type: str | None = None):
+        message = _printable(message)
         super().__init__(message)
         self.status = status
         self.message = message
-        self.param = param
+        self.param = _printable(param) if param is not None else None
         self.code = code
         self.type = type or error_type(status)
 
@@ -41,6 +42,11 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
         return JSONResponse(self.body().model_dump(), status_code=self.status, headers=headers)
+
+
+def _printable(text: str) -> str:
+    """Text that encodes as UTF-8 (a client's lone surrogate, echoed back, must not break the reply)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_type(status: int) -> str:

@@ -10,6 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
+import msgspec
+
 from common.sampling_params import SamplingParams
 from frontend.api.errors import APIError, bad_request, engine_unavailable
 from frontend.api.protocol import UsageInfo
@@ -17,6 +19,9 @@ from frontend.api.state import MAX_SEQUENCES_PER_REQUEST, ServerState
 from frontend.api.streams import merge
 from frontend.core_client import EngineDeadError
 from frontend.outputs import CompletionOutput, Logprob, RequestOutput
+
+
+_encoder = msgspec.msgpack.Encoder()
 
 
 @dataclass
@@ -60,6 +65,10 @@ def validate_prompts(engine, request_id: str, prompts: list[str | list[int]], pa
             text, request = engine.processor.process(f"{request_id}-{i}", prompt, params)
         except ValueError as e:
             raise bad_request(e, param if str(e).startswith("prompt") else None) from None
+        try:  # what cannot go on the wire must fail here, as a 400, not once a stream has begun
+            _encoder.encode(request)
+        except (OverflowError, UnicodeError, msgspec.EncodeError) as e:
+            raise APIError(400, f"a parameter is out of range or not valid UTF-8: {e}") from None
         checked.append(Prompt(text, request.prompt_token_ids))
     return checked
 

@@ -7,11 +7,26 @@ Unknown fields are refused (400 naming the field) rather than silently ignored.
 """
 
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_serializer
 
 from common.sampling_params import RequestOutputKind, SamplingParams
+
+
+INT32_MAX = 2**31 - 1
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid UTF-8 text (it holds a lone surrogate)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]  # what the tokenizer and the wire can take
 
 
 class StrictModel(BaseModel):
@@ -38,25 +53,25 @@ class StreamOptions(StrictModel):
 
 
 class SamplingFields(StrictModel):
-    model: str | None = Field(None, description="the served model name (see /v1/models); omitted: that model")
+    model: Text | None = Field(None, description="the served model name (see /v1/models); omitted: that model")
     n: int = Field(1, ge=1, description="completions per prompt")
     temperature: float | None = Field(None, ge=0, description="0 is greedy; default 1")
     top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling; default 1")
-    top_k: int | None = Field(None, ge=-1, description="vLLM extension: keep the k most likely tokens; -1 or 0: off")
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX, description="vLLM extension: keep the k most likely tokens; -1 or 0: off")
     min_p: float | None = Field(None, ge=0, le=1, description="vLLM extension: drop tokens below min_p x the top one")
     seed: int | None = Field(None, ge=0, lt=2**63, description="per-request seed; same seed, same output")
-    stop: str | list[str] | None = Field(None, description="stop strings (not included in the text)")
-    stop_token_ids: list[int] | None = Field(None, description="vLLM extension: token ids that end the completion")
+    stop: Text | list[Text] | None = Field(None, description="stop strings (not included in the text)")
+    stop_token_ids: list[TokenId] | None = Field(None, description="vLLM extension: token ids that end the completion")
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, description="vLLM extension; 1 is off")
     ignore_eos: bool = Field(False, description="vLLM extension: keep going past EOS until max_tokens")
-    min_tokens: int = Field(0, ge=0, description="vLLM extension: no EOS or stop before this many tokens")
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX, description="vLLM extension: no EOS or stop before this many tokens")
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = Field(None, description="accepted and ignored")
+    user: Text | None = Field(None, description="accepted and ignored")
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -78,7 +93,7 @@ class SamplingFields(StrictModel):
             frequency_penalty=self.frequency_penalty,
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
-            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.DELTA,  # streamed as is, or joined for a whole response
         )
 
     @property
@@ -95,7 +110,7 @@ class UsageInfo(BaseModel):
 # ---- /v1/completions ----------------------------------------------------------------------------
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+    prompt: Text | list[int] | list[Text] | list[list[int]] = Field(
         description="a string, a list of strings, a list of token ids, or a list of lists of token ids")
     max_tokens: int | None = Field(16, ge=1, description="tokens to generate; null: up to max_model_len")
     logprobs: int | None = Field(None, ge=0, le=20, description="log probabilities of the sampled and top-N tokens")
@@ -137,13 +152,13 @@ class CompletionStreamResponse(CompletionResponse):
 
 class TextContentPart(StrictModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextContentPart] | None = None
-    name: str | None = None
+    content: Text | list[TextContentPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -243,13 +258,13 @@ class ModelList(BaseModel):
 
 
 class TokenizeCompletionRequest(StrictModel):
-    model: str | None = None
-    prompt: str
+    model: Text | None = None
+    prompt: Text
     add_special_tokens: bool = True
 
 
 class TokenizeChatRequest(StrictModel):
-    model: str | None = None
+    model: Text | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
 
@@ -261,7 +276,7 @@ class TokenizeResponse(BaseModel):
 
 
 class DetokenizeRequest(StrictModel):
-    model: str | None = None
+    model: Text | None = None
     tokens: list[int]
 
 

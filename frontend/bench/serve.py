@@ -146,7 +146,8 @@ def summarize(args, model: str, results: list[Result], duration: float) -> dict:
     e2es = [r.latency * 1000 for r in ok]
     figures = {
         "model": model, "base_url": args.base_url, "num_prompts": args.num_prompts,
-        "max_concurrency": args.max_concurrency, "request_rate": args.request_rate,
+        "max_concurrency": args.max_concurrency,
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",  # strict JSON
         "random_input_len": args.random_input_len, "random_output_len": args.random_output_len,
         "random_range_ratio": args.random_range_ratio,
         "completed": len(ok), "failed": len(results) - len(ok), "duration_s": round(duration, 3),
