@@ -6,15 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
-import msgspec
 import pytest
 
 from common.config import EngineArgs
 from common.sampling_params import SamplingParams
-from common.transport import private_ipc_address
 from conftest import build_tiny_model
 from engine_core.distributed.parallel_state import HeadShard, partition_heads, split_evenly
 from http_helpers import NVLLM, ROOT, Proc, free_port, pid_alive, wait_healthy
@@ -124,12 +123,13 @@ def test_two_nodes_on_loopback(models):
 
 def test_missing_rank_is_a_timeout_error(models, monkeypatch):
     """A second node that never comes: a clear error after NVLLM_TP_INIT_TIMEOUT, no hang."""
-    from frontend.llm import LLM
+    from engine_core.core import EngineCore
 
     monkeypatch.setenv("NVLLM_TP_INIT_TIMEOUT", "2")
     start = time.monotonic()
+    args = EngineArgs(model=models["llama-kv1"], tensor_parallel_size=2, nnodes=2, master_port=free_port(), **ENGINE)
     with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] did not check in within 2 s.*nvllm worker"):
-        LLM(models["llama-kv1"], tensor_parallel_size=2, nnodes=2, master_port=free_port(), **ENGINE)
+        EngineCore(args)
     assert time.monotonic() - start < 30
 
 
@@ -154,46 +154,48 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.parametrize("when", ["mid-generation", "idle"])
-def test_killed_worker_stops_the_core(models, tmp_path, when):
+def test_killed_worker_stops_the_core(models, capfd, when):
     """SIGKILL rank 1: in-flight requests end with an error, the frontend sees the engine dead, and
     the core process exits non-zero within seconds, its log naming the rank."""
     from frontend.core_client import EngineDeadError
     from frontend.llm import LLM
 
-    address = private_ipc_address()
-    args = EngineArgs(model=models["llama-kv1"], tensor_parallel_size=2, **ENGINE)
-    log_path = tmp_path / "core.log"
-    with open(log_path, "w") as log:
-        core = subprocess.Popen([sys.executable, "-m", "engine_core", "--args-json", msgspec.json.encode(args).decode(),
-                                 "--listen", address], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
-    llm = None
+    llm = LLM(models["default"], tensor_parallel_size=2, **ENGINE)
     try:
-        llm = LLM.connect(address)
+        core = llm.client.proc
         workers = _children(core.pid)
         assert len(workers) == 1
-        finished = []
+        result: dict = {}
+        generating = None
         if when == "mid-generation":
-            llm._add("Once upon a time", SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
-            first = llm.client.get_output()
-            assert any(o.new_token_ids for o in first.outputs)
+            def run():
+                try:
+                    result["outputs"] = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=400,
+                                                                             ignore_eos=True), use_tqdm=False)
+                except Exception as e:
+                    result["error"] = e
+            generating = threading.Thread(target=run)
+            generating.start()
+            time.sleep(2.0)
+            assert generating.is_alive(), "generation ended before the worker was killed"
         killed = time.monotonic()
         os.kill(workers[0], signal.SIGKILL)
-        with pytest.raises(EngineDeadError):
-            while time.monotonic() - killed < 60:
-                finished += [o for o in llm.client.get_output().outputs if o.finish_reason is not None]
-        assert time.monotonic() - killed < 15
-        if when == "mid-generation":
-            assert [o.error for o in finished] == ["the engine core shut down"]
         assert core.wait(15) != 0
-        assert time.monotonic() - killed < 20
-        text = log_path.read_text()
-        assert "tensor-parallel worker rank 1" in text and "SIGKILL" in text, text[-3000:]
+        assert time.monotonic() - killed < 15
+        if generating is not None:
+            generating.join(15)
+            assert not generating.is_alive()
+            # every request ended: the engine is dead, or each request finished with the core's error
+            if "error" not in result:
+                assert all(o.outputs[0].finish_reason == "abort" for o in result["outputs"])
+            else:
+                assert isinstance(result["error"], EngineDeadError)
+        with pytest.raises(EngineDeadError):
+            llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+        log = capfd.readouterr().err
+        assert "tensor-parallel worker rank 1" in log and "SIGKILL" in log, log[-3000:]
     finally:
-        if llm is not None:
-            llm.shutdown()
-        if core.poll() is None:
-            core.kill()
-            core.wait()
+        llm.shutdown()
 
 
 # ---- nvllm serve -tp 2 --------------------------------------------------------------------------
