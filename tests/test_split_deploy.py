@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from http_helpers import NVLLM, ROOT, Proc, free_port, wait_healthy
+from http_helpers import NVLLM, ROOT, Proc, free_port, metric, wait_healthy
 
 TINY_ENGINE = ["--dtype", "float32", "--kv-cache-memory", "32MiB", "--max-model-len", "256"]
 FRONTEND_FLAGS = ["--disable-uvicorn-access-log"]
@@ -340,6 +340,13 @@ def _complete(base: str, model: str | None = None, max_tokens: int = 4) -> httpx
     return httpx.post(base + "/v1/completions", json=body, timeout=120)
 
 
+def _wait_running(base: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while metric(httpx.get(base + "/metrics", timeout=10).text, "nvllm:num_requests_running") < 1:
+        assert time.monotonic() < deadline, "the request never started running"
+        time.sleep(0.01)
+
+
 def _wait_status(base: str, want: int, timeout: float) -> float:
     started = time.monotonic()
     while _status(base)[0] != want:
@@ -372,9 +379,9 @@ def test_frontend_survives_core_restarts(tiny_models, tmp_path):
 
         # a long request is running when the core dies: it ends with an error, not a hang
         failed = {}
-        thread = threading.Thread(target=lambda: failed.setdefault("r", _complete(base, max_tokens=200)))
+        thread = threading.Thread(target=lambda: failed.setdefault("r", _complete(base, max_tokens=250)))
         thread.start()
-        time.sleep(1.0)
+        _wait_running(base)  # the tiny model makes 250 tokens in about a second: kill it as soon as it runs
         core.proc.kill()
         took = _wait_status(base, 503, timeout=15)
         assert took < 6, f"the frontend noticed the dead core only after {took:.1f} s"
