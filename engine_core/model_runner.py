@@ -18,6 +18,7 @@ from engine_core.attention.selector import get_attention_backend
 from engine_core.cuda_graph import DecodeGraphRunner
 from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.forward_context import forward_context
+from engine_core.layers import cpu_packing
 from engine_core.layers.attention import PagedAttention
 from engine_core.models.registry import model_class
 from engine_core.request import Request
@@ -50,6 +51,8 @@ class ModelRunner:
             torch.set_default_dtype(previous)
         self.model.load_weights(load_safetensors_weights(model_path))
         self.model.eval()
+        if cpu_packing.can_pack(device, dtype):
+            cpu_packing.pack_model(self.model)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.backend = self._attention_backend()
         self.sampler = Sampler(device, args.seed) if tp_rank() == 0 else None

@@ -106,14 +106,16 @@ class Sampler:
         if any(p.min_p > 0 for p in params):
             min_p = table[:, 4]
             probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
-        # exponential race: argmax(p / E) with E ~ Exp(1) draws from p; E = -log(U) is drawn
-        # through rand(), several times faster on CPU than exponential_()
-        uniform = torch.rand(probs.shape, generator=self.generator, device=probs.device)
+        # inverse transform: one uniform per row, looked up in the row's cumulative distribution
+        # (about a fifth of the cost of a race over vocab-sized noise on CPU); right=True never lands
+        # on a token whose probability was cut to 0
+        uniform = torch.rand(len(reqs), generator=self.generator, device=probs.device)
         for i, r in enumerate(reqs):
             if r.sampling_params.seed is not None and not r.sampling_params.greedy:
-                uniform[i] = torch.rand(probs.shape[-1], generator=self._generator_for(r), device=probs.device)
-        noise = -torch.log(uniform.clamp_(min=1e-20))
-        sampled = (probs / noise).argmax(dim=-1)
+                uniform[i] = torch.rand(1, generator=self._generator_for(r), device=probs.device)[0]
+        cdf = probs.cumsum(dim=-1)
+        target = uniform[:, None] * cdf[:, -1:]
+        sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=vocab - 1)
         return torch.where(greedy, tokens, sampled)
 
 

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_core.distributed.parallel_state import all_reduce, gather_to_rank0, tp_rank, tp_size
+from engine_core.layers import cpu_packing
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -31,8 +32,14 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    packed_weight = None  # cpu_packing.pack_model
+
+    def pack_weight(self) -> None:
+        """Packs a copy: a tied head shares its weight with the embedding, which still reads it."""
+        self.packed_weight = cpu_packing.pack(self.weight)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Full-vocabulary logits on rank 0 (None on other ranks)."""
-        logits = F.linear(hidden, self.weight)
+        logits = cpu_packing.linear(hidden, self.weight, self.packed_weight)
         logits = gather_to_rank0(logits, dim=-1)
         return logits[..., : self.vocab_size] if logits is not None else None

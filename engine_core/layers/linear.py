@@ -7,10 +7,10 @@ as evenly as possible (parallel_state.split_evenly); with one rank every shard i
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine_core.distributed.parallel_state import all_reduce, partition_heads, split_evenly, tp_rank, tp_size
+from engine_core.layers import cpu_packing
 
 
 class ColumnParallelLinear(nn.Module):
@@ -24,12 +24,17 @@ class ColumnParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(self.out_per_rank), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
+        self.packed_weight = None  # cpu_packing.pack_model
+
+    def pack_weight(self) -> None:
+        self.packed_weight = cpu_packing.pack(self.weight)
+        self.weight.data = self.weight.data.new_empty(0)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         param.data.copy_(loaded.narrow(0, self.out_start, self.out_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return cpu_packing.linear(x, self.weight, self.packed_weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -87,12 +92,17 @@ class RowParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = lambda p, w, s=None: p.data.copy_(w)
+        self.packed_weight = None  # cpu_packing.pack_model
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         param.data.copy_(loaded.narrow(1, self.in_start, self.in_per_rank))
 
+    def pack_weight(self) -> None:
+        self.packed_weight = cpu_packing.pack(self.weight)
+        self.weight.data = self.weight.data.new_empty(0)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = cpu_packing.linear(x, self.weight, self.packed_weight)
         y = all_reduce(y)
         # the bias is added once, after the sum of the partial products
         return y + self.bias if self.bias is not None else y
