@@ -36,6 +36,8 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 NVLLM_CACHE=/cache
 WORKDIR /opt/nvllm
 COPY --from=source /opt/nvllm /opt/nvllm
+# a C compiler builds the CPU decode-attention kernel at first start (without one, decodes fall back to SDPA)
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 # torch first, pinned, so that installing the project does not pull another build of it
 RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
  && pip install . \

@@ -1,5 +1,7 @@
 """Device and dtype choices for this machine."""
 
+import functools
+
 import torch
 
 
@@ -11,13 +13,19 @@ def pick_device(requested: str = "auto") -> torch.device:
     return torch.device(requested)
 
 
-def cpu_has_fast_bf16() -> bool:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (Linux), empty where they cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            line = next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def cpu_has_fast_bf16() -> bool:
+    return "amx_bf16" in cpu_flags() or "avx512_bf16" in cpu_flags()
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

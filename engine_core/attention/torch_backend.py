@@ -1,6 +1,7 @@
 """Attention in plain torch: works on any device; the reference backend and the CPU one.
 
-Every attention call is torch's scaled_dot_product_attention with grouped-query heads
+Decodes in bfloat16 on CPUs with AVX512-BF16 go to a C kernel that reads the paged cache in place
+(cpu_decode_kernel.py). Every other attention call is torch's scaled_dot_product_attention with grouped-query heads
 (`enable_gqa`), over keys viewed as [B, Hkv, L, D] without copying them: on CPU its flash kernel
 is several times faster than explicit matmul + softmax, more so for long prefills. Decodes are
 batched: their keys are gathered through the block tables (padded to the longest, masked).
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.attention.backend import AttentionBackend
+from engine_core.attention.cpu_decode_kernel import paged_decode_attention
 from engine_core.attention.metadata import AttentionMetadata
 
 
@@ -51,7 +53,8 @@ class TorchAttentionBackend(AttentionBackend):
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd = meta.num_decodes
-        if nd:
+        if nd and not paged_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
+                                             scale, out[:nd]):
             slots, mask = self._decode_plan(meta, k_cache.shape[1], q.dtype)
             keys, values = gather(k_cache, slots), gather(v_cache, slots)
             out[:nd] = grouped_attention(q[:nd].unsqueeze(1), keys, values, mask, scale).squeeze(1)

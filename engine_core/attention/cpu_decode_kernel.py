@@ -1,0 +1,102 @@
+"""The CPU paged decode-attention kernel (cpu_decode.c): built once, loaded through ctypes.
+
+It serves bfloat16 decodes on CPUs with AVX512-BF16 (head_dim a multiple of 32). It is compiled
+with the system's C compiler at first use into <cache>/kernels, named by a hash of the source, the
+flags and this CPU's features (-march=native code runs only where it was built). Where it cannot
+be had (another CPU, no compiler, a failed build: logged once) the torch backend gathers and calls
+SDPA instead. NVLLM_CPU_DECODE_KERNEL=0 turns it off.
+"""
+
+import ctypes
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+from engine_core.platform import cpu_flags
+
+logger = logging.getLogger("nvllm")
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_decode.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-pthread"]
+
+_library = None
+_tried = False
+
+
+def _build(target: str) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(os.path.join(os.path.dirname(target), ".build.lock"), "w") as lock:  # several processes may start at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(target):
+            return
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target))
+        os.close(fd)
+        try:
+            subprocess.run([compiler, *FLAGS, SOURCE, "-o", tmp, "-lm"], check=True, capture_output=True, text=True)
+            os.replace(tmp, target)
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"{compiler} failed: {e.stderr.strip()[-2000:]}") from None
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def load():
+    """The kernel library, or None where it cannot be had (logged once)."""
+    global _library, _tried
+    if _tried:
+        return _library
+    _tried = True
+    if os.environ.get("NVLLM_CPU_DECODE_KERNEL", "1") == "0" or "avx512_bf16" not in cpu_flags():
+        return None
+    from engine_core.weights.model_resolver import cache_dir
+
+    with open(SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read() + " ".join(FLAGS + sorted(cpu_flags())).encode()).hexdigest()[:16]
+    target = os.path.join(cache_dir(), "kernels", f"cpu_decode-{digest}.so")
+    try:
+        if not os.path.exists(target):
+            logger.info("building the CPU decode-attention kernel into %s", target)
+            _build(target)
+        library = ctypes.CDLL(target)
+    except (OSError, RuntimeError) as e:
+        logger.warning("CPU decode-attention kernel unavailable (%s); decodes use gather + SDPA", e)
+        return None
+    fn = library.paged_decode_attention
+    fn.restype = ctypes.c_int
+    fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
+                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int])
+    _library = library
+    return _library
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           out: torch.Tensor) -> bool:
+    """Attention of q [S, H, D] (one token per sequence: the last of its seq_lens[i] cached tokens)
+    into out [S, H, D]. False, with out untouched, where the kernel does not apply."""
+    if (q.device.type != "cpu" or q.dtype != torch.bfloat16 or k_cache.dtype != q.dtype or out.dtype != q.dtype
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous())
+            or q.stride()[1:] != (q.shape[2], 1) or out.stride()[1:] != (out.shape[2], 1)
+            or block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32
+            or block_tables.stride(-1) != 1 or not seq_lens.is_contiguous()):
+        return False
+    library = load()
+    if library is None:
+        return False
+    num_seqs, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    status = library.paged_decode_attention(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), out.stride(0), num_seqs, num_heads,
+        num_kv_heads, head_dim, block_size, scale, torch.get_num_threads())
+    return status == 0
