@@ -41,11 +41,12 @@ class Sampler:
         return t.to(self.device)
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> tuple[list[int], list[Logprobs | None]]:
-        logits = logits.float()
+        # a float32 copy that the steps below may change in place
+        logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
         raw_logprobs = None
         if any(r.sampling_params.logprobs is not None for r in reqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._apply_penalties(logits.clone(), reqs)
+        logits = self._apply_penalties(logits, reqs)
         tokens = self._draw(logits, reqs)
         if raw_logprobs is None:
             return tokens.tolist(), [None] * len(reqs)
@@ -90,16 +91,16 @@ class Sampler:
         return logits
 
     def _draw(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
-        tokens = logits.argmax(dim=-1)
         params = [r.sampling_params for r in reqs]
         if all(p.greedy for p in params):
-            return tokens
+            return logits.argmax(dim=-1)
+        tokens = logits.argmax(dim=-1) if any(p.greedy for p in params) else None
         vocab = logits.shape[-1]
         # one upload: greedy flag, temperature, top-k, top-p, min-p per row
         table = self._upload([[float(p.greedy), 1.0 if p.greedy else p.temperature,
                                p.top_k if p.top_k > 0 else vocab, p.top_p, p.min_p] for p in params], torch.float32)
         greedy, temps = table[:, 0] > 0, table[:, 1]
-        logits = logits / temps[:, None]
+        logits = logits.div_(temps[:, None])
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             logits = _top_k_top_p(logits, table[:, 2].to(torch.int64), table[:, 3])
         probs = torch.softmax(logits, dim=-1)
@@ -116,7 +117,7 @@ class Sampler:
         cdf = probs.cumsum(dim=-1)
         target = uniform[:, None] * cdf[:, -1:]
         sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=vocab - 1)
-        return torch.where(greedy, tokens, sampled)
+        return sampled if tokens is None else torch.where(greedy, tokens, sampled)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,11 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._tables_for(positions, q.dtype)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
+    def rotate(self, positions: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """heads [T, any number of heads, D] (e.g. q and k side by side, in one pass) rotated by positions [T]."""
+        cos, sin = self._tables_for(positions, heads.dtype)
+        return _rotate(heads, cos, sin)
+
     def _tables_for(self, positions: torch.Tensor, dtype: torch.dtype):
         # every layer rotates the same positions: look them up once per step
         extras = get_forward_context().meta.extras if has_forward_context() else {}

@@ -42,13 +42,15 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, q_size + kv_size:].view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:  # q and k sit side by side: rotate them in one pass
+            qk = qkv[:, : q_size + kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim)
+            q, k = self.rotary.rotate(positions, qk).split([self.num_heads, self.num_kv_heads], dim=1)
+        else:
+            q = self.q_norm(qkv[:, :q_size].view(T, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, q_size: q_size + kv_size].view(T, self.num_kv_heads, self.head_dim))
+            q, k = self.rotary(positions, q, k)
         out = self.attn(q, k, v)
         return self.o_proj(out.reshape(T, q_size))
 
