@@ -119,17 +119,25 @@ def _env_key(env, name: str) -> bytes | None:
     return parse_key(value, f"${name}") if value else None
 
 
+def _own_keypair(secret_key_file: str | None, keys_dir: str | None, name: str, env, env_secret: str,
+                 env_public: str | None = None) -> KeyPair | None:
+    """This side's key pair: from its secret key file, else <keys_dir>/<name>.key_secret, else the
+    environment (a public key given there must match the secret); None when none is configured."""
+    if secret_key_file:
+        return read_key_file(secret_key_file, secret=True)
+    if keys_dir:
+        return read_key_file(os.path.join(keys_dir, f"{name}.key_secret"), secret=True)
+    secret = _env_key(env, env_secret)
+    if secret is None:
+        return None
+    return keypair_from_secret(secret, _env_key(env, env_public) if env_public else None, what=f"${env_secret}")
+
+
 def server_keys(keys_dir: str | None = None, secret_key_file: str | None = None,
                 authorized: str | None = None, env=None, need_authorized: bool = True) -> ServerKeys | None:
     """The core's CURVE keys, or None when none are configured (no CURVE)."""
     env = os.environ if env is None else env
-    pair = None
-    if secret_key_file:
-        pair = read_key_file(secret_key_file, secret=True)
-    elif keys_dir:
-        pair = read_key_file(os.path.join(keys_dir, f"{SERVER_NAME}.key_secret"), secret=True)
-    elif _env_key(env, ENV_SERVER_SECRET) is not None:
-        pair = keypair_from_secret(_env_key(env, ENV_SERVER_SECRET), what=f"${ENV_SERVER_SECRET}")
+    pair = _own_keypair(secret_key_file, keys_dir, SERVER_NAME, env, ENV_SERVER_SECRET)
     allowed: set[bytes] = set()
     if authorized:
         if not os.path.exists(authorized):
@@ -155,14 +163,7 @@ def client_keys(keys_dir: str | None = None, secret_key_file: str | None = None,
                 server_key_file: str | None = None, env=None) -> ClientKeys | None:
     """A frontend's CURVE keys, or None when none are configured (no CURVE)."""
     env = os.environ if env is None else env
-    pair = None
-    if secret_key_file:
-        pair = read_key_file(secret_key_file, secret=True)
-    elif keys_dir:
-        pair = read_key_file(os.path.join(keys_dir, f"{CLIENT_NAME}.key_secret"), secret=True)
-    elif _env_key(env, ENV_CLIENT_SECRET) is not None:
-        pair = keypair_from_secret(_env_key(env, ENV_CLIENT_SECRET), _env_key(env, ENV_CLIENT_PUBLIC),
-                                   what=f"${ENV_CLIENT_SECRET}")
+    pair = _own_keypair(secret_key_file, keys_dir, CLIENT_NAME, env, ENV_CLIENT_SECRET, ENV_CLIENT_PUBLIC)
     server = None
     if server_key_file:
         server = read_key_file(server_key_file, secret=False)

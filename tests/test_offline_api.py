@@ -142,3 +142,43 @@ def test_bad_prompts(llm):
     assert llm.generate("ok", SamplingParams(max_tokens=2), use_tqdm=False)[0].finished
     stats = llm.get_stats()
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_readme_offline_example(default_model_dir):
+    """The README's offline example runs as written (the default model, its core in a child process)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md")) as f:
+        section = f.read().split("\n## Offline inference", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1
+    out = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("'The capital of France is' -> ") and lines[1].startswith("'Once upon a time' -> ")
+    assert "4" in lines[-1]  # SmolLM2 knows 2 + 2
+
+
+def test_bench_throughput_and_overhead_run_and_report(tiny_models, tmp_path):
+    """`nvllm bench throughput` (both engine modes and transformers) and `bench overhead` on a tiny workload."""
+    import json
+
+    from frontend.cli.main import main
+
+    model = ["--dtype", "float32", "--kv-cache-memory", "32MiB", "--max-model-len", "128"]
+    out = tmp_path / "throughput.json"
+    assert main(["bench", "throughput", tiny_models["llama"], *model, "--num-prompts", "3", "--min-input-len", "4",
+                 "--max-input-len", "12", "--min-output-len", "2", "--max-output-len", "6", "--engine-mode", "both",
+                 "--backend", "hf", "--output-json", str(out)]) == 0
+    inproc, mp, hf, ratios = json.loads(out.read_text())
+    assert (inproc["backend"], mp["backend"], hf["backend"]) == ("nvllm-inproc", "nvllm-mp", "hf")
+    assert inproc["output_tokens"] == mp["output_tokens"] == hf["output_tokens"]  # EOS ignored: all asked for
+    assert ratios["mp_over_inproc"] > 0 and ratios["ratio_output_tok_s"] > 0
+    out = tmp_path / "overhead.json"
+    assert main(["bench", "overhead", tiny_models["llama"], *model, "--num-requests", "50", "--concurrency", "8",
+                 "--output-json", str(out)]) == 0
+    assert json.loads(out.read_text())["requests_per_s"] > 0

@@ -105,6 +105,7 @@ def test_mixed_batch(group, head_dim, dtype):
     (32, 3, 128, torch.float32),
     (1, 2, 64, torch.float32),
     (32, 1, 64, torch.float16),
+    (256, 2, 128, torch.bfloat16),  # the block size flash-attn's paged kernels need
 ])
 def test_other_block_sizes(block_size, group, head_dim, dtype):
     check_attention(MIXED, block_size, 2, group, head_dim, dtype, seed=1)

@@ -83,13 +83,13 @@ def make_workload(args):
     return prompts, out_lens
 
 
-def run_nvllm(args, prompts, out_lens) -> dict:
+def run_nvllm(args, prompts, out_lens, mode: str) -> dict:
     from frontend.cli.engine_args import engine_args_from
     from frontend.llm import LLM
 
     engine = engine_args_from(args)
     kwargs = {k: getattr(engine, k) for k in engine.__struct_fields__ if k != "model"}
-    llm = LLM(engine.model, multiprocess=args.engine_mode == "mp", **kwargs)
+    llm = LLM(engine.model, multiprocess=mode == "mp", **kwargs)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in out_lens]
     llm.generate(["warm up"], SamplingParams(max_tokens=4), use_tqdm=False)
     start = time.perf_counter()
@@ -98,7 +98,7 @@ def run_nvllm(args, prompts, out_lens) -> dict:
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     info = {"dtype": llm.model_info.dtype, "model": llm.model_info.model_name}
     llm.shutdown()
-    return _figures("nvllm", elapsed, prompts, out_tokens) | info
+    return _figures("nvllm" if args.engine_mode != "both" else f"nvllm-{mode}", elapsed, prompts, out_tokens) | info
 
 
 def run_hf(args, prompts, out_lens, dtype: str) -> dict:
@@ -141,16 +141,22 @@ def run_throughput(args) -> int:
             raise SystemExit("pass either a model or --random-model, not both")
         args.model = random_model_folder(args.random_model)
     prompts, out_lens = make_workload(args)
-    results = [run_nvllm(args, prompts, out_lens)]
+    modes = ["inproc", "mp"] if args.engine_mode == "both" else [args.engine_mode]
+    results = [run_nvllm(args, prompts, out_lens, mode) for mode in modes]
     if args.backend == "hf":
         results.append(run_hf(args, prompts, out_lens, results[0]["dtype"]))
     for r in results:
-        print(f"{r['backend']:>6}: {r['output_tok_s']:8.1f} output tok/s, {r['total_tok_s']:8.1f} total tok/s "
+        print(f"{r['backend']:>12}: {r['output_tok_s']:8.1f} output tok/s, {r['total_tok_s']:8.1f} total tok/s "
               f"({r['output_tokens']} output + {r['prompt_tokens']} prompt tokens in {r['seconds']} s)")
-    if len(results) == 2:
-        ratio = results[0]["output_tok_s"] / results[1]["output_tok_s"]
-        print(f"nvllm / transformers output throughput: {ratio:.2f}x")
-        results.append({"ratio_output_tok_s": round(ratio, 2)})
+    ratios = {}
+    if len(modes) == 2:
+        ratios["mp_over_inproc"] = round(results[1]["output_tok_s"] / results[0]["output_tok_s"], 3)
+        print(f"background core process / in-process output throughput: {ratios['mp_over_inproc']:.3f}")
+    if args.backend == "hf":
+        ratios["ratio_output_tok_s"] = round(results[0]["output_tok_s"] / results[-1]["output_tok_s"], 2)
+        print(f"nvllm / transformers output throughput: {ratios['ratio_output_tok_s']:.2f}x")
+    if ratios:
+        results.append(ratios)
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(results, f, indent=2)

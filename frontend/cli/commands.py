@@ -28,8 +28,8 @@ def register_bench(sub) -> None:
     tp.add_argument("--bench-seed", type=int, default=0, help="seed of the random workload")
     tp.add_argument("--backend", default="nvllm", choices=["nvllm", "hf"],
                     help="hf also runs the workload through transformers' batched generate and prints the ratio")
-    tp.add_argument("--engine-mode", default="inproc", choices=["inproc", "mp"],
-                    help="core in this process or in a background process")
+    tp.add_argument("--engine-mode", default="inproc", choices=["inproc", "mp", "both"],
+                    help="core in this process, in a background process, or both one after the other (and their ratio)")
     tp.add_argument("--output-json", default=None, help="write the figures here")
     tp.add_argument("--random-model", default=None, choices=["qwen3-0.6b"],
                     help="benchmark a random-weight model of this shape (written once into the model cache) "

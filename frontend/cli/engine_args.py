@@ -40,8 +40,8 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                    help="most requests running at once")
     g.add_argument("--max-num-batched-tokens", type=_positive_int, default=d.max_num_batched_tokens,
                    help="token budget of one engine step (decodes + prefill chunks)")
-    g.add_argument("--block-size", type=int, default=d.block_size, choices=[1, 2, 4, 8, 16, 32, 64, 128],
-                   help="tokens per KV cache block")
+    g.add_argument("--block-size", type=int, default=d.block_size, choices=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+                   help="tokens per KV cache block (flash-attn's paged kernels need 256 or 512)")
     g.add_argument("--kv-cache-memory", type=_size, default=None,
                    help="KV cache size, e.g. 2GiB (default: 1GiB on CPU; on CUDA from --gpu-memory-utilization)")
     g.add_argument("--gpu-memory-utilization", type=_fraction, default=d.gpu_memory_utilization,
