@@ -13,6 +13,7 @@ import torch
 
 from common.config import EngineArgs, parse_size
 from common.sampling_params import SamplingParams
+from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.selector import get_attention_backend
 from engine_core.cuda_graph import DecodeGraphRunner
@@ -53,6 +54,8 @@ class ModelRunner:
         self.model.eval()
         if cpu_packing.can_pack(device, dtype):
             cpu_packing.pack_model(self.model)
+        if device.type == "cpu" and dtype == torch.bfloat16:
+            cpu_decode_kernel.load()  # built (once per machine) now, not in the first request's decode step
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.backend = self._attention_backend()
         self.sampler = Sampler(device, args.seed) if tp_rank() == 0 else None
