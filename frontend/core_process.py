@@ -11,6 +11,7 @@ import sys
 
 import msgspec
 
+from common import hugepages
 from common.config import EngineArgs
 
 
@@ -18,7 +19,7 @@ def start_core_process(args: EngineArgs, listen: str, engine_index: int = 0) -> 
     cmd = [sys.executable, "-m", "engine_core", "--args-json", msgspec.json.encode(args).decode(),
            "--listen", listen, "--engine-index", str(engine_index), "--parent-pid", str(os.getpid()),
            "--log-level", os.environ.get("NVLLM_LOG_LEVEL", "INFO")]
-    env = dict(os.environ)
+    env = hugepages.with_tunable(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.Popen(cmd, env=env)

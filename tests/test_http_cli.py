@@ -210,6 +210,8 @@ def test_split_frontend_then_engine_core_then_core_death(tiny_models, tmp_path):
         _complete(base, None, tiny_models["qwen3"])
         with open(f"/proc/{front.proc.pid}/maps") as f:
             assert "libtorch" not in f.read(), "the frontend process loaded torch"
+        with open(f"/proc/{core.proc.pid}/environ", "rb") as f:  # it restarted itself with huge-page malloc
+            assert b"GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in f.read().split(b"\0")
 
         core.proc.kill()  # the core dies: 503 within a few heartbeats, with an error body
         deadline = time.monotonic() + 30

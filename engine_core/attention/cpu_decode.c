@@ -122,15 +122,18 @@ static inline __attribute__((always_inline)) void attend(const Job *j, int item,
         }
         const __mmask16 valid = (__mmask16)((1u << n) - 1);
         uint16_t probs[MAX_GROUP][TILE]; /* bf16, as the values they weigh */
-        for (int g = 0; g < group; g++) {
-            __m512 dots[TILE];
-            for (int t = 0; t < TILE; t++) {
+        __m512 dots[MAX_GROUP][TILE]; /* per query head and key: 16 partial sums of q . k */
+        for (int t = 0; t < TILE; t++) { /* each key row is loaded once for the whole group */
+            __m512bh key[MAX_HEAD_DIM / 32];
+            for (int c = 0; c < pairs; c++) key[c] = (__m512bh)_mm512_loadu_si512(j->k_cache + rows[t] + c * 32);
+            for (int g = 0; g < group; g++) {
                 __m512 dot = _mm512_setzero_ps();
-                for (int c = 0; c < pairs; c++)
-                    dot = _mm512_dpbf16_ps(dot, qv[g][c], (__m512bh)_mm512_loadu_si512(j->k_cache + rows[t] + c * 32));
-                dots[t] = dot;
+                for (int c = 0; c < pairs; c++) dot = _mm512_dpbf16_ps(dot, qv[g][c], key[c]);
+                dots[g][t] = dot;
             }
-            __m512 scores = _mm512_permutexvar_ps(reduce_inverse, sum16(dots));
+        }
+        for (int g = 0; g < group; g++) {
+            __m512 scores = _mm512_permutexvar_ps(reduce_inverse, sum16(dots[g]));
             scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), _mm512_mul_ps(scores, _mm512_set1_ps(j->scale)));
             const float tile_max = fmaxf(running_max[g], _mm512_reduce_max_ps(scores));
             const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(scores, _mm512_set1_ps(tile_max))));

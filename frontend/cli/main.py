@@ -4,6 +4,7 @@ import argparse
 import logging
 import sys
 
+from common import hugepages
 from frontend.cli import commands
 
 
@@ -21,9 +22,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# subcommands that run the model in their own process (serve's core is a child, given the tunable)
+RUNS_THE_MODEL = {("engine-core", None), ("worker", None), ("bench", "throughput")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    runs_model = (args.command, getattr(args, "bench_command", None)) in RUNS_THE_MODEL and not getattr(args, "check", False)
+    if argv is None and runs_model:
+        hugepages.restart_with_tunable()  # the command line itself, not a caller's main([...])
     logging.basicConfig(level=getattr(args, "log_level", "INFO").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
