@@ -32,6 +32,7 @@ from common.curve import Authenticator, ServerKeys, apply_server
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from common.transport import HEARTBEAT_SECONDS, is_loopback, limit_socket
 from engine_core.core import EngineCore
+from engine_core.stats_log import ThroughputLog
 
 logger = logging.getLogger("nvllm")
 
@@ -53,6 +54,7 @@ class EngineCoreProc:
     def __init__(self, args: EngineArgs, listen: str, engine_index: int = 0, parent_pid: int | None = None,
                  socket_setup=None, curve: ServerKeys | None = None):
         self.core = EngineCore(args)
+        self.throughput_log = ThroughputLog()
         self.engine_index = engine_index
         self.ready = msgspec.msgpack.encode(msgspec.structs.replace(self.core.model_info(), engine_index=engine_index))
         self.parent_pid = parent_pid
@@ -172,7 +174,9 @@ class EngineCoreProc:
                 if self.stopping.is_set():
                     break
                 if self.core.has_unfinished_requests():
-                    self._route(self.core.step())
+                    outputs = self.core.step()
+                    self.throughput_log.record(outputs.scheduler_stats)
+                    self._route(outputs)
         finally:
             self._shutdown()
         return 0
