@@ -4,7 +4,8 @@
  * Why: a decode step on the CPU is bound by memory traffic. Gathering each sequence's keys and values
  * into a padded copy and then attending over the copy moves every cached byte three times; this reads
  * it once. Built at first use by cpu_decode_kernel.py (gcc -O3 -march=native) and called through
- * ctypes, which releases the GIL; its threads are torch's OpenMP pool. Layouts are those of engine_core/attention/backend.py:
+ * ctypes, which releases the GIL; its threads are torch's OpenMP pool. Layouts are those of
+ * engine_core/attention/backend.py:
  *   q, out        [num_seqs, num_heads, head_dim] bf16, rows q_row / out_row elements apart
  *   k/v cache     [num_blocks, block_size, num_kv_heads, head_dim] bf16, contiguous
  *   block_tables  int32 [num_seqs, table_row]; seq_lens int32 [num_seqs]
@@ -26,7 +27,7 @@ typedef struct {
     uint16_t *out;
     const int32_t *block_tables, *seq_lens;
     long q_row, out_row, table_row;
-    int num_seqs, num_heads, num_kv_heads, head_dim, block_size;
+    int num_heads, num_kv_heads, head_dim, block_size;
     float scale;
 } Job;
 
@@ -91,7 +92,7 @@ static inline __attribute__((always_inline)) void attend(const Job *j, int item,
     const long head_offset = (long)kv_head * D, token_stride = (long)j->num_kv_heads * D;
     const uint16_t *q = j->q + seq * j->q_row + head_offset * group;
     __m512bh qv[MAX_GROUP][MAX_HEAD_DIM / 32];
-    /* acc[g][2c], acc[g][2c + 1]: head dims 32c .. 32c + 31 in unpack order (see `store_row`) */
+    /* acc[g][2c], acc[g][2c + 1]: head dims 32c .. 32c + 31 in unpack order (undone at the end) */
     __m512 acc[MAX_GROUP][MAX_HEAD_DIM / 16];
     float running_max[MAX_GROUP], running_sum[MAX_GROUP];
     for (int g = 0; g < group; g++) {
@@ -207,7 +208,7 @@ int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cach
         return -1;
     pthread_once(&order_once, find_reduce_order);
     const Job job = {q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row,
-                     num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale};
+                     num_heads, num_kv_heads, head_dim, block_size, scale};
     const AttendFn fn = pick(num_heads / num_kv_heads, head_dim);
     const int items = num_seqs * num_kv_heads;
     /* libgomp.so.1 is torch's, already loaded: these threads are torch's pool, not extra ones */

@@ -29,9 +29,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+class PackableWeight:
+    """For layers whose `weight` [out, in] multiplies their input: `matmul` goes through the packed
+    copy once `pack_weight` has made it."""
+
+    packed_weight: torch.Tensor | None = None
+    keeps_weight = False  # True where another layer reads the weight too (a tied LM head's embedding)
+
+    def pack_weight(self) -> None:
+        self.packed_weight = pack(self.weight)
+        if not self.keeps_weight:
+            self.weight.data = self.weight.data.new_empty(0)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return linear(x, self.weight, self.packed_weight, bias)
+
+
 def pack_model(model: torch.nn.Module) -> int:
-    """Packs every layer that can take it (those with `pack_weight`); returns how many."""
-    layers = [m for m in model.modules() if hasattr(m, "pack_weight")]
+    """Packs every layer that can take it; returns how many."""
+    layers = [m for m in model.modules() if isinstance(m, PackableWeight)]
     for layer in layers:
         layer.pack_weight()
     return len(layers)

@@ -31,15 +31,11 @@ class VocabParallelEmbedding(nn.Module):
         return all_reduce(y)
 
 
-class ParallelLMHead(VocabParallelEmbedding):
-    packed_weight = None  # cpu_packing.pack_model
-
-    def pack_weight(self) -> None:
-        """Packs a copy: a tied head shares its weight with the embedding, which still reads it."""
-        self.packed_weight = cpu_packing.pack(self.weight)
+class ParallelLMHead(cpu_packing.PackableWeight, VocabParallelEmbedding):
+    keeps_weight = True  # a tied head shares its weight with the embedding, which still reads it
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Full-vocabulary logits on rank 0 (None on other ranks)."""
-        logits = cpu_packing.linear(hidden, self.weight, self.packed_weight)
+        logits = self.matmul(hidden)
         logits = gather_to_rank0(logits, dim=-1)
         return logits[..., : self.vocab_size] if logits is not None else None

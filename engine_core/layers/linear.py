@@ -13,7 +13,7 @@ from engine_core.distributed.parallel_state import all_reduce, partition_heads, 
 from engine_core.layers import cpu_packing
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(cpu_packing.PackableWeight, nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False, out_per_rank: int | None = None):
         super().__init__()
         self.out_start, count = split_evenly(out_features, tp_size(), tp_rank())
@@ -24,17 +24,12 @@ class ColumnParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(self.out_per_rank), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
-        self.packed_weight = None  # cpu_packing.pack_model
-
-    def pack_weight(self) -> None:
-        self.packed_weight = cpu_packing.pack(self.weight)
-        self.weight.data = self.weight.data.new_empty(0)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         param.data.copy_(loaded.narrow(0, self.out_start, self.out_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_packing.linear(x, self.weight, self.packed_weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -76,7 +71,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(cpu_packing.PackableWeight, nn.Module):
     """Input features split over ranks (evenly, or the slice [input_start, input_start + input_size)
     given by the caller, e.g. the rows of this rank's attention heads); outputs all-reduced."""
 
@@ -92,17 +87,12 @@ class RowParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = lambda p, w, s=None: p.data.copy_(w)
-        self.packed_weight = None  # cpu_packing.pack_model
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         param.data.copy_(loaded.narrow(1, self.in_start, self.in_per_rank))
 
-    def pack_weight(self) -> None:
-        self.packed_weight = cpu_packing.pack(self.weight)
-        self.weight.data = self.weight.data.new_empty(0)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = cpu_packing.linear(x, self.weight, self.packed_weight)
+        y = self.matmul(x)
         y = all_reduce(y)
         # the bias is added once, after the sum of the partial products
         return y + self.bias if self.bias is not None else y

@@ -50,8 +50,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q [T, H, D], k [T, Hkv, D] rotated by their token positions [T]."""
-        cos, sin = self._tables_for(positions, q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return self.rotate(positions, q), self.rotate(positions, k)
 
     def rotate(self, positions: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """heads [T, any number of heads, D] (e.g. q and k side by side, in one pass) rotated by positions [T]."""
