@@ -194,12 +194,16 @@ def test_core_killed_mid_generation(tiny_models):
         engine = await AsyncLLM.create(core_args(tiny_models["llama"]))
         params = SamplingParams(max_tokens=500, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
 
+        started = [asyncio.Event() for _ in range(3)]
+
         async def consume(i):
             async for _ in engine.generate(f"prompt {i}", params, f"r{i}"):
-                pass
+                started[i].set()
 
         tasks = [asyncio.create_task(consume(i)) for i in range(3)]
-        await asyncio.sleep(1.0)
+        # kill as soon as every request streams: a fixed sleep let the tiny model finish all 500 tokens
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=60)
+        assert not any(t.done() for t in tasks), "a request finished before the core was killed"
         os.kill(engine.client.proc.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
