@@ -58,7 +58,9 @@ class EngineCoreProc:
         self.engine_index = engine_index
         self.ready = msgspec.msgpack.encode(msgspec.structs.replace(self.core.model_info(), engine_index=engine_index))
         self.parent_pid = parent_pid
-        self.inputs: queue.Queue = queue.Queue()
+        # SimpleQueue: its put is reentrant, so the signal handlers may use it even when the signal lands
+        # while the main thread is inside get (a Queue's lock is taken there: the handler would deadlock)
+        self.inputs: queue.SimpleQueue = queue.SimpleQueue()
         self.encoder = msgspec.msgpack.Encoder()
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -164,8 +166,8 @@ class EngineCoreProc:
     # ---- busy loop ----------------------------------------------------------------------------
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self._request_stop())
-        signal.signal(signal.SIGINT, lambda *_: self._request_stop())
+        signal.signal(signal.SIGTERM, lambda *_: self.inputs.put(None))  # no locks in a signal handler
+        signal.signal(signal.SIGINT, lambda *_: self.inputs.put(None))
         self.io_thread.start()
         logger.info("engine core %d listening on %s", self.engine_index, self.listen)
         try:
@@ -181,10 +183,6 @@ class EngineCoreProc:
             self._shutdown()
         return 0
 
-    def _request_stop(self) -> None:
-        self.stopping.set()
-        self.inputs.put(None)
-
     def _apply_inputs(self, block: bool) -> None:
         while True:
             try:
@@ -192,7 +190,8 @@ class EngineCoreProc:
             except queue.Empty:
                 return
             block = False
-            if item is None:
+            if item is None:  # a stop: a signal, or the IO thread saw the parent frontend go
+                self.stopping.set()
                 return
             kind, identity, message = item
             try:

@@ -246,3 +246,37 @@ def test_frontend_imports_no_torch(core):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ok" in out.stdout
+
+
+STOP_UNDER_SIGNALS = """
+import logging, signal, sys
+sys.path.insert(0, {root!r})
+logging.basicConfig(level="INFO")
+from common.config import EngineArgs
+from common.transport import private_ipc_address
+from engine_core.core_proc import EngineCoreProc
+
+core = EngineCoreProc(EngineArgs(model={model!r}, dtype="float32", kv_cache_memory="16MiB", max_model_len=128),
+                      private_ipc_address())
+
+def sigterm_at_every_call(frame, event, arg):
+    # a SIGTERM each time the main thread enters queue or threading code, so the handler runs while
+    # the main thread is inside those (holding a queue's lock, if the inputs had one)
+    if event == "call" and frame.f_code.co_filename.endswith(("/queue.py", "/threading.py")):
+        signal.raise_signal(signal.SIGTERM)
+
+sys.setprofile(sigterm_at_every_call)
+code = core.run()
+sys.setprofile(None)
+print("exited", code, flush=True)
+"""
+
+
+def test_core_stops_on_sigterm_wherever_it_lands(tiny_models):
+    """The core's SIGTERM handler runs in the main thread between any two bytecodes: it must take no
+    lock that thread may hold (it once put to a queue.Queue, and a SIGTERM landing inside the busy
+    loop's Queue.get hung the core until its parent killed it 10 s later)."""
+    script = STOP_UNDER_SIGNALS.format(root=ROOT, model=tiny_models["llama"])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "exited 0" in done.stdout, done.stderr[-3000:]
+    assert "engine core shutting down" in done.stderr
