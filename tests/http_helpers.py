@@ -28,8 +28,10 @@ class Proc:
         self.log_file = open(log_path, "w")
         full_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         full_env.update(env or {})
+        # SIGINT as a terminal gives it: a test run started in the background of a script inherits
+        # SIGINT ignored, and then `nvllm serve` would stop on SIGINT but not exit 130
         self.proc = subprocess.Popen(NVLLM + args, cwd=ROOT, stdout=self.log_file, stderr=subprocess.STDOUT,
-                                     env=full_env)
+                                     env=full_env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def log(self) -> str:
         with open(self.log_path) as f:
