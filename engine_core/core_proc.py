@@ -166,8 +166,8 @@ class EngineCoreProc:
     # ---- busy loop ----------------------------------------------------------------------------
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self.inputs.put(None))  # no locks in a signal handler
-        signal.signal(signal.SIGINT, lambda *_: self.inputs.put(None))
+        for stop_signal in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop_signal, lambda *_: self.inputs.put(None))  # no locks in a signal handler
         self.io_thread.start()
         logger.info("engine core %d listening on %s", self.engine_index, self.listen)
         try:
