@@ -4,6 +4,10 @@ import re
 
 import msgspec
 
+from common.limits import RequestLimits
+
+_LIMITS = RequestLimits()
+
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "M": 1000**2, "MB": 1000**2,
                "MIB": 1024**2, "G": 1000**3, "GB": 1000**3, "GIB": 1024**3, "T": 1000**4,
                "TB": 1000**4, "TIB": 1024**4}
@@ -39,6 +43,19 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     seed: int = 0
     attention_backend: str = "auto"  # auto | torch | triton | flash_attn
     enforce_eager: bool = False
+    # what one request may ask for (common/limits.py); the core sends them to its frontends
+    max_n: int = _LIMITS.max_n
+    max_logprobs: int = _LIMITS.max_logprobs
+    max_stop_strings: int = _LIMITS.max_stop_strings
+    max_stop_string_chars: int = _LIMITS.max_stop_string_chars
+    max_stop_token_ids: int = _LIMITS.max_stop_token_ids
+    max_request_tokens: int = _LIMITS.max_request_tokens
+
+    def request_limits(self, vocab_size: int, max_model_len: int) -> RequestLimits:
+        return RequestLimits(vocab_size=vocab_size, max_model_len=max_model_len, max_n=self.max_n,
+                             max_logprobs=self.max_logprobs, max_stop_strings=self.max_stop_strings,
+                             max_stop_string_chars=self.max_stop_string_chars,
+                             max_stop_token_ids=self.max_stop_token_ids, max_request_tokens=self.max_request_tokens)
 
     def validate(self) -> None:
         checks = [
@@ -58,6 +75,10 @@ class EngineArgs(msgspec.Struct, kw_only=True):
              f"must be at least 1, got {self.tensor_parallel_size}"),
             (self.attention_backend in ("auto", "torch", "triton", "flash_attn"), "attention_backend",
              f"must be auto, torch, triton or flash_attn, got {self.attention_backend!r}"),
+        ] + [(getattr(self, name) >= 1, name, f"must be at least 1, got {getattr(self, name)}")
+             for name in ("max_n", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",
+                          "max_request_tokens")] + [
+            (self.max_logprobs >= 0, "max_logprobs", f"must be >= 0, got {self.max_logprobs}"),
         ]
         for ok, name, why in checks:
             if not ok:

@@ -8,6 +8,7 @@ from enum import IntEnum
 
 import msgspec
 
+from common.limits import RequestLimits
 from common.sampling_params import SamplingParams
 
 PROTOCOL_VERSION = 1
@@ -29,6 +30,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     sampling_params: SamplingParams
     eos_token_ids: list[int] = []
     arrival_time: float = 0.0
+    cache_salt: str | None = None  # mixed into the prefix-cache hashes: only requests with the same salt share blocks
 
 
 class Logprobs(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -110,6 +112,7 @@ class Ready(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     block_size: int = 16
     num_gpu_blocks: int = 0
     dtype: str = ""
+    limits: RequestLimits = RequestLimits()  # what a request may ask for; the core refuses more
 
 
 class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True):

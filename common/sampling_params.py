@@ -1,8 +1,13 @@
 """Per-request sampling parameters, shared by the offline API, the HTTP server and the wire."""
 
+import math
 from enum import IntEnum
 
 import msgspec
+
+
+_INT32_MAX = 2**31 - 1
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 class RequestOutputKind(IntEnum):
@@ -43,16 +48,20 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
         return self.temperature < 1e-5 or self.top_k == 1
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad field and its limit."""
+        """Raise ValueError naming the first bad field and its limit. These are the limits every model
+        shares; common/validation.py adds the ones the engine core sets (vocabulary, counts, budget)."""
+        for name in _FLOAT_FIELDS:
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         checks = [
             (self.n >= 1, "n", f"must be at least 1, got {self.n}"),
             (self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}"),
-            (self.top_k >= 0, "top_k", f"must be -1 (off) or >= 1, got {self.top_k}"),
+            (0 <= self.top_k <= _INT32_MAX, "top_k", f"must be -1 (off) or in [1, 2**31), got {self.top_k}"),
             (0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}"),
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
-             f"must be at least 1, got {self.max_tokens}"),
-            (self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}"),
+            (self.max_tokens is None or 1 <= self.max_tokens <= _INT32_MAX, "max_tokens",
+             f"must be in [1, 2**31), got {self.max_tokens}"),
+            (0 <= self.min_tokens <= _INT32_MAX, "min_tokens", f"must be in [0, 2**31), got {self.min_tokens}"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
              f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"),
             (self.repetition_penalty > 0, "repetition_penalty",
@@ -61,12 +70,12 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
              f"must be in [-2, 2], got {self.presence_penalty}"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty",
              f"must be in [-2, 2], got {self.frequency_penalty}"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
-             f"must be in [0, 20], got {self.logprobs}"),
-            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20, "prompt_logprobs",
-             f"must be in [0, 20], got {self.prompt_logprobs}"),
+            (self.logprobs is None or self.logprobs >= 0, "logprobs", f"must be >= 0, got {self.logprobs}"),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs",
+             f"must be >= 0, got {self.prompt_logprobs}"),
             (all(s for s in self.stop), "stop", "must not contain empty strings"),
-            (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be >= 0"),
+            (all(0 <= t <= _INT32_MAX for t in self.stop_token_ids), "stop_token_ids",
+             "must be token ids in [0, 2**31)"),
             (self.seed is None or 0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}"),
         ]
         for ok, name, why in checks:

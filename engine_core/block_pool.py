@@ -52,6 +52,10 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
+    def uncache(self, block: KVCacheBlock) -> None:
+        """Forget a block's hash now, whoever holds it (its contents are not what the hash says)."""
+        self._evict(block)
+
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
             return

@@ -9,6 +9,8 @@ import uuid
 
 from common.config import EngineArgs
 from common.protocol import PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready
+from common.validation import check_request
+from engine_core.engine_errors import is_fatal
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.model_config import eos_token_ids, load_hf_config, read_tokenizer_files
 from engine_core.platform import pick_device, pick_dtype
@@ -51,6 +53,7 @@ class EngineCore:
             enable_prefix_caching=args.enable_prefix_caching), self.kv_cache_manager)
         self.num_blocks = num_blocks
         self.dtype = dtype
+        self.limits = args.request_limits(self.hf_config.vocab_size, self.max_model_len)
         self._pending: list[EngineCoreOutput] = []  # abort notices, sent with the next step
         self.core_id = uuid.uuid4().hex
 
@@ -76,6 +79,7 @@ class EngineCore:
             num_gpu_blocks=self.num_blocks,
             block_size=self.args.block_size,
             dtype=str(self.dtype).removeprefix("torch."),
+            limits=self.limits,
         )
 
     def _default_name(self) -> str:
@@ -84,6 +88,8 @@ class EngineCore:
     # ---- the in-process interface -------------------------------------------------------------
 
     def add_request(self, request: EngineCoreRequest) -> None:
+        """Raises ValueError naming the first field outside this core's limits; nothing is added then."""
+        check_request(request, self.limits)
         self.scheduler.add_request(Request.from_engine_core_request(request))
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -95,17 +101,37 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> EngineCoreOutputs:
+        """One schedule -> execute -> update. An exception in it fails the step's requests (ERROR
+        outputs, blocks freed) and the core goes on; only a fatal one (engine_errors.is_fatal) propagates."""
         outputs, self._pending = self._pending, []
         if self.scheduler.has_unfinished_requests():
-            sched_out = self.scheduler.schedule()
-            sampled, logprobs = ({}, {})
-            if sched_out.total_num_scheduled_tokens > 0:
-                sampled, logprobs = self.executor.execute_model(sched_out)
-            step_outputs = self.scheduler.update_from_output(sched_out, sampled, logprobs)
+            sched_out = None
+            try:
+                sched_out = self.scheduler.schedule()
+                sampled, logprobs = ({}, {})
+                if sched_out.total_num_scheduled_tokens > 0:
+                    sampled, logprobs = self.executor.execute_model(sched_out)
+                step_outputs = self.scheduler.update_from_output(sched_out, sampled, logprobs)
+            except Exception as e:
+                if is_fatal(e):
+                    raise
+                step_outputs = self._fail_step(sched_out, e)
             self.executor.forget_requests([o.request_id for o in step_outputs if o.finish_reason is not None])
             outputs.extend(step_outputs)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.get_stats(),
                                  timestamp=time.time())
+
+    def _fail_step(self, sched_out, error: Exception) -> list[EngineCoreOutput]:
+        if sched_out is not None:
+            requests = [s.request for s in sched_out.scheduled]
+            before = {s.request.request_id: s.num_computed_tokens_before for s in sched_out.scheduled}
+        else:  # schedule() itself failed: the running requests and the one it was admitting
+            requests = list(self.scheduler.running) + list(self.scheduler.waiting)[:1]
+            before = {r.request_id: r.num_computed_tokens for r in self.scheduler.running}
+        logger.exception("an engine step failed; failing its %d request(s) and going on: %s: %s",
+                         len(requests), type(error).__name__, error, exc_info=error)
+        message = f"the engine failed this request's step: {type(error).__name__}: {error}"
+        return self.scheduler.fail_requests(requests, message[:2000], before)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()

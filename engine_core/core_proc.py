@@ -31,6 +31,7 @@ from common.config import EngineArgs
 from common.curve import Authenticator, ServerKeys, apply_server
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from common.transport import HEARTBEAT_SECONDS, is_loopback, limit_socket
+from common.validation import check_request
 from engine_core.core import EngineCore
 from engine_core.stats_log import ThroughputLog
 
@@ -176,7 +177,11 @@ class EngineCoreProc:
                 if self.stopping.is_set():
                     break
                 if self.core.has_unfinished_requests():
-                    outputs = self.core.step()
+                    try:
+                        outputs = self.core.step()  # a request's failure comes back as its ERROR output
+                    except BaseException as e:
+                        logger.critical("the engine cannot go on: %s: %s", type(e).__name__, e, exc_info=e)
+                        raise
                     self.throughput_log.record(outputs.scheduler_stats)
                     self._route(outputs)
         finally:
@@ -203,10 +208,14 @@ class EngineCoreProc:
         tag = _tag(identity)
         if kind == P.ADD:
             rid = f"{tag}|{message.request_id}"
-            if rid in self.owner:
+            try:  # every field, before the scheduler sees it: a bad one is this request's ERROR, nothing more
+                check_request(message, self.core.limits)
+                if rid in self.owner:
+                    raise ValueError(f"request_id {message.request_id!r} is already running")
+            except ValueError as e:
                 self._push_outputs(identity, [EngineCoreOutput(
                     request_id=message.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR,
-                    error=f"request_id {message.request_id!r} is already running")])
+                    error=str(e))])
                 return
             self.owner[rid] = identity
             self.core.add_request(msgspec.structs.replace(message, request_id=rid))

@@ -33,6 +33,7 @@ from common.protocol import Logprobs
 from engine_core.distributed import channel
 from engine_core.distributed import rendezvous as rdv
 from engine_core.distributed.parallel_state import all_reduce
+from engine_core.engine_errors import FatalEngineError
 from engine_core.model_runner import ModelRunner
 from engine_core.scheduler import SchedulerOutput
 from engine_core.step_input import build_step_input
@@ -41,7 +42,7 @@ from engine_core.worker import spawn_worker
 logger = logging.getLogger("nvllm")
 
 
-class TensorParallelError(RuntimeError):
+class TensorParallelError(FatalEngineError):
     """A tensor-parallel rank failed; the engine cannot run another step."""
 
 

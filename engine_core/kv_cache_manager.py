@@ -23,6 +23,14 @@ def hash_block_tokens(parent_hash: int | None, token_ids) -> int:
     return h.intdigest()
 
 
+def salt_hash(cache_salt: str | None) -> int | None:
+    """The parent hash of a request's first block: a salt makes its whole chain differ from those of
+    requests without it (or with another), so tenants cannot probe each other's cached prompts."""
+    if cache_salt is None:
+        return None
+    return xxhash.xxh3_64_intdigest(b"nvllm-cache-salt\x00" + cache_salt.encode("utf-8", "surrogatepass"))
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
         if block_size < 1:
@@ -49,7 +57,7 @@ class KVCacheManager:
         """Extend request.block_hashes to cover every full block among its first num_tokens tokens."""
         bs, hashes, tokens = self.block_size, request.block_hashes, request.all_token_ids
         for i in range(len(hashes), min(num_tokens, len(tokens)) // bs):
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else salt_hash(request.cache_salt)
             hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs]))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
@@ -100,6 +108,12 @@ class KVCacheManager:
             block = pool.blocks[request.block_ids[i]]
             if block.block_hash is None:
                 pool.cache_full_block(block, request.block_hashes[i])
+
+    def uncache_from(self, request: Request, num_tokens: int) -> None:
+        """Take the request's blocks past its first num_tokens tokens out of the prefix cache (their
+        K/V were never written: the step that was to write them failed)."""
+        for block_id in request.block_ids[num_tokens // self.block_size:]:
+            self.block_pool.uncache(self.block_pool.blocks[block_id])
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first; they keep their hashes until evicted."""

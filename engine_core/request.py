@@ -15,11 +15,13 @@ class RequestStatus(IntEnum):
 
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_ids: list[int] = (), arrival_time: float = 0.0):
+                 eos_token_ids: list[int] = (), arrival_time: float = 0.0, cache_salt: str | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
-        self.eos_token_ids = set(eos_token_ids)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids)  # checked per token: a set, not a list
+        self.cache_salt = cache_salt
         self.arrival_time = arrival_time
         self.all_token_ids: list[int] = list(prompt_token_ids)  # prompt, then generated tokens
         self.output_token_ids: list[int] = []
@@ -35,7 +37,7 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> "Request":
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
-                   req.arrival_time)
+                   req.arrival_time, req.cache_salt)
 
     @property
     def num_tokens(self) -> int:

@@ -98,7 +98,7 @@ class Sampler:
         vocab = logits.shape[-1]
         # one upload: greedy flag, temperature, top-k, top-p, min-p per row
         table = self._upload([[float(p.greedy), 1.0 if p.greedy else p.temperature,
-                               p.top_k if p.top_k > 0 else vocab, p.top_p, p.min_p] for p in params], torch.float32)
+                               min(p.top_k, vocab) if p.top_k > 0 else vocab, p.top_p, p.min_p] for p in params], torch.float32)
         greedy, temps = table[:, 0] > 0, table[:, 1]
         logits = logits.div_(temps[:, None])
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):

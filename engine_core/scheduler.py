@@ -200,7 +200,7 @@ class Scheduler:
                            logprobs: dict[str, list[Logprobs]] | None = None) -> list[EngineCoreOutput]:
         """Advance each scheduled request by its chunk; append the token sampled for every request whose
         chunk reached its last known token, and finish the ones that hit a stop condition."""
-        outputs, self.pending_outputs = self.pending_outputs, []
+        outputs: list[EngineCoreOutput] = []
         finished: set[int] = set()
         self.step_prompt_tokens = self.step_generation_tokens = 0
         for s in scheduler_output.scheduled:
@@ -235,6 +235,28 @@ class Scheduler:
                 num_cached_tokens=max(0, request.num_cached_tokens)))
         if finished:
             self.running = [r for r in self.running if id(r) not in finished]
+        outputs, self.pending_outputs = self.pending_outputs + outputs, []
+        return outputs
+
+    def fail_requests(self, requests: list[Request], error: str,
+                      computed_before: dict[str, int] | None = None) -> list[EngineCoreOutput]:
+        """Finish the given requests with an ERROR output each (the ones that already finished get one
+        too: a step that failed midway may have lost their last output). computed_before[id] is how many
+        of its tokens were computed before the failed step: the blocks past it were registered in the
+        prefix cache for K/V the step never wrote, so they leave the cache instead of being reused."""
+        outputs = []
+        failed = {id(r) for r in requests}
+        self.running = [r for r in self.running if id(r) not in failed]
+        self.waiting = deque(r for r in self.waiting if id(r) not in failed)
+        for request in requests:
+            if self.requests.get(request.request_id) is request:
+                before = (computed_before or {}).get(request.request_id)
+                if before is not None:
+                    self.kv.uncache_from(request, before)
+                self._finish(request, FinishReason.ERROR)
+            outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                            finish_reason=FinishReason.ERROR,
+                                            num_cached_tokens=max(0, request.num_cached_tokens), error=error))
         return outputs
 
     def _check_stop(self, request: Request, token: int) -> tuple[FinishReason | None, int | None]:
@@ -242,7 +264,7 @@ class Scheduler:
         past_min = request.num_output_tokens >= params.min_tokens
         if past_min and not params.ignore_eos and token in request.eos_token_ids:
             return FinishReason.STOP, None
-        if past_min and token in params.stop_token_ids:
+        if past_min and token in request.stop_token_ids:
             return FinishReason.STOP, token
         if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
             return FinishReason.LENGTH, None

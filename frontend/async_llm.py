@@ -85,7 +85,7 @@ class AsyncLLM:
         if self.model_info is not None:
             logger.info("the engine now serves %s (was %s)", info.model_name, self.model_info.model_name)
         self.tokenizer = tokenizer_from_files(info.tokenizer_files)
-        self.processor = Processor(self.tokenizer, info.max_model_len, info.vocab_size, info.eos_token_ids)
+        self.processor = Processor.for_model(self.tokenizer, info)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.model_info, self.fingerprint = info, fingerprint
 

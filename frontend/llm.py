@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from common.config import EngineArgs
 from common.sampling_params import RequestOutputKind, SamplingParams
+from frontend.chat_template import render_chat
 from frontend.core_client import InprocClient
 from frontend.output_processor import OutputProcessor
 from frontend.outputs import RequestOutput
@@ -42,7 +43,7 @@ class LLM:
         info = self.client.model_info
         self.model_info = info
         self.tokenizer = tokenizer_from_files(info.tokenizer_files)
-        self.processor = Processor(self.tokenizer, info.max_model_len, info.vocab_size, info.eos_token_ids)
+        self.processor = Processor.for_model(self.tokenizer, info)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
@@ -74,10 +75,9 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                      chat_template=chat_template) for c in conversations]
-        # the template already holds any BOS token: tokenize without adding special tokens again
-        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        # special tokens come from the template only: a message that spells one gets it as text
+        rendered = [render_chat(self.tokenizer, c, add_generation_prompt, chat_template) for c in conversations]
+        prompts, ids = [text for text, _ in rendered], [ids for _, ids in rendered]
         outs = self.generate(ids, sampling_params, use_tqdm)
         for out, text in zip(outs, prompts):
             out.prompt = text

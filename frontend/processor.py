@@ -1,62 +1,67 @@
 """Turns a user's prompt and parameters into a validated EngineCoreRequest.
 
-Every check names the field and its limit, so the HTTP layer can return it as a 400 unchanged.
+The checks are the engine core's own (common/validation.py, with the limits the core sent in READY),
+so what passes here passes there. Every message names the field and its limit, so the HTTP layer can
+return it as a 400 unchanged. A prompt's length in characters is checked before it is tokenized.
 """
 
 import time
 
 import msgspec
 
-from common.protocol import EngineCoreRequest
+from common.limits import RequestLimits
+from common.protocol import EngineCoreRequest, Ready
 from common.sampling_params import SamplingParams
+from common.validation import check_prompt, check_request
 
 Prompt = str | list[int]
 
+DEFAULT_MAX_PROMPT_CHARS = 1_000_000  # ~250k tokens of English: far past any max_model_len served here
+
 
 class Processor:
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int, eos_token_ids: list[int]):
+    def __init__(self, tokenizer, limits: RequestLimits, eos_token_ids: list[int],
+                 max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS):
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
-        self.vocab_size = vocab_size
+        self.limits = limits
+        self.max_model_len = limits.max_model_len
+        self.vocab_size = limits.vocab_size
         self.eos_token_ids = list(eos_token_ids)
+        self.max_prompt_chars = max_prompt_chars
+
+    @classmethod
+    def for_model(cls, tokenizer, info: Ready, **kwargs) -> "Processor":
+        limits = msgspec.structs.replace(info.limits, vocab_size=info.vocab_size, max_model_len=info.max_model_len)
+        return cls(tokenizer, limits, info.eos_token_ids, **kwargs)
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
+            if len(prompt) > self.max_prompt_chars:
+                raise ValueError(f"prompt has {len(prompt)} characters, more than the {self.max_prompt_chars} "
+                                 f"allowed (--max-prompt-chars)")
             return prompt, self.tokenizer.encode(prompt)
         if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
             raise ValueError("prompt must be a string or a list of token ids")
         return None, list(prompt)
 
     def process(self, request_id: str, prompt: Prompt, params: SamplingParams,
-                prompt_token_ids: list[int] | None = None) -> tuple[str | None, EngineCoreRequest]:
+                prompt_token_ids: list[int] | None = None,
+                cache_salt: str | None = None) -> tuple[str | None, EngineCoreRequest]:
         params.validate()
         text, ids = (None, prompt_token_ids) if prompt_token_ids is not None else self.tokenize(prompt)
-        self.check_prompt(ids)
-        params = self._fill_max_tokens(params, len(ids))
+        check_prompt(ids, self.limits)
+        if params.max_tokens is None:  # as many as fit
+            params = msgspec.structs.replace(params, max_tokens=self.max_model_len - len(ids))
         request = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
-                                    eos_token_ids=self.eos_token_ids, arrival_time=time.time())
+                                    eos_token_ids=self.eos_token_ids, arrival_time=time.time(),
+                                    cache_salt=cache_salt)
+        check_request(request, self.limits)
         return text, request
 
     def check_prompt(self, ids: list[int]) -> None:
-        if not ids:
-            raise ValueError("prompt must not be empty (it has 0 tokens)")
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens, which leaves no room to generate within "
-                             f"max_model_len {self.max_model_len}")
-
-    def _fill_max_tokens(self, params: SamplingParams, num_prompt: int) -> SamplingParams:
-        room = self.max_model_len - num_prompt
-        if params.max_tokens is None:
-            return msgspec.structs.replace(params, max_tokens=room)
-        if params.max_tokens > room:
-            raise ValueError(f"max_tokens {params.max_tokens} plus the prompt's {num_prompt} tokens exceeds "
-                             f"max_model_len {self.max_model_len} (at most {room} new tokens fit)")
-        return params
+        check_prompt(ids, self.limits)
 
 
 def child_request(request: EngineCoreRequest, child_id: str, index: int) -> EngineCoreRequest:

@@ -13,6 +13,7 @@ from typing import AsyncIterator
 import msgspec
 
 from common.sampling_params import SamplingParams
+from common.validation import request_token_cost
 from frontend.api.errors import APIError, bad_request, engine_unavailable
 from frontend.api.protocol import UsageInfo
 from frontend.api.state import MAX_SEQUENCES_PER_REQUEST, ServerState
@@ -59,7 +60,7 @@ def validate_prompts(engine, request_id: str, prompts: list[str | list[int]], pa
     if len(prompts) * params.n > MAX_SEQUENCES_PER_REQUEST:
         raise APIError(400, f"{param} x n asks for {len(prompts) * params.n} sequences; at most "
                        f"{MAX_SEQUENCES_PER_REQUEST} fit in one request", param=param)
-    checked = []
+    checked, cost = [], 0
     for i, prompt in enumerate(prompts):
         try:
             text, request = engine.processor.process(f"{request_id}-{i}", prompt, params)
@@ -70,6 +71,11 @@ def validate_prompts(engine, request_id: str, prompts: list[str | list[int]], pa
         except (OverflowError, UnicodeError, msgspec.EncodeError) as e:
             raise APIError(400, f"a parameter is out of range or not valid UTF-8: {e}") from None
         checked.append(Prompt(text, request.prompt_token_ids))
+        cost += request_token_cost(request.sampling_params, request.sampling_params.max_tokens)
+    limit = engine.processor.limits.max_request_tokens
+    if cost > limit:
+        raise APIError(400, f"max_tokens: the request's prompts ask for n x max_tokens x (1 + logprobs) = {cost} "
+                       f"in all, more than one request may ({limit}, --max-request-tokens)", param="max_tokens")
     return checked
 
 

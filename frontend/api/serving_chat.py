@@ -9,6 +9,7 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from frontend import chat_template
 from frontend.api import generation as G
 from frontend.api.errors import APIError
 from frontend.api.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
@@ -20,15 +21,13 @@ from frontend.outputs import Logprob
 
 
 def render_chat(engine, messages: list[ChatMessage], add_generation_prompt: bool) -> tuple[str, list[int]]:
-    """The prompt text and its token ids (the template holds any special tokens itself)."""
+    """The prompt text and its token ids; special tokens come only from the template, never from contents."""
     conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
     try:
-        text = engine.tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                    add_generation_prompt=add_generation_prompt)
+        return chat_template.render_chat(engine.tokenizer, conversation, add_generation_prompt)
     except Exception as e:  # no template, or the template refused the conversation (jinja raise)
         raise APIError(400, f"messages cannot be rendered with the model's chat template: {e}",
                        param="messages") from None
-    return text, engine.tokenizer.encode(text, add_special_tokens=False)
 
 
 def chat_logprobs(engine, token_ids: list[int], logprobs: list[dict[int, Logprob]], num_top: int) -> ChatChoiceLogprobs:

@@ -12,6 +12,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _size(text: str) -> str:
     parse_size(text)  # raises ValueError -> argparse prints a one-line error
     return text
@@ -58,6 +65,16 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "torch", "triton", "flash_attn"],
                    help="attention kernels; auto: flash_attn, else triton on CUDA; torch on CPU")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    r = parser.add_argument_group("request limits (what one request may ask for; more is a 400)")
+    r.add_argument("--max-n", type=_positive_int, default=d.max_n, help="sequences per prompt (n)")
+    r.add_argument("--max-logprobs", type=_non_negative_int, default=d.max_logprobs,
+                   help="top logprobs per token (logprobs, top_logprobs)")
+    r.add_argument("--max-stop-strings", type=_positive_int, default=d.max_stop_strings, help="stop strings")
+    r.add_argument("--max-stop-string-chars", type=_positive_int, default=d.max_stop_string_chars,
+                   help="characters of one stop string")
+    r.add_argument("--max-stop-token-ids", type=_positive_int, default=d.max_stop_token_ids, help="stop_token_ids")
+    r.add_argument("--max-request-tokens", type=_positive_int, default=d.max_request_tokens,
+                   help="n x max_tokens x (1 + logprobs), summed over the prompts of one request")
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:

@@ -1,0 +1,86 @@
+"""One check of every EngineCoreRequest field, used twice: by the frontend's Processor (a bad field
+is a 400 naming it) and by the engine core on every ADD it decodes (an ERROR output naming it), so
+the busy loop never sees a request it could fail on.
+
+Every message starts with the field it is about, which the HTTP layer reports as `error.param`.
+"""
+
+import math
+
+from common.limits import RequestLimits
+from common.protocol import EngineCoreRequest
+from common.sampling_params import SamplingParams
+
+
+def request_token_cost(params: SamplingParams, max_tokens: int) -> int:
+    """What one prompt may make the engine produce: tokens, each with its logprob entries."""
+    return params.n * max_tokens * (1 + (params.logprobs or 0))
+
+
+def check_token_ids(field: str, ids, limits: RequestLimits) -> None:
+    if not ids:
+        return
+    low, high = min(ids), max(ids)
+    top = limits.vocab_size if limits.vocab_size > 0 else 2**31
+    if low < 0 or high >= top:
+        bad = low if low < 0 else high
+        raise ValueError(f"{field} holds token id {bad}, outside the vocabulary [0, {top})")
+
+
+def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_prompt_tokens: int) -> None:
+    params.validate()
+    room = limits.max_model_len - num_prompt_tokens if limits.max_model_len > 0 else None
+    checks = [
+        (params.n <= limits.max_n, "n", f"must be at most {limits.max_n} (--max-n), got {params.n}"),
+        (params.logprobs is None or params.logprobs <= limits.max_logprobs, "logprobs",
+         f"must be at most {limits.max_logprobs} (--max-logprobs), got {params.logprobs}"),
+        (params.prompt_logprobs is None or params.prompt_logprobs <= limits.max_logprobs, "prompt_logprobs",
+         f"must be at most {limits.max_logprobs} (--max-logprobs), got {params.prompt_logprobs}"),
+        (len(params.stop) <= limits.max_stop_strings, "stop",
+         f"holds {len(params.stop)} strings; at most {limits.max_stop_strings} are allowed (--max-stop-strings)"),
+        (all(len(s) <= limits.max_stop_string_chars for s in params.stop), "stop",
+         f"strings must be at most {limits.max_stop_string_chars} characters long (--max-stop-string-chars)"),
+        (len(params.stop_token_ids) <= limits.max_stop_token_ids, "stop_token_ids",
+         f"holds {len(params.stop_token_ids)} ids; at most {limits.max_stop_token_ids} are allowed "
+         f"(--max-stop-token-ids)"),
+        (room is None or params.max_tokens is None or params.max_tokens <= room, "max_tokens",
+         f"{params.max_tokens} plus the prompt's {num_prompt_tokens} tokens exceeds max_model_len "
+         f"{limits.max_model_len} (at most {room} new tokens fit)"),
+    ]
+    for ok, name, why in checks:
+        if not ok:
+            raise ValueError(f"{name} {why}")
+    check_token_ids("stop_token_ids", params.stop_token_ids, limits)
+    max_tokens = params.max_tokens if params.max_tokens is not None else (room or 0)
+    cost = request_token_cost(params, max_tokens)
+    if cost > limits.max_request_tokens:
+        raise ValueError(f"max_tokens: n ({params.n}) x max_tokens ({max_tokens}) x (1 + logprobs "
+                         f"({params.logprobs or 0})) is {cost}, more than one request may ask for "
+                         f"({limits.max_request_tokens}, --max-request-tokens)")
+
+
+def check_prompt(ids: list[int], limits: RequestLimits) -> None:
+    if not ids:
+        raise ValueError("prompt must not be empty (it has 0 tokens)")
+    if limits.max_model_len > 0 and len(ids) >= limits.max_model_len:
+        raise ValueError(f"prompt has {len(ids)} tokens, which leaves no room to generate within "
+                         f"max_model_len {limits.max_model_len}")
+    check_token_ids("prompt", ids, limits)
+
+
+def check_request(request: EngineCoreRequest, limits: RequestLimits) -> None:
+    """Raises ValueError naming the first bad field of the request and its limit."""
+    if not request.request_id or len(request.request_id) > limits.max_request_id_chars:
+        raise ValueError(f"request_id must be 1 to {limits.max_request_id_chars} characters, got "
+                         f"{len(request.request_id)}")
+    check_prompt(request.prompt_token_ids, limits)
+    check_sampling_params(request.sampling_params, limits, len(request.prompt_token_ids))
+    if len(request.eos_token_ids) > limits.max_stop_token_ids:
+        raise ValueError(f"eos_token_ids holds {len(request.eos_token_ids)} ids; at most "
+                         f"{limits.max_stop_token_ids} are allowed")
+    check_token_ids("eos_token_ids", request.eos_token_ids, limits)
+    if not math.isfinite(request.arrival_time):
+        raise ValueError(f"arrival_time must be a finite number, got {request.arrival_time}")
+    if request.cache_salt is not None and len(request.cache_salt) > limits.max_cache_salt_chars:
+        raise ValueError(f"cache_salt must be at most {limits.max_cache_salt_chars} characters, got "
+                         f"{len(request.cache_salt)}")

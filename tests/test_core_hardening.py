@@ -1,0 +1,259 @@
+"""The engine core refuses what it cannot serve and survives what goes wrong in a step.
+
+Hostile EngineCoreRequests go straight to a real core process as raw ZeroMQ frames (no frontend
+to check them first): each gets an ERROR output naming its field, the core keeps serving, and
+nothing stays running or holds KV blocks. A step that raises fails only its own requests.
+"""
+
+import os
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from common import protocol as P
+from common.config import EngineArgs
+from common.protocol import EngineCoreRequest, FinishReason
+from common.sampling_params import SamplingParams
+from common.transport import private_ipc_address
+
+VOCAB = 49152
+
+
+def core_args(model: str, **kw) -> EngineArgs:
+    return EngineArgs(model=model, dtype="float32", kv_cache_memory="64MiB", max_model_len=512, **kw)
+
+
+@pytest.fixture(scope="module")
+def core(tiny_models):
+    from frontend.core_process import start_core_process, stop_core_process
+
+    address = private_ipc_address()
+    proc = start_core_process(core_args(tiny_models["llama"], max_n=8), address)
+    yield address, proc
+    stop_core_process(proc)
+
+
+class Peer:
+    """A frontend speaking raw frames."""
+
+    def __init__(self, address: str):
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.sock.send_multipart([P.HELLO, msgspec.msgpack.encode(P.Hello(P.PROTOCOL_VERSION, "test"))])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.sock.poll(1000) and self.sock.recv_multipart()[0] == P.READY:
+                return
+        raise TimeoutError("no READY")
+
+    def add(self, request: EngineCoreRequest) -> None:
+        self.sock.send_multipart([P.ADD, msgspec.msgpack.encode(request)])
+
+    def finished(self, request_ids: set[str], timeout: float = 60) -> dict[str, P.EngineCoreOutput]:
+        """The last output of each request, once all have finished."""
+        done: dict[str, P.EngineCoreOutput] = {}
+        deadline = time.monotonic() + timeout
+        while set(done) != request_ids and time.monotonic() < deadline:
+            if not self.sock.poll(200):
+                continue
+            kind, body = self.sock.recv_multipart()
+            if kind != P.OUTPUTS:
+                continue
+            for out in msgspec.msgpack.decode(body, type=P.EngineCoreOutputs).outputs:
+                if out.finish_reason is not None:
+                    done[out.request_id] = out
+        assert set(done) == request_ids, f"unfinished: {request_ids - set(done)}"
+        return done
+
+    def stats(self) -> P.SchedulerStats:
+        self.sock.send_multipart([P.UTILITY, msgspec.msgpack.encode(P.UtilityCall(7, "get_stats"))])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.sock.poll(200):
+                kind, body = self.sock.recv_multipart()
+                if kind == P.UTILITY_RESULT:
+                    return msgspec.msgpack.decode(body, type=P.UtilityResult).result
+        raise TimeoutError("no stats")
+
+    def close(self) -> None:
+        self.sock.send_multipart([P.GOODBYE, b""])
+        self.sock.close()
+
+
+def request(rid: str, prompt=(1, 2, 3), **params) -> EngineCoreRequest:
+    params.setdefault("max_tokens", 2)
+    return EngineCoreRequest(request_id=rid, prompt_token_ids=list(prompt), sampling_params=SamplingParams(**params),
+                             eos_token_ids=[2])
+
+
+# (what, the request, the field its error must name)
+HOSTILE = [
+    ("stop id outside vocab, min_tokens", request("a", min_tokens=1, stop_token_ids=[VOCAB]), "stop_token_ids"),
+    ("logprobs 1e6", request("b", logprobs=1_000_000), "logprobs"),
+    ("prompt id outside vocab", request("c", prompt=[1, VOCAB]), "prompt"),
+    ("prompt id 2**63", request("d", prompt=[2**63]), "prompt"),
+    ("prompt id 2**64-1", request("e", prompt=[2**64 - 1]), "prompt"),
+    ("negative prompt id", request("f", prompt=[-1]), "prompt"),
+    ("empty prompt", request("g", prompt=[]), "prompt"),
+    ("temperature inf", request("h", temperature=float("inf")), "temperature"),
+    ("temperature nan", request("i", temperature=float("nan")), "temperature"),
+    ("repetition_penalty inf", request("j", repetition_penalty=float("inf")), "repetition_penalty"),
+    ("top_k 2**40", request("k", top_k=2**40), "top_k"),
+    ("n above --max-n", request("l", n=1024), "n"),
+    ("200k stop strings", request("m", stop=["x"] * 200_000), "stop"),
+    ("a 100k-character stop string", request("n", stop=["x" * 100_000]), "stop"),
+    ("500k stop_token_ids", request("o", stop_token_ids=list(range(500_000))), "stop_token_ids"),
+    ("max_tokens past max_model_len", request("p", max_tokens=600), "max_tokens"),
+    ("min_tokens 2**62", request("q", min_tokens=2**62, max_tokens=None), "min_tokens"),
+    ("seed 2**64-1", request("r", seed=2**64 - 1), "seed"),
+    ("eos id outside vocab", msgspec.structs.replace(request("s"), eos_token_ids=[VOCAB + 5]), "eos_token_ids"),
+    ("arrival_time nan", msgspec.structs.replace(request("t"), arrival_time=float("nan")), "arrival_time"),
+    ("request id of 100k characters", request("u" * 100_000), "request_id"),
+    ("cache_salt of 1M characters", msgspec.structs.replace(request("v"), cache_salt="s" * 1_000_000), "cache_salt"),
+]
+
+
+def test_hostile_requests_get_errors_naming_the_field(core):
+    address, proc = core
+    peer = Peer(address)
+    try:
+        for _, req, _ in HOSTILE:
+            peer.add(req)
+        peer.add(request("good", max_tokens=4, ignore_eos=True))
+        done = peer.finished({r.request_id for _, r, _ in HOSTILE} | {"good"})
+        for what, req, field in HOSTILE:
+            out = done[req.request_id]
+            assert out.finish_reason == FinishReason.ERROR, what
+            assert out.error.startswith(field), (what, out.error[:200])
+        assert done["good"].finish_reason == FinishReason.LENGTH
+        assert proc.poll() is None
+        stats = peer.stats()
+        assert stats.num_running == 0 and stats.num_waiting == 0
+        assert stats.num_free_blocks == stats.num_total_blocks
+    finally:
+        peer.close()
+
+
+def test_core_sends_its_limits_in_ready(core):
+    from frontend.llm import LLM
+
+    llm = LLM.connect(core[0])
+    try:
+        limits = llm.model_info.limits
+        assert limits.max_n == 8 and limits.vocab_size == VOCAB and limits.max_model_len == 512
+        with pytest.raises(ValueError, match=r"^n must be at most 8 \(--max-n\)"):
+            llm.generate("hi", SamplingParams(n=9))
+        with pytest.raises(ValueError, match="^stop_token_ids holds token id 49152"):
+            llm.generate("hi", SamplingParams(stop_token_ids=[VOCAB], min_tokens=1))
+        out = llm.generate("hi", SamplingParams(max_tokens=3, ignore_eos=True, stop_token_ids=[VOCAB - 1]),
+                           use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 3
+    finally:
+        llm.shutdown()
+
+
+def test_cache_salt_separates_prefix_caches(core):
+    """Same prompt: a hit with the same salt (or none twice), a miss with another salt."""
+    peer = Peer(core[0])
+    prompt = list(range(100, 180))  # 5 full blocks of 16
+    try:
+        def cached(rid: str, salt: str | None) -> int:
+            peer.add(msgspec.structs.replace(request(rid, prompt=prompt), cache_salt=salt))
+            return peer.finished({rid})[rid].num_cached_tokens
+
+        assert cached("s1", "tenant-a") == 0
+        assert cached("s2", "tenant-b") == 0
+        assert cached("s3", "tenant-a") == 64
+        assert cached("s4", None) == 0
+        assert cached("s5", None) == 64
+    finally:
+        peer.close()
+
+
+def test_a_failing_step_fails_only_its_requests(tiny_models):
+    """An exception inside execute fails that step's requests with ERROR outputs, frees their
+    blocks, takes the blocks it never wrote out of the prefix cache, and the core goes on."""
+    from engine_core.core import EngineCore
+
+    core = EngineCore(core_args(tiny_models["llama"]))
+    try:
+        real = core.executor.execute_model
+        poisoned = {"poison"}
+
+        def execute(sched_out):
+            if any(s.request.request_id in poisoned for s in sched_out.scheduled):
+                raise IndexError("index 99999 is out of bounds for dimension 0")
+            return real(sched_out)
+
+        core.executor.execute_model = execute
+        prompt = list(range(200, 264))  # 4 full blocks
+        core.add_request(request("poison", prompt=prompt, max_tokens=4))
+        outputs = core.step().outputs
+        assert [(o.request_id, o.finish_reason) for o in outputs] == [("poison", FinishReason.ERROR)]
+        assert "IndexError: index 99999" in outputs[0].error
+        stats = core.scheduler.get_stats()
+        assert stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks
+        # the same prompt again: no prefix hit on blocks the failed step never wrote
+        core.add_request(request("after", prompt=prompt, max_tokens=3, ignore_eos=True))
+        finished = {}
+        while core.has_unfinished_requests():
+            for o in core.step().outputs:
+                if o.finish_reason is not None:
+                    finished[o.request_id] = o
+        assert finished["after"].finish_reason == FinishReason.LENGTH
+        assert finished["after"].num_cached_tokens == 0
+    finally:
+        core.shutdown()
+
+
+def test_a_failing_schedule_fails_running_and_next_request(tiny_models):
+    from engine_core.core import EngineCore
+
+    core = EngineCore(core_args(tiny_models["llama"]))
+    try:
+        core.add_request(request("x", max_tokens=50, ignore_eos=True))
+        core.step()  # x runs
+        real = core.scheduler.schedule
+        core.scheduler.schedule = lambda: (_ for _ in ()).throw(RuntimeError("scheduler bug"))
+        core.add_request(request("y"))
+        core.add_request(request("z"))
+        outputs = core.step().outputs
+        assert {o.request_id for o in outputs} == {"x", "y"}
+        assert all(o.finish_reason == FinishReason.ERROR for o in outputs)
+        core.scheduler.schedule = real
+        while core.has_unfinished_requests():
+            core.step()
+        stats = core.scheduler.get_stats()
+        assert stats.num_free_blocks == stats.num_total_blocks
+    finally:
+        core.shutdown()
+
+
+def test_fatal_errors_are_told_apart():
+    from engine_core.engine_errors import FatalEngineError, is_fatal
+    from engine_core.executor_mp import TensorParallelError
+
+    assert is_fatal(TensorParallelError("rank 1 exited")) and is_fatal(FatalEngineError("x"))
+    assert is_fatal(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not is_fatal(IndexError("index 5 is out of bounds"))
+    assert not is_fatal(ValueError("bad"))
+
+
+def test_frontend_writes_tokenizer_files_under_their_base_names(tmp_path, default_model_dir, monkeypatch):
+    """A core that names tokenizer files `../x` or `/abs/x` cannot make the frontend write there."""
+    from frontend.tokenizer import tokenizer_from_files
+
+    files = {n: open(os.path.join(default_model_dir, n)).read() for n in ("tokenizer.json", "tokenizer_config.json")}
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    evil = {**files, "../escaped.txt": "pwned", str(tmp_path / "absolute.txt"): "pwned"}
+    tok = tokenizer_from_files(evil)
+    assert tok.encode("Hello") == tokenizer_from_files(files).encode("Hello")
+    assert not (tmp_path / "tmp" / "escaped.txt").exists() and not (tmp_path / "absolute.txt").exists()
+    with pytest.raises(ValueError, match="no usable file name"):
+        tokenizer_from_files({**files, "..": "x"})
