@@ -15,7 +15,8 @@ class IncrementalDetokenizer:
         self._stream = DecodeStream(ids=prompt_ids[-8:], skip_special_tokens=skip_special_tokens)
         self.stop = stop
         self.include_stop_str = include_stop_str
-        self.hold_back = 0 if include_stop_str or not stop else max(map(len, stop)) - 1
+        self._longest_stop = max(map(len, stop), default=0)
+        self.hold_back = 0 if include_stop_str or not stop else self._longest_stop - 1
         self.text = ""
         self._sent = 0  # characters of self.text already handed out
 
@@ -28,8 +29,8 @@ class IncrementalDetokenizer:
                 self.text += piece
         if not self.stop:
             return None
-        # a stop string may straddle the old end of text
-        search_from = max(0, start - max(map(len, self.stop)) + 1)
+        # only the new text is searched, plus the tail a stop string may straddle from the old end
+        search_from = max(0, start - self._longest_stop + 1)
         best = None
         for s in self.stop:
             at = self.text.find(s, search_from)
