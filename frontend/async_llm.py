@@ -157,6 +157,12 @@ class AsyncLLM:
         return EngineDeadError(f"no engine core is available ({self.router.describe()})")
 
     @property
+    def num_unfinished_requests(self) -> int:
+        """Requests this frontend holds state for: registered for outputs, or placed on a core."""
+        held = set(self.output_processor.parents) if self.output_processor is not None else set()
+        return len(held | set(self._routes))
+
+    @property
     def is_running(self) -> bool:
         return self._started and self.dead is None
 

@@ -151,6 +151,7 @@ def build_app(engine_factory: Callable[[], Awaitable], *, api_key: str | None = 
         engine = state.engine
         collector = state.metrics.engine
         collector.engine_up = engine is not None and engine.dead is None
+        collector.frontend_requests = engine.num_unfinished_requests if engine is not None else 0
         if collector.engine_up:
             try:
                 collector.stats = await asyncio.wait_for(engine.get_stats(), 2.0)

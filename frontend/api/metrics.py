@@ -32,11 +32,16 @@ class EngineStatsCollector:
     def __init__(self):
         self.stats: SchedulerStats | None = None
         self.engine_up = False
+        self.frontend_requests = 0
 
     def collect(self):
         up = GaugeMetricFamily("nvllm:engine_up", "1 while the engine core is ready and answering, else 0")
         up.add_metric([], 1.0 if self.engine_up else 0.0)
         yield up
+        mine = GaugeMetricFamily("nvllm:frontend_requests_in_flight",
+                                 "requests this frontend holds state for (sent to a core, not finished)")
+        mine.add_metric([], float(self.frontend_requests))
+        yield mine
         s = self.stats
         if s is None:
             return
