@@ -346,3 +346,33 @@ def test_connections_beyond_the_cap_are_503_and_closed(capped_server):
         time.sleep(0.1)
     assert code == 200
     assert "--max-connections 5" in proc.log()
+
+
+# ---- flags ------------------------------------------------------------------------------------------------
+
+def test_limit_flags_reach_the_server_limits():
+    from frontend.cli.main import build_parser
+    from frontend.cli.serve_cmd import _http_limits
+
+    for command in (["serve"], ["frontend"]):
+        ns = build_parser().parse_args(command + [
+            "--max-request-body-bytes", "10", "--max-prompt-chars", "20", "--max-queued-requests", "0",
+            "--max-connections", "40", "--request-header-timeout", "2.5", "--metrics-require-key"])
+        limits = _http_limits(ns)
+        assert (limits.max_request_body_bytes, limits.max_prompt_chars, limits.max_queued_requests,
+                limits.max_connections, limits.request_header_timeout, limits.metrics_require_key) == \
+            (10, 20, 0, 40, 2.5, True)
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--max-connections", "-1"], ["serve", "--max-request-body-bytes", "1e6"],
+    ["frontend", "--request-header-timeout", "inf"], ["frontend", "--max-queued-requests", "x"],
+])
+def test_bad_limit_flag_is_one_line_and_exit_2(argv, capsys):
+    from frontend.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "error:" in err, err

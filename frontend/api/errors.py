@@ -101,8 +101,8 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         message = f"{param} has the wrong type or value (no accepted form matches; e.g. {where}: {deepest.get('msg')})"
     elif first.get("type") == "extra_forbidden":
         message = f"{param} is not a parameter this endpoint accepts"
-    elif str(first.get("msg", "")).startswith(param):  # our own validators name the field themselves
-        message = first["msg"]
+    elif first.get("type") == "shape":  # protocol.py's own checks name the field and element themselves
+        message = first["msg"] if len(loc) == 1 else f"{'.'.join(loc)}: {first['msg']}"
     else:
         got = f" (got {first['input']!r})" if _short(first.get("input")) and first.get("type") != "missing" else ""
         message = f"{'.'.join(loc)}: {first.get('msg')}{got}"

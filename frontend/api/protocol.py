@@ -111,8 +111,9 @@ def _at_most(limit: int, name: str):
 
 
 TokenIdList = list[TokenId]
-PromptInput = Annotated[str | list[int] | list[str] | list[list[int]],
-                        PlainValidator(_prompt, json_schema_input_type=Text | TokenIdList | list[Text] | list[TokenIdList])]
+PromptInput = Annotated[str | list[int] | list[str] | list[list[int]],  # the schema shows the four forms
+                        PlainValidator(_prompt,
+                                       json_schema_input_type=Text | TokenIdList | list[Text] | list[TokenIdList])]
 
 
 def _detokenize_tokens(value):

@@ -16,8 +16,8 @@ async def tokenize(state: ServerState, body: TokenizeCompletionRequest | Tokeniz
         _, ids = await render_chat(state, engine, body.messages, body.add_generation_prompt)
     else:
         state.check_chars(len(body.prompt), "prompt")
-        ids = await offload.run(lambda: engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens),
-                                len(body.prompt))
+        prompt, special = body.prompt, body.add_special_tokens
+        ids = await offload.run(lambda: engine.tokenizer.encode(prompt, add_special_tokens=special), len(prompt))
     return TokenizeResponse(count=len(ids), max_model_len=engine.model_info.max_model_len, tokens=ids)
 
 
@@ -25,8 +25,12 @@ async def detokenize(state: ServerState, body: DetokenizeRequest) -> DetokenizeR
     engine = state.ready_engine()
     state.check_model(body.model)
     vocab = engine.model_info.vocab_size
-    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise APIError(400, f"tokens: token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
-    text = await offload.run(lambda: engine.tokenizer.decode(body.tokens), len(body.tokens), offload.BIG_TOKEN_LIST)
-    return DetokenizeResponse(prompt=text)
+    tokens = body.tokens
+
+    def work() -> str:
+        bad = next((t for t in tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"tokens: token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
+        return engine.tokenizer.decode(tokens)
+
+    return DetokenizeResponse(prompt=await offload.run(work, len(tokens), offload.BIG_TOKEN_LIST))
