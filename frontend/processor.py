@@ -2,7 +2,8 @@
 
 The checks are the engine core's own (common/validation.py, with the limits the core sent in READY),
 so what passes here passes there. Every message names the field and its limit, so the HTTP layer can
-return it as a 400 unchanged. A prompt's length in characters is checked before it is tokenized.
+return it as a 400 unchanged. The HTTP server counts a prompt's characters before it gets here
+(--max-prompt-chars); `max_prompt_chars` does the same for other callers that want it.
 """
 
 import time
@@ -16,12 +17,10 @@ from common.validation import check_prompt, check_request
 
 Prompt = str | list[int]
 
-DEFAULT_MAX_PROMPT_CHARS = 1_000_000  # ~250k tokens of English: far past any max_model_len served here
-
 
 class Processor:
     def __init__(self, tokenizer, limits: RequestLimits, eos_token_ids: list[int],
-                 max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS):
+                 max_prompt_chars: int | None = None):
         self.tokenizer = tokenizer
         self.limits = limits
         self.max_model_len = limits.max_model_len
@@ -38,7 +37,7 @@ class Processor:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
-            if len(prompt) > self.max_prompt_chars:
+            if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
                 raise ValueError(f"prompt has {len(prompt)} characters, more than the {self.max_prompt_chars} "
                                  f"allowed (--max-prompt-chars)")
             return prompt, self.tokenizer.encode(prompt)

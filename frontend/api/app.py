@@ -8,7 +8,6 @@ that need the engine answer 503 until it is READY and after it dies.
 import asyncio
 import logging
 import os
-import secrets
 from contextlib import asynccontextmanager
 from importlib import metadata
 from typing import Awaitable, Callable
@@ -18,7 +17,8 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from frontend.api import serving_chat, serving_completion, serving_tokenize
-from frontend.api.errors import APIError, engine_unavailable, install_error_handlers
+from frontend.api.errors import engine_unavailable, install_error_handlers
+from frontend.api.limits import HTTPLimits, LimitsMiddleware, key_error
 from frontend.api.metrics import CONTENT_TYPE
 from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
@@ -34,7 +34,8 @@ ERRORS = {status: {"model": ErrorResponse, "description": why} for status, why i
     (400, "an invalid parameter (`error.param` names it) or malformed JSON"),
     (401, "missing or wrong API key"),
     (404, "unknown model"),
-    (503, "the engine core is not ready or is dead"),
+    (413, "the request body is over --max-request-body-bytes"),
+    (503, "the engine core is not ready or is dead, or the server is overloaded (--max-queued-requests)"),
 ]}
 STREAM = {200: {"content": {"text/event-stream": {"schema": {
     "type": "string", "description": "with stream=true: `data: {chunk}` events, then `data: [DONE]`"}}}}}
@@ -55,9 +56,10 @@ def version() -> str:
 
 def build_app(engine_factory: Callable[[], Awaitable], *, api_key: str | None = None,
               served_model_name: str | None = None, on_ready: Callable | None = None,
-              on_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+              on_failure: Callable[[BaseException], None] | None = None,
+              limits: HTTPLimits | None = None) -> FastAPI:
     """engine_factory(): awaitable AsyncLLM (e.g. `lambda: AsyncLLM.create(args)`)."""
-    state = ServerState(served_model_name, api_key)
+    state = ServerState(served_model_name, api_key, limits)
 
     async def start_engine() -> None:
         try:
@@ -97,14 +99,14 @@ def build_app(engine_factory: Callable[[], Awaitable], *, api_key: str | None = 
                   description="OpenAI-compatible API of the nvllm serving engine")
     app.state.nvllm = state
     install_error_handlers(app)
+    # the key and the body size are checked here, before FastAPI reads or parses a body
+    app.add_middleware(LimitsMiddleware, limits=state.limits, api_key=api_key)
 
-    def require_api_key(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
-        if state.api_key is None:
-            return
-        if creds is None:
-            raise APIError(401, "missing API key: send it as 'Authorization: Bearer KEY'", code="invalid_api_key")
-        if not secrets.compare_digest(creds.credentials.encode(), state.api_key.encode()):
-            raise APIError(401, "incorrect API key", code="invalid_api_key")
+    def require_api_key(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+        # LimitsMiddleware has already refused a bad key; this declares the scheme in /openapi.json
+        error = key_error(request.headers.get("authorization"), state.api_key)
+        if error is not None:
+            raise error
 
     api = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS)
 
@@ -123,11 +125,11 @@ def build_app(engine_factory: Callable[[], Awaitable], *, api_key: str | None = 
 
     @api.post("/tokenize", response_model=TokenizeResponse)
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest):
-        return serving_tokenize.tokenize(state, body)
+        return await serving_tokenize.tokenize(state, body)
 
     @api.post("/detokenize", response_model=DetokenizeResponse)
     async def detokenize(body: DetokenizeRequest):
-        return serving_tokenize.detokenize(state, body)
+        return await serving_tokenize.detokenize(state, body)
 
     app.include_router(api)
 
@@ -145,9 +147,13 @@ def build_app(engine_factory: Callable[[], Awaitable], *, api_key: str | None = 
     async def get_version():
         return VersionResponse(version=version())
 
-    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
+    metrics_deps = [Depends(require_api_key)] if state.limits.metrics_require_key else []
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}},
+             dependencies=metrics_deps)
     async def metrics():
-        """Prometheus text format; the engine's figures are fetched fresh from the core."""
+        """Prometheus text format; the engine's figures are fetched fresh from the core (with
+        --metrics-require-key, only for clients with the API key)."""
         engine = state.engine
         collector = state.metrics.engine
         collector.engine_up = engine is not None and engine.dead is None

@@ -2,7 +2,8 @@
 
 400: a bad value or type, malformed JSON (pydantic's errors and the engine's ValueErrors, which
      begin with the field they are about); 401: API key; 404: unknown model or route;
-503: the engine core is not ready or dead; 500: a bug (logged with its traceback).
+413: the body is over --max-request-body-bytes; 503: the engine core is not ready or dead, or
+the server is overloaded (with Retry-After); 500: a bug (logged with its traceback).
 """
 
 import logging
@@ -27,7 +28,7 @@ _PARAMS = {
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+                 type: str | None = None, headers: dict[str, str] | None = None):
         message = _printable(message)
         super().__init__(message)
         self.status = status
@@ -35,12 +36,15 @@ class APIError(Exception):
         self.param = _printable(param) if param is not None else None
         self.code = code
         self.type = type or error_type(status)
+        self.headers = dict(headers or {})
 
     def body(self) -> ErrorResponse:
         return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code))
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        headers = dict(self.headers)
+        if self.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
         return JSONResponse(self.body().model_dump(), status_code=self.status, headers=headers)
 
 
@@ -97,12 +101,23 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         message = f"{param} has the wrong type or value (no accepted form matches; e.g. {where}: {deepest.get('msg')})"
     elif first.get("type") == "extra_forbidden":
         message = f"{param} is not a parameter this endpoint accepts"
+    elif first.get("type") == "shape":  # protocol.py's own checks name the field and element themselves
+        message = first["msg"] if len(loc) == 1 else f"{'.'.join(loc)}: {first['msg']}"
     else:
-        got = f" (got {first['input']!r})" if "input" in first and first.get("type") != "missing" else ""
+        got = f" (got {first['input']!r})" if _short(first.get("input")) and first.get("type") != "missing" else ""
         message = f"{'.'.join(loc)}: {first.get('msg')}{got}"
     if len(message) > 1000:
         message = message[:1000] + "..."
     return APIError(400, message, param=param)
+
+
+def _short(value) -> bool:
+    """Worth echoing in a message (the repr of a client's 100k-element list is not)."""
+    if isinstance(value, (str, bytes)):
+        return len(value) <= 200
+    if isinstance(value, (list, dict)):
+        return len(value) <= 20 and len(repr(value)) <= 200
+    return True
 
 
 def install_error_handlers(app: FastAPI) -> None:

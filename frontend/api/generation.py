@@ -14,6 +14,8 @@ import msgspec
 
 from common.sampling_params import SamplingParams
 from common.validation import request_token_cost
+from frontend.api import offload
+from frontend.api.admission import Ticket
 from frontend.api.errors import APIError, bad_request, engine_unavailable
 from frontend.api.protocol import UsageInfo
 from frontend.api.state import MAX_SEQUENCES_PER_REQUEST, ServerState
@@ -54,35 +56,48 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def validate_prompts(engine, request_id: str, prompts: list[str | list[int]], params: SamplingParams,
-                     param: str = "prompt") -> list[Prompt]:
-    """Tokenizes and checks every prompt with the parameters; a problem is a 400 naming the field."""
+def check_sequences(prompts: list, params: SamplingParams, param: str = "prompt") -> None:
     if len(prompts) * params.n > MAX_SEQUENCES_PER_REQUEST:
         raise APIError(400, f"{param} x n asks for {len(prompts) * params.n} sequences; at most "
                        f"{MAX_SEQUENCES_PER_REQUEST} fit in one request", param=param)
-    checked, cost = [], 0
-    for i, prompt in enumerate(prompts):
-        try:
-            text, request = engine.processor.process(f"{request_id}-{i}", prompt, params)
-        except ValueError as e:
-            raise bad_request(e, param if str(e).startswith("prompt") else None) from None
-        try:  # what cannot go on the wire must fail here, as a 400, not once a stream has begun
-            _encoder.encode(request)
-        except (OverflowError, UnicodeError, msgspec.EncodeError) as e:
-            raise APIError(400, f"a parameter is out of range or not valid UTF-8: {e}") from None
-        checked.append(Prompt(text, request.prompt_token_ids))
-        cost += request_token_cost(request.sampling_params, request.sampling_params.max_tokens)
-    limit = engine.processor.limits.max_request_tokens
-    if cost > limit:
-        raise APIError(400, f"max_tokens: the request's prompts ask for n x max_tokens x (1 + logprobs) = {cost} "
-                       f"in all, more than one request may ({limit}, --max-request-tokens)", param="max_tokens")
-    return checked
+async def validate_prompts(state: ServerState, engine, request_id: str, prompts: list[str | list[int]],
+                           params: SamplingParams, param: str = "prompt") -> list[Prompt]:
+    """Tokenizes and checks every prompt with the parameters; a problem is a 400 naming the field.
+    Characters are counted first; big prompts are tokenized off the event loop."""
+    check_sequences(prompts, params, param)
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            state.check_chars(len(prompt), param)
+
+    def work() -> list[Prompt]:
+        checked, cost = [], 0
+        for i, prompt in enumerate(prompts):
+            try:
+                text, request = engine.processor.process(f"{request_id}-{i}", prompt, params)
+            except ValueError as e:
+                raise bad_request(e, param if str(e).startswith("prompt") else None) from None
+            try:  # what cannot go on the wire must fail here, as a 400, not once a stream has begun
+                _encoder.encode(request)
+            except (OverflowError, UnicodeError, msgspec.EncodeError) as e:
+                raise APIError(400, f"a parameter is out of range or not valid UTF-8: {e}") from None
+            checked.append(Prompt(text, request.prompt_token_ids))
+            cost += request_token_cost(request.sampling_params, request.sampling_params.max_tokens)
+        limit = engine.processor.limits.max_request_tokens
+        if cost > limit:
+            raise APIError(400, f"max_tokens: the request's prompts ask for n x max_tokens x (1 + logprobs) = "
+                           f"{cost} in all, more than one request may ({limit}, --max-request-tokens)",
+                           param="max_tokens")
+        return checked
+
+    return await offload.run(work, sum(len(p) for p in prompts))
 
 
 def generate(state: ServerState, engine, request_id: str, prompts: list[Prompt],
-             params: SamplingParams) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(prompt index, delta RequestOutput) for every prompt's engine request, as they come."""
-    streams = [state.metrics.track(engine.generate(p.text, params, f"{request_id}-{i}", prompt_token_ids=p.token_ids),
+             params: SamplingParams, ticket: Ticket) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, delta RequestOutput) for every prompt's engine request, as they come; the
+    ticket lets each sequence go from the admission count at its first token."""
+    streams = [state.metrics.track(ticket.track(engine.generate(p.text, params, f"{request_id}-{i}",
+                                                                prompt_token_ids=p.token_ids), params.n),
                                    params.n)
                for i, p in enumerate(prompts)]
     return merge(streams)

@@ -9,7 +9,8 @@ Unknown fields are refused (400 naming the field) rather than silently ignored.
 import time
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_serializer
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, model_serializer
+from pydantic_core import PydanticCustomError
 
 from common.sampling_params import RequestOutputKind, SamplingParams
 
@@ -28,9 +29,106 @@ def _utf8(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_utf8)]  # what the tokenizer and the wire can take
 
+# Caps on element counts, checked before any element is looked at; a body is at most
+# --max-request-body-bytes anyway, these keep the work per request small and bounded.
+MAX_PROMPTS = 1024  # strings or token-id lists in one `prompt` (and prompts x n, see state.py)
+MAX_TOKEN_IDS = 1 << 20  # token ids in one request's `prompt`, or in /detokenize's `tokens`
+# hard ceilings on list sizes, checked before pydantic looks at the items; the engine's own limits
+# (--max-stop-strings, --max-stop-token-ids) apply after, and may only be set below these
+MAX_STOP = 4096  # stop strings
+MAX_STOP_TOKEN_IDS = 65536
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 256  # parts of one message's content
+
+
+def _shape_error(message: str) -> PydanticCustomError:
+    return PydanticCustomError("shape", message)
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _check_token_ids(ids: list, where: str) -> list[int]:
+    """Every element an int in [0, 2**31): checked with C-speed builtins, then one error naming the
+    first bad element (never one error per element, which cost seconds for a long list)."""
+    if set(map(type, ids)) <= {int} and (not ids or (min(ids) >= 0 and max(ids) <= INT32_MAX)):
+        return ids
+    i, bad = next((i, t) for i, t in enumerate(ids) if type(t) is not int or not 0 <= t <= INT32_MAX)
+    raise _shape_error(f"{where}[{i}] must be a token id (an integer in [0, 2**31)), got {_describe(bad)}")
+
+
+def _check_text(text: str, where: str) -> str:
+    try:
+        return _utf8(text)
+    except ValueError as e:
+        raise _shape_error(f"{where} {e}") from None
+
+
+def _prompt(value):
+    """A string, a list of strings, a list of token ids, or a list of lists of token ids; the
+    first element decides which list it is."""
+    if isinstance(value, str):
+        return _check_text(value, "prompt")
+    if not isinstance(value, list):
+        raise _shape_error("prompt must be a string, a list of strings, a list of token ids or a list of "
+                           f"lists of token ids, got {_describe(value)}")
+    if not value:
+        return value
+    first = value[0]
+    if type(first) is int:
+        if len(value) > MAX_TOKEN_IDS:
+            raise _shape_error(f"prompt has {len(value)} token ids, more than {MAX_TOKEN_IDS}")
+        return _check_token_ids(value, "prompt")
+    if not isinstance(first, (str, list)):
+        raise _shape_error(f"prompt[0] must be a string, a token id or a list of token ids, got {_describe(first)}")
+    if len(value) > MAX_PROMPTS:
+        raise _shape_error(f"prompt is a list of {len(value)} prompts, more than {MAX_PROMPTS}")
+    if isinstance(first, str):
+        for i, p in enumerate(value):
+            if not isinstance(p, str):
+                raise _shape_error(f"prompt[{i}] must be a string like prompt[0], got {_describe(p)}")
+            _check_text(p, f"prompt[{i}]")
+        return value
+    total = 0
+    for i, p in enumerate(value):
+        if not isinstance(p, list):
+            raise _shape_error(f"prompt[{i}] must be a list of token ids like prompt[0], got {_describe(p)}")
+        total += len(p)
+        if total > MAX_TOKEN_IDS:
+            raise _shape_error(f"prompt holds more than {MAX_TOKEN_IDS} token ids")
+        _check_token_ids(p, f"prompt[{i}]")
+    return value
+
+
+def _at_most(limit: int, name: str):
+    """A before-validator: a list longer than `limit` is refused before its items are validated
+    (pydantic's max_length counts only after validating every item)."""
+    def check(value):
+        if isinstance(value, list) and len(value) > limit:
+            raise _shape_error(f"{name} has {len(value)} items, more than {limit}")
+        return value
+    return BeforeValidator(check)
+
+
+TokenIdList = list[TokenId]
+PromptInput = Annotated[str | list[int] | list[str] | list[list[int]],  # the schema shows the four forms
+                        PlainValidator(_prompt,
+                                       json_schema_input_type=Text | TokenIdList | list[Text] | list[TokenIdList])]
+
+
+def _detokenize_tokens(value):
+    if not isinstance(value, list):
+        raise _shape_error(f"tokens must be a list of token ids, got {_describe(value)}")
+    if len(value) > MAX_TOKEN_IDS:
+        raise _shape_error(f"tokens has {len(value)} token ids, more than {MAX_TOKEN_IDS}")
+    return _check_token_ids(value, "tokens")
+
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and +-Infinity parse as JSON numbers in Python; no parameter means anything by them
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -60,8 +158,10 @@ class SamplingFields(StrictModel):
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX, description="vLLM extension: keep the k most likely tokens; -1 or 0: off")
     min_p: float | None = Field(None, ge=0, le=1, description="vLLM extension: drop tokens below min_p x the top one")
     seed: int | None = Field(None, ge=0, lt=2**63, description="per-request seed; same seed, same output")
-    stop: Text | list[Text] | None = Field(None, description="stop strings (not included in the text)")
-    stop_token_ids: list[TokenId] | None = Field(None, description="vLLM extension: token ids that end the completion")
+    stop: Annotated[Text | list[Text] | None, _at_most(MAX_STOP, "stop")] = Field(
+        None, description="stop strings (not included in the text)")
+    stop_token_ids: Annotated[list[TokenId] | None, _at_most(MAX_STOP_TOKEN_IDS, "stop_token_ids")] = Field(
+        None, description="vLLM extension: token ids that end the completion")
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, description="vLLM extension; 1 is off")
@@ -110,8 +210,8 @@ class UsageInfo(BaseModel):
 # ---- /v1/completions ----------------------------------------------------------------------------
 
 class CompletionRequest(SamplingFields):
-    prompt: Text | list[int] | list[Text] | list[list[int]] = Field(
-        description="a string, a list of strings, a list of token ids, or a list of lists of token ids")
+    prompt: PromptInput = Field(description="a string, a list of strings, a list of token ids, or a list of lists "
+                                            f"of token ids (at most {MAX_PROMPTS} prompts, {MAX_TOKEN_IDS} token ids)")
     max_tokens: int | None = Field(16, ge=1, description="tokens to generate; null: up to max_model_len")
     logprobs: int | None = Field(None, ge=0, le=20, description="log probabilities of the sampled and top-N tokens")
     echo: bool = Field(False, description="prepend the prompt to the text (its tokens get null logprobs)")
@@ -157,7 +257,7 @@ class TextContentPart(StrictModel):
 
 class ChatMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextContentPart] | None = None
+    content: Annotated[Text | list[TextContentPart] | None, _at_most(MAX_CONTENT_PARTS, "content")] = None
     name: Text | None = None
 
     def text(self) -> str:
@@ -167,7 +267,7 @@ class ChatMessage(StrictModel):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], _at_most(MAX_MESSAGES, "messages")] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI for max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1, description="tokens to generate; null: up to max_model_len")
     logprobs: bool = False
@@ -265,7 +365,7 @@ class TokenizeCompletionRequest(StrictModel):
 
 class TokenizeChatRequest(StrictModel):
     model: Text | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], _at_most(MAX_MESSAGES, "messages")] = Field(min_length=1)
     add_generation_prompt: bool = True
 
 
@@ -277,7 +377,8 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(StrictModel):
     model: Text | None = None
-    tokens: list[int]
+    tokens: Annotated[list[int], PlainValidator(_detokenize_tokens, json_schema_input_type=TokenIdList)] = Field(
+        description=f"at most {MAX_TOKEN_IDS} token ids")
 
 
 class DetokenizeResponse(BaseModel):

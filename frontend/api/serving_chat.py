@@ -11,6 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from frontend import chat_template
 from frontend.api import generation as G
+from frontend.api import offload
 from frontend.api.errors import APIError
 from frontend.api.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
                                    ChatCompletionStreamResponse, ChatMessage, ChatResponseMessage, ChatStreamChoice,
@@ -20,14 +21,21 @@ from frontend.api.streams import SSE_DONE, ClientDisconnected, cancel_on_disconn
 from frontend.outputs import Logprob
 
 
-def render_chat(engine, messages: list[ChatMessage], add_generation_prompt: bool) -> tuple[str, list[int]]:
-    """The prompt text and its token ids; special tokens come only from the template, never from contents."""
+async def render_chat(state: ServerState, engine, messages: list[ChatMessage],
+                      add_generation_prompt: bool) -> tuple[str, list[int]]:
+    """The prompt text and its token ids (special tokens come only from the template, never from contents); the
+    messages' characters are counted before the template runs, a big text is tokenized off the loop."""
+    state.check_chars(sum(len(m.text()) for m in messages), "messages")
     conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
-    try:
-        return chat_template.render_chat(engine.tokenizer, conversation, add_generation_prompt)
-    except Exception as e:  # no template, or the template refused the conversation (jinja raise)
-        raise APIError(400, f"messages cannot be rendered with the model's chat template: {e}",
-                       param="messages") from None
+
+    def render() -> tuple[str, list[int]]:
+        try:
+            return chat_template.render_chat(engine.tokenizer, conversation, add_generation_prompt)
+        except Exception as e:  # no template, or the template refused the conversation (jinja raise)
+            raise APIError(400, f"messages cannot be rendered with the model's chat template: {e}",
+                           param="messages") from None
+
+    return await offload.run(render, sum(len(m["content"]) for m in conversation))
 
 
 def chat_logprobs(engine, token_ids: list[int], logprobs: list[dict[int, Logprob]], num_top: int) -> ChatChoiceLogprobs:
@@ -51,10 +59,16 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     params = body.to_sampling_params()
     request_id = G.new_request_id("chatcmpl")
-    text, ids = render_chat(engine, body.messages, body.add_generation_prompt)
-    prompts = G.validate_prompts(engine, request_id, [ids], params, param="messages")
+    G.check_sequences([body.messages], params, param="messages")
+    ticket = state.admission.admit(params.n)  # 503 when overloaded, before any work
+    try:
+        text, ids = await render_chat(state, engine, body.messages, body.add_generation_prompt)
+        prompts = await G.validate_prompts(state, engine, request_id, [ids], params, param="messages")
+    except BaseException:
+        ticket.release()
+        raise
     prompts[0].text = text
-    stream = G.generate(state, engine, request_id, prompts, params)
+    stream = G.generate(state, engine, request_id, prompts, params, ticket)
     num_top = body.top_logprobs or 0
     if body.stream:
         return StreamingResponse(_stream(state, engine, body, request_id, prompts, stream, num_top),

@@ -71,8 +71,15 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     state.check_model(body.model)
     params = body.to_sampling_params()
     request_id = G.new_request_id("cmpl")
-    prompts = G.validate_prompts(engine, request_id, _prompts(body.prompt), params)
-    stream = G.generate(state, engine, request_id, prompts, params)
+    raw_prompts = _prompts(body.prompt)
+    G.check_sequences(raw_prompts, params)
+    ticket = state.admission.admit(len(raw_prompts) * params.n)  # 503 when overloaded, before any work
+    try:
+        prompts = await G.validate_prompts(state, engine, request_id, raw_prompts, params)
+    except BaseException:
+        ticket.release()
+        raise
+    stream = G.generate(state, engine, request_id, prompts, params, ticket)
     if body.stream:
         return StreamingResponse(_stream(state, engine, body, request_id, prompts, stream),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -1,5 +1,7 @@
-"""POST /tokenize and POST /detokenize with the served model's tokenizer (and chat template)."""
+"""POST /tokenize and POST /detokenize with the served model's tokenizer (and chat template),
+capped like prompts (--max-prompt-chars; token lists in protocol.py), big ones off the event loop."""
 
+from frontend.api import offload
 from frontend.api.errors import APIError
 from frontend.api.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
                                    TokenizeCompletionRequest, TokenizeResponse)
@@ -7,21 +9,28 @@ from frontend.api.serving_chat import render_chat
 from frontend.api.state import ServerState
 
 
-def tokenize(state: ServerState, body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
+async def tokenize(state: ServerState, body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
     engine = state.ready_engine()
     state.check_model(body.model)
     if isinstance(body, TokenizeChatRequest):
-        _, ids = render_chat(engine, body.messages, body.add_generation_prompt)
+        _, ids = await render_chat(state, engine, body.messages, body.add_generation_prompt)
     else:
-        ids = engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        state.check_chars(len(body.prompt), "prompt")
+        prompt, special = body.prompt, body.add_special_tokens
+        ids = await offload.run(lambda: engine.tokenizer.encode(prompt, add_special_tokens=special), len(prompt))
     return TokenizeResponse(count=len(ids), max_model_len=engine.model_info.max_model_len, tokens=ids)
 
 
-def detokenize(state: ServerState, body: DetokenizeRequest) -> DetokenizeResponse:
+async def detokenize(state: ServerState, body: DetokenizeRequest) -> DetokenizeResponse:
     engine = state.ready_engine()
     state.check_model(body.model)
     vocab = engine.model_info.vocab_size
-    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise APIError(400, f"tokens: token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
-    return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))
+    tokens = body.tokens
+
+    def work() -> str:
+        bad = next((t for t in tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"tokens: token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
+        return engine.tokenizer.decode(tokens)
+
+    return DetokenizeResponse(prompt=await offload.run(work, len(tokens), offload.BIG_TOKEN_LIST))

@@ -1,16 +1,21 @@
 """What every endpoint needs: the engine (once it is ready), the served model name, the metrics."""
 
-from frontend.api.errors import engine_unavailable, model_not_found
+from frontend.api.admission import AdmissionGate
+from frontend.api.errors import APIError, engine_unavailable, model_not_found
+from frontend.api.limits import HTTPLimits
 from frontend.api.metrics import Metrics
 
 MAX_SEQUENCES_PER_REQUEST = 1024  # prompts x n in one HTTP request
 
 
 class ServerState:
-    def __init__(self, served_model_name: str | None = None, api_key: str | None = None):
+    def __init__(self, served_model_name: str | None = None, api_key: str | None = None,
+                 limits: HTTPLimits | None = None):
         self.engine = None  # AsyncLLM once the core said READY
         self.served_model_name = served_model_name
         self.api_key = api_key
+        self.limits = limits or HTTPLimits()
+        self.admission = AdmissionGate(self.limits.max_queued_requests)
         self.metrics = Metrics()
         self.startup_error: str | None = None
 
@@ -31,3 +36,10 @@ class ServerState:
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
             raise model_not_found(name, self.model_name)
+
+    def check_chars(self, num_chars: int, param: str) -> None:
+        """A prompt's characters against --max-prompt-chars, before any tokenizing."""
+        limit = self.limits.max_prompt_chars
+        if limit and num_chars > limit:
+            raise APIError(400, f"{param} has {num_chars} characters, more than --max-prompt-chars {limit}",
+                           param=param, code="prompt_too_long")

@@ -32,6 +32,20 @@ def _port(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = _number(float, text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def _zmq_address(text: str) -> str:
     if not text.startswith(("tcp://", "ipc://")):
         raise argparse.ArgumentTypeError(f"must be tcp://HOST:PORT or ipc://PATH, got {text!r}")
@@ -50,6 +64,25 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                    help="key clients must send as 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
                         "/detokenize (default: $NVLLM_API_KEY; neither set: no key needed)")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
+    from frontend.api.limits import HTTPLimits  # here, not at the top: only the HTTP commands need it
+    d = HTTPLimits()
+    g.add_argument("--max-request-body-bytes", type=_non_negative, default=d.max_request_body_bytes,
+                   help="largest request body; a bigger one is a 413, refused from Content-Length before it is "
+                        "read (0: no limit)")
+    g.add_argument("--max-prompt-chars", type=_non_negative, default=d.max_prompt_chars,
+                   help="most characters in one prompt, all of a chat's messages, or a /tokenize text; more is a "
+                        "400 before any tokenizing (0: no limit)")
+    g.add_argument("--max-queued-requests", type=_non_negative, default=d.max_queued_requests,
+                   help="sequences that may wait for their first token; while that many wait, new generation "
+                        "requests are a 503 with Retry-After (0: no limit)")
+    g.add_argument("--max-connections", type=_non_negative, default=d.max_connections,
+                   help="open HTTP connections; a request on one opened beyond them is a 503 and the connection "
+                        "closes (0: no limit)")
+    g.add_argument("--request-header-timeout", type=_non_negative_float, default=d.request_header_timeout,
+                   help="seconds a connection may take to send a complete request head (from its opening, or "
+                        "from the previous response); then it is closed (0: no limit)")
+    g.add_argument("--metrics-require-key", action="store_true",
+                   help="with an API key, /metrics needs it too")
 
 
 def _api_key(ns: argparse.Namespace) -> str | None:
@@ -57,11 +90,18 @@ def _api_key(ns: argparse.Namespace) -> str | None:
     return key
 
 
+def _http_limits(ns: argparse.Namespace):
+    from frontend.api.limits import HTTPLimits
+    return HTTPLimits(max_request_body_bytes=ns.max_request_body_bytes, max_prompt_chars=ns.max_prompt_chars,
+                      max_queued_requests=ns.max_queued_requests, max_connections=ns.max_connections,
+                      request_header_timeout=ns.request_header_timeout, metrics_require_key=ns.metrics_require_key)
+
+
 def _serve_http(ns: argparse.Namespace, engine_factory, served_model_name: str | None) -> int:
     from frontend.api.server import run_server
     return run_server(engine_factory, host=ns.host, port=ns.port, api_key=_api_key(ns),
                       served_model_name=served_model_name, log_level=ns.log_level,
-                      access_log=not ns.disable_uvicorn_access_log)
+                      access_log=not ns.disable_uvicorn_access_log, limits=_http_limits(ns))
 
 
 def run_serve(ns: argparse.Namespace) -> int:
