@@ -175,13 +175,14 @@ class AsyncLLM:
         return link
 
     async def generate(self, prompt: str | list[int] | None, sampling_params: SamplingParams, request_id: str,
-                       prompt_token_ids: list[int] | None = None) -> AsyncIterator[RequestOutput]:
+                       prompt_token_ids: list[int] | None = None,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         dead = self.dead
         if dead is not None:
             raise dead
         # tokenized for this model: it may go only to cores serving it
         fingerprint, outputs = self.fingerprint, self.output_processor
-        text, request = self.processor.process(request_id, prompt, sampling_params, prompt_token_ids)
+        text, request = self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt)
         queue: asyncio.Queue = asyncio.Queue()
         tried: list[CoreLink] = []
         finished = produced = False

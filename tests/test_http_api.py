@@ -370,6 +370,21 @@ def test_special_token_text_in_a_message_stays_text(server):
     assert injected in text
 
 
+def test_cache_salt_keeps_tenants_prefix_caches_apart(server):
+    """The same long prompt: a prefix-cache hit with the same cache_salt, none with another salt."""
+    prompt = "Tenant secret: " + " ".join(f"item{i}" for i in range(120))
+
+    def hits_of(salt: str) -> float:
+        before = metric(httpx.get(server[0] + "/metrics").text, "nvllm:prefix_cache_hits_total")
+        r = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "cache_salt": salt})
+        assert r.status_code == 200, r.text
+        return metric(httpx.get(server[0] + "/metrics").text, "nvllm:prefix_cache_hits_total") - before
+
+    assert hits_of("tenant-a") == 0
+    assert hits_of("tenant-b") == 0
+    assert hits_of("tenant-a") > 0
+
+
 # ---- disconnects, concurrency, metrics ----------------------------------------------------------
 
 def wait_idle(server, timeout=60) -> str:

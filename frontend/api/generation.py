@@ -60,8 +60,10 @@ def check_sequences(prompts: list, params: SamplingParams, param: str = "prompt"
     if len(prompts) * params.n > MAX_SEQUENCES_PER_REQUEST:
         raise APIError(400, f"{param} x n asks for {len(prompts) * params.n} sequences; at most "
                        f"{MAX_SEQUENCES_PER_REQUEST} fit in one request", param=param)
+
+
 async def validate_prompts(state: ServerState, engine, request_id: str, prompts: list[str | list[int]],
-                           params: SamplingParams, param: str = "prompt") -> list[Prompt]:
+                           params: SamplingParams, param: str = "prompt", cache_salt: str | None = None) -> list[Prompt]:
     """Tokenizes and checks every prompt with the parameters; a problem is a 400 naming the field.
     Characters are counted first; big prompts are tokenized off the event loop."""
     check_sequences(prompts, params, param)
@@ -73,7 +75,7 @@ async def validate_prompts(state: ServerState, engine, request_id: str, prompts:
         checked, cost = [], 0
         for i, prompt in enumerate(prompts):
             try:
-                text, request = engine.processor.process(f"{request_id}-{i}", prompt, params)
+                text, request = engine.processor.process(f"{request_id}-{i}", prompt, params, cache_salt=cache_salt)
             except ValueError as e:
                 raise bad_request(e, param if str(e).startswith("prompt") else None) from None
             try:  # what cannot go on the wire must fail here, as a 400, not once a stream has begun
@@ -92,12 +94,13 @@ async def validate_prompts(state: ServerState, engine, request_id: str, prompts:
     return await offload.run(work, sum(len(p) for p in prompts))
 
 
-def generate(state: ServerState, engine, request_id: str, prompts: list[Prompt],
-             params: SamplingParams, ticket: Ticket) -> AsyncIterator[tuple[int, RequestOutput]]:
+def generate(state: ServerState, engine, request_id: str, prompts: list[Prompt], params: SamplingParams,
+             ticket: Ticket, cache_salt: str | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, delta RequestOutput) for every prompt's engine request, as they come; the
     ticket lets each sequence go from the admission count at its first token."""
     streams = [state.metrics.track(ticket.track(engine.generate(p.text, params, f"{request_id}-{i}",
-                                                                prompt_token_ids=p.token_ids), params.n),
+                                                                prompt_token_ids=p.token_ids, cache_salt=cache_salt),
+                                               params.n),
                                    params.n)
                for i, p in enumerate(prompts)]
     return merge(streams)

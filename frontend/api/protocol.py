@@ -172,6 +172,9 @@ class SamplingFields(StrictModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = Field(None, description="accepted and ignored")
+    cache_salt: Text | None = Field(None, max_length=1024, description=(
+        "vLLM extension: only requests with the same salt share prefix-cache blocks, so one tenant "
+        "cannot learn from cache hits what another's prompts hold"))
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -75,11 +75,12 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     G.check_sequences(raw_prompts, params)
     ticket = state.admission.admit(len(raw_prompts) * params.n)  # 503 when overloaded, before any work
     try:
-        prompts = await G.validate_prompts(state, engine, request_id, raw_prompts, params)
+        prompts = await G.validate_prompts(state, engine, request_id, raw_prompts, params,
+                                           cache_salt=body.cache_salt)
     except BaseException:
         ticket.release()
         raise
-    stream = G.generate(state, engine, request_id, prompts, params, ticket)
+    stream = G.generate(state, engine, request_id, prompts, params, ticket, body.cache_salt)
     if body.stream:
         return StreamingResponse(_stream(state, engine, body, request_id, prompts, stream),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
