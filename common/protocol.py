@@ -82,6 +82,7 @@ ADD = b"\x02"  # body: EngineCoreRequest
 ABORT = b"\x03"  # body: list[str] of request ids
 UTILITY = b"\x04"  # body: UtilityCall
 GOODBYE = b"\x05"  # body: empty; the frontend is leaving
+HEARTBEAT = b"\x06"  # body: empty; the frontend is alive (sent while it waits for outputs)
 
 # frames the core sends
 READY = b"\x81"  # body: Ready
@@ -89,8 +90,9 @@ OUTPUTS = b"\x82"  # body: EngineCoreOutputs (also sent as a heartbeat when idle
 UTILITY_RESULT = b"\x83"  # body: UtilityResult
 SHUTDOWN = b"\x84"  # body: str, why the core is going away
 REJECTED = b"\x85"  # body: str, e.g. a protocol version the core does not speak
-UNKNOWN_FRONTEND = b"\x86"  # body: str; a frame came from a frontend that never said HELLO to this core
-#                             (the core restarted): the frontend's requests there are lost, it must say HELLO
+UNKNOWN_FRONTEND = b"\x86"  # body: str; a frame came from a frontend that has no session with this core
+#                             (the core restarted, or ended the session: the connection dropped, or the frontend
+#                             was silent too long): the frontend's requests there are lost, it must say HELLO
 
 
 class Hello(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -106,10 +108,11 @@ class Ready(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     max_model_len: int
     vocab_size: int
     eos_token_ids: list[int]
-    tokenizer_files: dict[str, str]
+    tokenizer_files: dict[str, str]  # empty in a repeated READY on the same connection: keep the known files
     block_size: int = 16
     num_gpu_blocks: int = 0
     dtype: str = ""
+    frontend_timeout: float = 0.0  # the core ends the session of a frontend silent this long (0: not said)
 
 
 class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True):
