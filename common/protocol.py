@@ -98,6 +98,9 @@ UNKNOWN_FRONTEND = b"\x86"  # body: str; a frame came from a frontend that has n
 class Hello(msgspec.Struct, array_like=True, omit_defaults=True):
     protocol_version: int
     client_name: str = ""
+    # False: start afresh (the core aborts what this frontend had running in its session); True: keep the
+    # session if the core still has it on this connection (a client that was only quiet for a while)
+    resume: bool = False
 
 
 class Ready(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
@@ -113,6 +116,7 @@ class Ready(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     num_gpu_blocks: int = 0
     dtype: str = ""
     frontend_timeout: float = 0.0  # the core ends the session of a frontend silent this long (0: not said)
+    resumed: bool = False  # answering HELLO(resume=True): the session, with its requests, lives on
 
 
 class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -11,7 +11,8 @@ Threads:
 Sessions: a frontend's session begins with HELLO and ends on GOODBYE, when its connection drops (a
 monitor on the socket reports it at once), when it has been silent for FRONTEND_SILENT_SECONDS (frontends
 send HEARTBEAT while they wait for outputs), when it does not read what the core sends (CORE_SNDHWM frames
-queued), or when it says HELLO again after it sent work (it lost the core for a while and starts afresh).
+queued), or when it says HELLO again after it sent work (it lost the core for a while and starts afresh;
+a HELLO with `resume` set keeps the session: the sync client, quiet between calls, checks it is still known).
 An ended session's requests are aborted. The busy loop knows a session by its own key, not by the
 routing id, so outputs of an ended session are dropped, never delivered to a later connection with the
 same routing id; a frame from a connection (or, with CURVE, a public key) other than the one that said
@@ -72,6 +73,7 @@ class EngineCoreProc:
         info = msgspec.structs.replace(self.core.model_info(), engine_index=engine_index, frontend_timeout=silent_seconds)
         self.ready = msgspec.msgpack.encode(info)
         self.ready_again = msgspec.msgpack.encode(msgspec.structs.replace(info, tokenizer_files={}))
+        self.ready_resumed = msgspec.msgpack.encode(msgspec.structs.replace(info, tokenizer_files={}, resumed=True))
         self.parent_pid = parent_pid
         # SimpleQueue: its put is reentrant, so the signal handlers may use it even when the signal lands
         # while the main thread is inside get (a Queue's lock is taken there: the handler would deadlock)
@@ -226,21 +228,26 @@ class EngineCoreProc:
             return
         now = time.monotonic()
         session = self.sessions.get(identity)
+        resumed = False
         if session is not None:
             if session.fd != fd or session.user_id != user_id:
                 self._end(session, "it connected again")
                 session = None
-            elif session.has_work:  # it lost the core for a while: what it had running here is abandoned
+            elif session.has_work and not hello.resume:  # it lost the core for a while: its requests are abandoned
                 self._end(session, "it started afresh")
                 session = None
-            else:  # a HELLO repeated before READY arrived: the same session
+            else:  # a HELLO repeated before READY arrived, or a resume: the same session
                 session.last_heard = now
+                resumed = hello.resume
         if session is None:
             session = self.sessions.start(identity, fd, user_id, hello.client_name, now)
             logger.log(logging.DEBUG if hello.client_name == "healthcheck" else logging.INFO,
                        "frontend %s connected%s", session.tag, f" ({hello.client_name})" if hello.client_name else "")
         if self.sessions.may_answer_hello(session, now):
-            self._send(session, P.READY, self.ready if self.sessions.take_full_ready(session) else self.ready_again)
+            if self.sessions.take_full_ready(session):
+                self._send(session, P.READY, self.ready)
+            else:
+                self._send(session, P.READY, self.ready_resumed if resumed else self.ready_again)
 
     # ---- busy loop ----------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 A session begins when a frontend says HELLO and ends when the frontend says GOODBYE, its connection
 drops, it is silent for `silent_seconds`, the core cannot send to it (it does not read), or it says
-HELLO again after it sent work (it starts afresh: it lost the core for a while).
+HELLO again (without `resume`) after it sent work (it starts afresh: it lost the core for a while).
 
 Invariants:
 - one session per routing identity, bound to the connection it said HELLO on (the socket's file

@@ -8,8 +8,9 @@ UNKNOWN_FRONTEND (it restarted, or ended this frontend's session), or whose chil
 The core ends the session of a frontend it has not heard from for READY.frontend_timeout (aborting its
 requests), so a client sends HEARTBEAT every HEARTBEAT_SECONDS while it waits for outputs (the async
 client's reader always does). The sync client is idle between calls: when it has been quiet for half the
-core's limit it says HELLO again before its next ADD or UTILITY; the core's repeated READY carries no
-tokenizer files (same core_id: the client keeps its own).
+core's limit it says HELLO (resume: keep the session if the core still has it) before its next ADD or
+UTILITY; the core's repeated READY carries no tokenizer files (same core_id: the client keeps its own) and
+says whether the session was resumed: if not, the requests the client still had there end with an error.
 
 Aborts are never dropped while the core is connected and alive: a full send queue is waited on, for at
 most ABORT_SEND_SECONDS (a core that does not read that long is dead anyway, and a dead or disconnected
@@ -124,8 +125,8 @@ class MPClientBase:
         """A core this client did not start may come back; a child process is restarted if restart_core."""
         return self.proc is None or self.restart_core
 
-    def _hello(self) -> list[bytes]:
-        return [P.HELLO, self.encoder.encode(P.Hello(P.PROTOCOL_VERSION, self.client_name))]
+    def _hello(self, resume: bool = False) -> list[bytes]:
+        return [P.HELLO, self.encoder.encode(P.Hello(P.PROTOCOL_VERSION, self.client_name, resume))]
 
     def _check_process(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -299,9 +300,10 @@ class SyncMPClient(MPClientBase):
     def __init__(self, args: EngineArgs | None, address: str | None = None, socket_setup=None):
         super().__init__(args, address, asyncio_ctx=False, socket_setup=socket_setup, client_name="LLM")
         self._pending_outputs: deque[EngineCoreOutputs] = deque()
+        self._in_flight: set[str] = set()  # requests sent and neither finished nor aborted
         self._handshake(STARTUP_TIMEOUT_SECONDS)
 
-    def _handshake(self, timeout: float) -> None:
+    def _handshake(self, timeout: float, resume: bool = False) -> None:
         deadline = time.monotonic() + timeout
         next_hello = 0.0
         while time.monotonic() < deadline:
@@ -310,7 +312,7 @@ class SyncMPClient(MPClientBase):
             self._retry_failed_connection()
             if time.monotonic() >= next_hello:
                 try:
-                    self.sock.send_multipart(self._hello(), zmq.NOBLOCK)
+                    self.sock.send_multipart(self._hello(resume), zmq.NOBLOCK)
                     self.last_sent = time.monotonic()
                     next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
                 except zmq.Again:  # not connected yet
@@ -319,22 +321,43 @@ class SyncMPClient(MPClientBase):
                 kind, body = self._recv()
                 if self._handle_ready(kind, body):
                     return
+                if resume and kind == P.OUTPUTS:  # outputs that came while this client was quiet
+                    self._keep(_outputs_decoder.decode(body))
         raise TimeoutError(f"the engine core at {self.address} did not answer within {timeout:.0f} s "
                            f"({self.waiting_reason()})")
 
+    def _note(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
+        for out in outputs.outputs:
+            if out.finish_reason is not None:
+                self._in_flight.discard(out.request_id)
+        return outputs
+
+    def _keep(self, outputs: EngineCoreOutputs) -> None:
+        if outputs.outputs:
+            self._pending_outputs.append(self._note(outputs))
+
     def _resume_session(self) -> None:
         """After a quiet spell (between generate() calls) the core may have ended this frontend's session:
-        say HELLO again (nothing of ours runs there now) and go on with the same core."""
+        say HELLO again, resuming the session if the core still has it, and go on with the same core."""
         if self.model_info is None or not self._session_may_be_gone():
             return
-        self._check_alive()
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        self._check_process()  # not the silence check: the core is quiet to a frontend it has forgotten
         core_id = self.model_info.core_id
         try:
-            self._handshake(DEAD_AFTER_SECONDS)
+            self._handshake(DEAD_AFTER_SECONDS, resume=True)
         except TimeoutError:
             self._die(f"the engine core did not answer HELLO within {DEAD_AFTER_SECONDS:.0f} s")
         if self.model_info.core_id != core_id:
             self._die("a restarted engine core answered")
+        if not self.model_info.resumed and self._in_flight:  # the core ended the session, and its requests
+            logger.warning("the engine core had ended this frontend's session (silent for %.0f s): %d request(s) "
+                           "lost", self.model_info.frontend_timeout, len(self._in_flight))
+            lost = [P.EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=P.FinishReason.ERROR,
+                                       error="the engine core ended this frontend's session: it was silent too long")
+                    for rid in sorted(self._in_flight)]
+            self._keep(EngineCoreOutputs(outputs=lost))
 
     def _recv(self) -> tuple[bytes, bytes]:
         frames = self.sock.recv_multipart()
@@ -361,8 +384,10 @@ class SyncMPClient(MPClientBase):
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send([P.ADD, self.encoder.encode(request)])
+        self._in_flight.add(request.request_id)
 
     def abort_requests(self, request_ids: list[str]) -> None:
+        self._in_flight.difference_update(request_ids)
         if not request_ids or self.dead_reason is not None:
             return
         frames = [P.ABORT, self.encoder.encode(request_ids)]
@@ -396,7 +421,7 @@ class SyncMPClient(MPClientBase):
                 continue
             kind, body = frame
             if kind == P.OUTPUTS:
-                return _outputs_decoder.decode(body)
+                return self._note(_outputs_decoder.decode(body))
             self._handle_control(kind, body)
 
     def call_utility(self, method: str, *args):
@@ -408,9 +433,7 @@ class SyncMPClient(MPClientBase):
                 continue
             kind, body = frame
             if kind == P.OUTPUTS:
-                outs = _outputs_decoder.decode(body)
-                if outs.outputs:
-                    self._pending_outputs.append(outs)
+                self._keep(_outputs_decoder.decode(body))
             elif kind == P.UTILITY_RESULT:
                 result = _result_decoder.decode(body)
                 if result.call_id == call_id:

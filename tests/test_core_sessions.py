@@ -306,6 +306,37 @@ def test_sync_client_works_after_a_long_idle(core):
     llm.shutdown()
 
 
+@pytest.mark.parametrize("quiet", [SILENT * 0.7, SILENT + 1.5])
+def test_sync_client_quiet_with_requests_queued(core, quiet):
+    """The sync client is quiet (it does not read) with requests queued in the core, then adds one.
+    Quiet for less than the core's limit: its HELLO resumes the session and every request finishes.
+    Longer: the core ended the session; the requests it lost end with an error, the new one runs."""
+    from frontend.core_client_mp import SyncMPClient
+
+    address, _ = core
+    client = SyncMPClient(None, address)
+    try:
+        for i in range(6):  # seconds of work, one at a time
+            client.add_request(P.EngineCoreRequest(request_id=f"r{i}", prompt_token_ids=[1, 2, 3],
+                                                   sampling_params=LONG))
+        time.sleep(quiet)
+        client.add_request(P.EngineCoreRequest(request_id="last", prompt_token_ids=[1, 2, 3],
+                                               sampling_params=SamplingParams(max_tokens=2, ignore_eos=True)))
+        finished, deadline = {}, time.monotonic() + 30
+        while len(finished) < 7 and time.monotonic() < deadline:
+            for out in client.get_output().outputs:
+                if out.finish_reason is not None:
+                    finished[out.request_id] = out.finish_reason
+        assert len(finished) == 7 and finished.pop("last") == P.FinishReason.LENGTH, finished
+        reasons = set(finished.values())
+        if quiet < SILENT:
+            assert reasons == {P.FinishReason.LENGTH}, finished
+        else:
+            assert P.FinishReason.ERROR in reasons and reasons <= {P.FinishReason.LENGTH, P.FinishReason.ERROR}
+    finally:
+        client.shutdown()
+
+
 # ---- aborts ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
