@@ -50,6 +50,7 @@ from engine_core.stats_log import ThroughputLog
 logger = logging.getLogger("nvllm")
 
 UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
+RECEIVE_BATCH = 64  # frames read per IO loop turn (then outputs, heartbeats and silence are looked at)
 
 _decoders = {
     P.HELLO: msgspec.msgpack.Decoder(P.Hello),
@@ -61,6 +62,14 @@ _decoders = {
 
 def _tag(identity: bytes) -> str:
     return identity.hex()
+
+
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The CURVE public key (Z85) the authenticator admitted this frame's connection with."""
+    try:
+        return frame.get("User-Id")
+    except zmq.ZMQError:  # no ZAP user id on this connection
+        return None
 
 
 class EngineCoreProc:
@@ -106,6 +115,7 @@ class EngineCoreProc:
         self.out_push = self.ctx.socket(zmq.PUSH)
         self.out_push.connect(self.out_addr)
         self.sessions = FrontendSessions(silent_seconds)
+        self._last_unknown_warning = -1.0
         self.owner: dict[str, bytes] = {}  # core request id -> frontend session key
         self.stats = msgspec.msgpack.encode(EngineCoreOutputs(engine_index=engine_index))
         self.stopping = threading.Event()
@@ -123,8 +133,13 @@ class EngineCoreProc:
             # connection events first: a closed connection's session ends before a frame from a new
             # connection (which may reuse its file descriptor and routing id) is read
             self._connection_events()
-            if self.sock in events:
-                self._receive(self.sock.recv_multipart(copy=False))
+            for _ in range(RECEIVE_BATCH if self.sock in events else 0):
+                try:
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._receive(frames)
+                self._connection_events()
             if self.out_pull in events:
                 while True:
                     try:
@@ -186,7 +201,7 @@ class EngineCoreProc:
             return
         identity, kind, body = frames[0].bytes, frames[1].bytes, frames[2].bytes if len(frames) == 3 else b""
         fd = frames[1].get(zmq.SRCFD)  # the connection it came on
-        user_id = frames[1].get("User-Id") if self.auth is not None else None  # its CURVE public key
+        user_id = _user_id(frames[1]) if self.auth is not None else None
         if kind == P.HELLO:
             try:
                 hello = _decoders[P.HELLO].decode(body)
@@ -199,7 +214,10 @@ class EngineCoreProc:
         if session is None and kind == P.GOODBYE:  # nothing to end
             return
         if session is None:
-            logger.warning("dropped a frame from %s, which has no session with this core", _tag(identity)[:8])
+            if time.monotonic() - self._last_unknown_warning >= 1.0:  # a flood must not flood the log
+                self._last_unknown_warning = time.monotonic()
+                logger.warning("dropped a frame from %s, which has no session with this core (such drops are "
+                               "logged at most once a second)", _tag(identity)[:8])
             self._reply(identity, P.UNKNOWN_FRONTEND, "this engine core does not know this frontend (it restarted, or "
                                                       "ended the session): say HELLO again")
             return
