@@ -79,7 +79,8 @@ class EngineCoreProc:
         self.throughput_log = ThroughputLog()
         self.engine_index = engine_index
         silent_seconds = frontend_silent_seconds()
-        info = msgspec.structs.replace(self.core.model_info(), engine_index=engine_index, frontend_timeout=silent_seconds)
+        info = msgspec.structs.replace(self.core.model_info(), engine_index=engine_index,
+                                       frontend_timeout=silent_seconds)
         self.ready = msgspec.msgpack.encode(info)
         self.ready_again = msgspec.msgpack.encode(msgspec.structs.replace(info, tokenizer_files={}))
         self.ready_resumed = msgspec.msgpack.encode(msgspec.structs.replace(info, tokenizer_files={}, resumed=True))

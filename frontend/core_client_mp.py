@@ -133,7 +133,9 @@ class MPClientBase:
             self._die(f"the engine core process exited with code {self.proc.returncode}")
 
     def _check_process_at_start(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None and (self.model_info is None or not self.restart_core):
+        """A child core that exited is a start error, unless it had been up and is to be restarted."""
+        restartable = self.restart_core and self.model_info is not None
+        if self.proc is not None and self.proc.poll() is not None and not restartable:
             raise RuntimeError(f"the engine core process failed to start (exit code {self.proc.returncode}); "
                                "its log above says why")
 
