@@ -178,7 +178,7 @@ def test_idle_frontend_hears_the_core_while_another_streams(core):
         thread = threading.Thread(target=stream)
         thread.start()
         try:
-            await asyncio.sleep(4.5)
+            await asyncio.sleep(5.0)
             return downs
         finally:
             stop.set()
@@ -186,7 +186,7 @@ def test_idle_frontend_hears_the_core_while_another_streams(core):
             engine.shutdown()
 
     assert asyncio.run(idle_b()) == []
-    assert streamed and streamed[-1] - streamed[0] > 4.0, "A did not stream the whole time"
+    assert streamed and streamed[-1] - streamed[0] > 3.5, "A did not stream for longer than DEAD_AFTER_SECONDS"
 
 
 def test_vanished_frontend_has_its_requests_aborted(core):
