@@ -10,7 +10,7 @@ import msgspec
 
 from common.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed)
 
 
 class FinishReason(IntEnum):
