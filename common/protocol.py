@@ -11,7 +11,7 @@ import msgspec
 from common.limits import RequestLimits
 from common.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed)
 
 
 class FinishReason(IntEnum):
@@ -84,6 +84,7 @@ ADD = b"\x02"  # body: EngineCoreRequest
 ABORT = b"\x03"  # body: list[str] of request ids
 UTILITY = b"\x04"  # body: UtilityCall
 GOODBYE = b"\x05"  # body: empty; the frontend is leaving
+HEARTBEAT = b"\x06"  # body: empty; the frontend is alive (sent while it waits for outputs)
 
 # frames the core sends
 READY = b"\x81"  # body: Ready
@@ -91,13 +92,17 @@ OUTPUTS = b"\x82"  # body: EngineCoreOutputs (also sent as a heartbeat when idle
 UTILITY_RESULT = b"\x83"  # body: UtilityResult
 SHUTDOWN = b"\x84"  # body: str, why the core is going away
 REJECTED = b"\x85"  # body: str, e.g. a protocol version the core does not speak
-UNKNOWN_FRONTEND = b"\x86"  # body: str; a frame came from a frontend that never said HELLO to this core
-#                             (the core restarted): the frontend's requests there are lost, it must say HELLO
+UNKNOWN_FRONTEND = b"\x86"  # body: str; a frame came from a frontend that has no session with this core
+#                             (the core restarted, or ended the session: the connection dropped, or the frontend
+#                             was silent too long): the frontend's requests there are lost, it must say HELLO
 
 
 class Hello(msgspec.Struct, array_like=True, omit_defaults=True):
     protocol_version: int
     client_name: str = ""
+    # False: start afresh (the core aborts what this frontend had running in its session); True: keep the
+    # session if the core still has it on this connection (a client that was only quiet for a while)
+    resume: bool = False
 
 
 class Ready(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
@@ -108,10 +113,12 @@ class Ready(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     max_model_len: int
     vocab_size: int
     eos_token_ids: list[int]
-    tokenizer_files: dict[str, str]
+    tokenizer_files: dict[str, str]  # empty in a repeated READY on the same connection: keep the known files
     block_size: int = 16
     num_gpu_blocks: int = 0
     dtype: str = ""
+    frontend_timeout: float = 0.0  # the core ends the session of a frontend silent this long (0: not said)
+    resumed: bool = False  # answering HELLO(resume=True): the session, with its requests, lives on
     limits: RequestLimits = RequestLimits()  # what a request may ask for; the core refuses more
 
 

@@ -7,8 +7,26 @@ import uuid
 import zmq
 
 MAX_FRAME_BYTES = 256 * 1024 * 1024  # tokenizer files at handshake are the largest frames
-HEARTBEAT_SECONDS = 0.5  # the core says something at least this often
+HEARTBEAT_SECONDS = 0.5  # the core says something to each frontend, and each waiting frontend to the core, this often
 DEAD_AFTER_SECONDS = 3.0  # silence after which a frontend declares the core dead
+FRONTEND_SILENT_SECONDS = 10.0  # silence after which the core ends a frontend's session (aborts its requests)
+ENV_FRONTEND_SILENT = "NVLLM_FRONTEND_SILENT_SECONDS"  # overrides FRONTEND_SILENT_SECONDS in the core (tests)
+# Per connection the core queues at most CORE_SNDHWM frames for a frontend that does not read (then it ends the
+# session): one full READY (the tokenizer files, ~3.5 MB for SmolLM2; sent once per connection) plus frames of at
+# most one step's outputs each (usually a few KB; ~100 KB with top-20 logprobs for 256 sequences), so ~10-100 MB.
+CORE_SNDHWM = 1000
+
+
+def frontend_silent_seconds(env=None) -> float:
+    """The core's limit on frontend silence: FRONTEND_SILENT_SECONDS, or $NVLLM_FRONTEND_SILENT_SECONDS."""
+    text = (os.environ if env is None else env).get(ENV_FRONTEND_SILENT, "").strip()
+    try:
+        value = float(text) if text else FRONTEND_SILENT_SECONDS
+    except ValueError:
+        raise ValueError(f"${ENV_FRONTEND_SILENT} must be a number of seconds, got {text!r}") from None
+    if not value > 2 * HEARTBEAT_SECONDS:
+        raise ValueError(f"${ENV_FRONTEND_SILENT} must be more than {2 * HEARTBEAT_SECONDS} s, got {value}")
+    return value
 
 
 def private_ipc_address() -> str:

@@ -1,16 +1,27 @@
 """EngineCoreProc: the engine core as its own process, serving frontends over ZeroMQ.
 
 Threads:
-- IO thread: owns the ROUTER socket. Decodes incoming frames (a bad frame is logged and dropped)
-  into the input queue, answers HELLO, forwards encoded outputs from the busy loop to the
-  frontend they belong to, and sends heartbeats when the core has been quiet.
+- IO thread: owns the ROUTER socket and the table of frontend sessions (engine_core/frontend_sessions.py).
+  Decodes incoming frames (a bad frame is logged and dropped) into the input queue, answers HELLO,
+  forwards encoded outputs from the busy loop to the session they belong to, and sends each frontend the
+  latest stats as a heartbeat when it has heard nothing from the core for HEARTBEAT_SECONDS.
 - busy loop (main thread): applies queued inputs, then schedule -> execute -> update, and routes
-  each step's outputs per frontend.
+  each step's outputs per frontend session.
 
-Request ids are namespaced by frontend inside the core, so two frontends may use the same ids and
-an abort from one never touches another's requests. A frontend that says HELLO again (it lost the core
-for a while and reconnects) starts afresh: its earlier requests are aborted. A frame from a frontend
-that never said HELLO (this core restarted under it) is answered UNKNOWN_FRONTEND.
+Sessions: a frontend's session begins with HELLO and ends on GOODBYE, when its connection drops (a
+monitor on the socket reports it at once), when it has been silent for FRONTEND_SILENT_SECONDS (frontends
+send HEARTBEAT while they wait for outputs), when it does not read what the core sends (CORE_SNDHWM frames
+queued), or when it says HELLO again after it sent work (it lost the core for a while and starts afresh;
+a HELLO with `resume` set keeps the session: the sync client, quiet between calls, checks it is still known).
+An ended session's requests are aborted. The busy loop knows a session by its own key, not by the
+routing id, so outputs of an ended session are dropped, never delivered to a later connection with the
+same routing id; a frame from a connection (or, with CURVE, a public key) other than the one that said
+HELLO is answered UNKNOWN_FRONTEND, as is one from a frontend this core does not know (it restarted).
+Request ids are namespaced by session inside the core, so two frontends may use the same ids and an
+abort from one never touches another's requests.
+
+HELLO is answered with READY at most every HELLO_ANSWER_SECONDS per session; the READY with the tokenizer
+files (megabytes) at most once per connection, later ones carry no files (the frontend keeps its own).
 
 With CURVE keys the socket is a CURVE server and pyzmq's authenticator admits only the frontends
 whose public keys the core was given (common/curve.py).
@@ -25,19 +36,22 @@ import time
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from common import protocol as P
 from common.config import EngineArgs
 from common.curve import Authenticator, ServerKeys, apply_server
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from common.transport import HEARTBEAT_SECONDS, is_loopback, limit_socket
+from common.transport import CORE_SNDHWM, HEARTBEAT_SECONDS, frontend_silent_seconds, is_loopback, limit_socket
 from common.validation import check_request
 from engine_core.core import EngineCore
+from engine_core.frontend_sessions import FrontendSessions, Session
 from engine_core.stats_log import ThroughputLog
 
 logger = logging.getLogger("nvllm")
 
 UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
+RECEIVE_BATCH = 64  # frames read per IO loop turn (then outputs, heartbeats and silence are looked at)
 
 _decoders = {
     P.HELLO: msgspec.msgpack.Decoder(P.Hello),
@@ -51,13 +65,26 @@ def _tag(identity: bytes) -> str:
     return identity.hex()
 
 
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The CURVE public key (Z85) the authenticator admitted this frame's connection with."""
+    try:
+        return frame.get("User-Id")
+    except zmq.ZMQError:  # no ZAP user id on this connection
+        return None
+
+
 class EngineCoreProc:
     def __init__(self, args: EngineArgs, listen: str, engine_index: int = 0, parent_pid: int | None = None,
                  socket_setup=None, curve: ServerKeys | None = None):
         self.core = EngineCore(args)
         self.throughput_log = ThroughputLog()
         self.engine_index = engine_index
-        self.ready = msgspec.msgpack.encode(msgspec.structs.replace(self.core.model_info(), engine_index=engine_index))
+        silent_seconds = frontend_silent_seconds()
+        info = msgspec.structs.replace(self.core.model_info(), engine_index=engine_index,
+                                       frontend_timeout=silent_seconds)
+        self.ready = msgspec.msgpack.encode(info)
+        self.ready_again = msgspec.msgpack.encode(msgspec.structs.replace(info, tokenizer_files={}))
+        self.ready_resumed = msgspec.msgpack.encode(msgspec.structs.replace(info, tokenizer_files={}, resumed=True))
         self.parent_pid = parent_pid
         # SimpleQueue: its put is reentrant, so the signal handlers may use it even when the signal lands
         # while the main thread is inside get (a Queue's lock is taken there: the handler would deadlock)
@@ -66,6 +93,10 @@ class EngineCoreProc:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         limit_socket(self.sock)
+        self.sock.setsockopt(zmq.SNDHWM, CORE_SNDHWM)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full queue or a gone peer is an error we act on, not a drop
+        # connections accepted and closed, by file descriptor (ZMQ_ROUTER_NOTIFY is a draft API pyzmq lacks)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self.auth = None
         if curve is not None:  # the authenticator must run before the first frontend connects
             self.auth = Authenticator(self.ctx, curve)
@@ -85,8 +116,9 @@ class EngineCoreProc:
         self.out_pull.bind(self.out_addr)
         self.out_push = self.ctx.socket(zmq.PUSH)
         self.out_push.connect(self.out_addr)
-        self.frontends: set[bytes] = set()
-        self.owner: dict[str, bytes] = {}  # core request id -> frontend identity
+        self.sessions = FrontendSessions(silent_seconds)
+        self._last_unknown_warning = -1.0
+        self.owner: dict[str, bytes] = {}  # core request id -> frontend session key
         self.stats = msgspec.msgpack.encode(EngineCoreOutputs(engine_index=engine_index))
         self.stopping = threading.Event()
         self.io_thread = threading.Thread(target=self._io_loop, name="nvllm-core-io", daemon=True)
@@ -97,72 +129,145 @@ class EngineCoreProc:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.out_pull, zmq.POLLIN)
-        last_sent = time.monotonic()
+        poller.register(self.monitor, zmq.POLLIN)
         while not self.stopping.is_set():
             events = dict(poller.poll(timeout=int(HEARTBEAT_SECONDS * 1000 / 2)))
-            if self.sock in events:
-                self._receive(self.sock.recv_multipart(copy=True))
+            # connection events first: a closed connection's session ends before a frame from a new
+            # connection (which may reuse its file descriptor and routing id) is read
+            self._connection_events()
+            for _ in range(RECEIVE_BATCH if self.sock in events else 0):
+                try:
+                    frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._receive(frames)
+                self._connection_events()
             if self.out_pull in events:
                 while True:
                     try:
-                        identity, kind, body = self.out_pull.recv_multipart(zmq.NOBLOCK)
+                        key, kind, body = self.out_pull.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._send(identity, kind, body)
-                    last_sent = time.monotonic()
-            if time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
-                for identity in list(self.frontends):
-                    self._send(identity, P.OUTPUTS, self.stats)
-                last_sent = time.monotonic()
+                    session = self.sessions.by_key(key)
+                    if session is not None:  # else the session ended: its outputs go nowhere
+                        self._send(session, kind, body)
+            now = time.monotonic()
+            for session in self.sessions.heartbeat_due(now, HEARTBEAT_SECONDS):
+                self._send(session, P.OUTPUTS, self.stats)
+            for session in self.sessions.silent(now):
+                self._end(session, f"silent for {now - session.last_heard:.0f} s")
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 logger.error("the frontend that started this engine core is gone; shutting down")
                 self.stopping.set()
                 self.inputs.put(None)
 
-    def _send(self, identity: bytes, kind: bytes, body: bytes) -> None:
-        try:
-            self.sock.send_multipart([identity, kind, body], zmq.NOBLOCK)
-        except zmq.ZMQError as e:  # a frontend that went away; its requests are aborted on GOODBYE
-            logger.debug("could not send to frontend %s: %s", _tag(identity), e)
+    def _connection_events(self) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            # ACCEPTED too: a new connection on a file descriptor means any earlier one there is gone
+            for session in self.sessions.connection_closed(int(event["value"])):
+                self._end(session, "its connection closed")
 
-    def _receive(self, frames: list[bytes]) -> None:
+    def _end(self, session: Session, why: str | None) -> None:
+        """Ends a session (`why` None: the frontend said GOODBYE); the busy loop aborts its requests."""
+        if not self.sessions.end(session):
+            return
+        if why is not None:
+            logger.log(logging.DEBUG if session.name == "healthcheck" else logging.INFO,
+                       "frontend %s%s: %s; its session ends", session.tag,
+                       f" ({session.name})" if session.name else "", why)
+        self.inputs.put((P.GOODBYE, session.key, None))
+
+    def _send(self, session: Session, kind: bytes, body: bytes) -> None:
+        try:
+            self.sock.send_multipart([session.identity, kind, body], zmq.NOBLOCK)
+            session.last_sent = time.monotonic()
+        except zmq.Again:
+            self._end(session, f"it does not read what the core sends ({CORE_SNDHWM} frames queued)")
+        except zmq.ZMQError as e:  # EHOSTUNREACH: its connection is gone
+            self._end(session, f"cannot send to it ({e})")
+
+    def _reply(self, identity: bytes, kind: bytes, text: str) -> None:
+        """A short answer to a peer that has no session; dropped if it does not read."""
+        try:
+            self.sock.send_multipart([identity, kind, self.encoder.encode(text)], zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            logger.debug("could not answer %s: %s", _tag(identity)[:8], e)
+
+    def _receive(self, frames: list[zmq.Frame]) -> None:
         if len(frames) not in (2, 3):
             logger.warning("dropped a frame with %d parts (expected type + body)", len(frames) - 1)
             return
-        identity, kind, body = frames[0], frames[1], frames[2] if len(frames) == 3 else b""
+        identity, kind, body = frames[0].bytes, frames[1].bytes, frames[2].bytes if len(frames) == 3 else b""
+        fd = frames[1].get(zmq.SRCFD)  # the connection it came on
+        user_id = _user_id(frames[1]) if self.auth is not None else None
+        if kind == P.HELLO:
+            try:
+                hello = _decoders[P.HELLO].decode(body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                logger.warning("dropped a malformed HELLO from %s: %s", _tag(identity)[:8], e)
+                return
+            self._hello(identity, fd, user_id, hello)
+            return
+        session = self.sessions.find(identity, fd, user_id)
+        if session is None and kind == P.GOODBYE:  # nothing to end
+            return
+        if session is None:
+            if time.monotonic() - self._last_unknown_warning >= 1.0:  # a flood must not flood the log
+                self._last_unknown_warning = time.monotonic()
+                logger.warning("dropped a frame from %s, which has no session with this core (such drops are "
+                               "logged at most once a second)", _tag(identity)[:8])
+            self._reply(identity, P.UNKNOWN_FRONTEND, "this engine core does not know this frontend (it restarted, or "
+                                                      "ended the session): say HELLO again")
+            return
+        session.last_heard = time.monotonic()
+        if kind == P.HEARTBEAT:
+            return
         if kind == P.GOODBYE:
-            self.frontends.discard(identity)
-            self.inputs.put((kind, identity, None))
+            self._end(session, None)
             return
         decoder = _decoders.get(kind)
         if decoder is None:
-            logger.warning("dropped a frame of unknown type %r from %s", kind[:8], _tag(identity))
+            logger.warning("dropped a frame of unknown type %r from %s", kind[:8], session.tag)
             return
         try:
             message = decoder.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            logger.warning("dropped a malformed %s frame from %s: %s", kind.hex(), _tag(identity), e)
+            logger.warning("dropped a malformed %s frame from %s: %s", kind.hex(), session.tag, e)
             return
-        if kind == P.HELLO:
-            if message.protocol_version != P.PROTOCOL_VERSION:
-                self._send(identity, P.REJECTED, self.encoder.encode(
-                    f"protocol version {message.protocol_version} is not {P.PROTOCOL_VERSION}"))
-                return
-            if identity not in self.frontends:  # a frontend repeats HELLO until READY arrives: log it once
-                logger.log(logging.DEBUG if message.client_name == "healthcheck" else logging.INFO,
-                           "frontend %s connected%s", _tag(identity)[:8],
-                           f" ({message.client_name})" if message.client_name else "")
-            else:  # HELLO again: the frontend starts afresh, whatever it had running here is abandoned
-                self.inputs.put((P.GOODBYE, identity, None))
-            self.frontends.add(identity)
-            self._send(identity, P.READY, self.ready)
+        if kind == P.ADD:
+            session.has_work = True
+        self.inputs.put((kind, session.key, message))
+
+    def _hello(self, identity: bytes, fd: int, user_id: str | None, hello: P.Hello) -> None:
+        if hello.protocol_version != P.PROTOCOL_VERSION:
+            self._reply(identity, P.REJECTED, f"protocol version {hello.protocol_version} is not {P.PROTOCOL_VERSION}")
             return
-        if identity not in self.frontends:
-            logger.warning("dropped a frame from %s, which has not said HELLO", _tag(identity)[:8])
-            self._send(identity, P.UNKNOWN_FRONTEND, self.encoder.encode(
-                "this engine core does not know this frontend (it restarted?): say HELLO again"))
-            return
-        self.inputs.put((kind, identity, message))
+        now = time.monotonic()
+        session = self.sessions.get(identity)
+        resumed = False
+        if session is not None:
+            if session.fd != fd or session.user_id != user_id:
+                self._end(session, "it connected again")
+                session = None
+            elif session.has_work and not hello.resume:  # it lost the core for a while: its requests are abandoned
+                self._end(session, "it started afresh")
+                session = None
+            else:  # a HELLO repeated before READY arrived, or a resume: the same session
+                session.last_heard = now
+                resumed = hello.resume
+        if session is None:
+            session = self.sessions.start(identity, fd, user_id, hello.client_name, now)
+            logger.log(logging.DEBUG if hello.client_name == "healthcheck" else logging.INFO,
+                       "frontend %s connected%s", session.tag, f" ({hello.client_name})" if hello.client_name else "")
+        if self.sessions.may_answer_hello(session, now):
+            if self.sessions.take_full_ready(session):
+                self._send(session, P.READY, self.ready)
+            else:
+                self._send(session, P.READY, self.ready_resumed if resumed else self.ready_again)
 
     # ---- busy loop ----------------------------------------------------------------------------
 
@@ -278,7 +383,7 @@ class EngineCoreProc:
             for out in aborted.outputs:
                 out.error = "the engine core shut down"
             self._route(aborted)
-        for identity in list(self.frontends):
+        for identity in self.sessions.keys():
             self.out_push.send_multipart([identity, P.SHUTDOWN, self.encoder.encode("the engine core shut down")])
         time.sleep(0.2)  # let the IO thread flush the last frames
         self.stopping.set()

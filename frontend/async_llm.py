@@ -9,7 +9,7 @@ address (frontend/engine_router.py picks the least-loaded live one per request).
 lost fails the requests it had; a request that had produced nothing yet moves to another live
 core. While no core is up, `dead` says why and requests fail at once; a core given by address is
 reconnected by itself, and if it comes back serving another model, the tokenizer, limits and
-model name follow it.
+model name follow it; a child-process core that dies is restarted (restart_core, the default).
 """
 
 import asyncio
@@ -46,10 +46,11 @@ class AsyncLLM:
 
     @classmethod
     async def create(cls, args: EngineArgs | None = None, address: str | list[str] | None = None,
-                     socket_setup=None) -> "AsyncLLM":
-        """Starts a core child process for `args`, or connects to the core(s) at `address`."""
+                     socket_setup=None, restart_core: bool = True) -> "AsyncLLM":
+        """Starts a core child process for `args` (restarted when it dies, if restart_core), or connects
+        to the core(s) at `address`."""
         if address is None:
-            clients = [AsyncMPClient(args, None, socket_setup)]
+            clients = [AsyncMPClient(args, None, socket_setup, restart_core=restart_core)]
         else:
             addresses = [address] if isinstance(address, str) else list(address)
             if not addresses or len(set(addresses)) != len(addresses):

@@ -1,13 +1,27 @@
 """Clients for an engine core in another process: a sync one for `LLM`, an async one for AsyncLLM.
 
-Both speak the same frames over a DEALER socket: HELLO until READY, then ADD / ABORT / UTILITY
-out and OUTPUTS / UTILITY_RESULT / SHUTDOWN in. The core speaks at least every heartbeat; a
+Both speak the same frames over a DEALER socket: HELLO until READY, then ADD / ABORT / UTILITY /
+HEARTBEAT out and OUTPUTS / UTILITY_RESULT / SHUTDOWN in. The core speaks at least every heartbeat; a
 core that is silent for DEAD_AFTER_SECONDS, says SHUTDOWN, drops the connection, answers
-UNKNOWN_FRONTEND (it restarted), or whose child process exited, is dead.
+UNKNOWN_FRONTEND (it restarted, or ended this frontend's session), or whose child process exited, is dead.
+
+The core ends the session of a frontend it has not heard from for READY.frontend_timeout (aborting its
+requests), so a client sends HEARTBEAT every HEARTBEAT_SECONDS while it waits for outputs (the async
+client's reader always does). The sync client is idle between calls: when it has been quiet for half the
+core's limit it says HELLO (resume: keep the session if the core still has it) before its next ADD or
+UTILITY; the core's repeated READY carries no tokenizer files (same core_id: the client keeps its own) and
+says whether the session was resumed: if not, the requests the client still had there end with an error.
+
+Aborts are never dropped while the core is connected and alive: a full send queue is waited on, for at
+most ABORT_SEND_SECONDS (a core that does not read that long is dead anyway, and a dead or disconnected
+core has ended this frontend's session, and so its requests, itself).
 
 A client of a core it did not start (an address was given) can come back: `handshake()` again
 says HELLO until a core answers READY, which may be a restarted core (a new core_id), even one
-serving another model. A child-process core that died stays dead.
+serving another model. The async client restarts a child-process core that died after it had been
+up (restart_core=True, the default): it waits RESTART_DELAY_SECONDS, doubling after each restart
+up to RESTART_DELAY_MAX_SECONDS (back to the first delay once a core stayed up that long), starts a
+new core on the same address and says HELLO; a core that fails at its first start is an error.
 
 The socket queues messages only on a finished connection (ZMQ_IMMEDIATE), so nothing piles up
 for a core that is away, and a monitor tells when the connection drops or its CURVE handshake fails.
@@ -28,7 +42,8 @@ from zmq.utils.monitor import recv_monitor_message
 from common import protocol as P
 from common.config import EngineArgs
 from common.protocol import EngineCoreOutputs, EngineCoreRequest
-from common.transport import DEAD_AFTER_SECONDS, limit_socket, new_identity, private_ipc_address
+from common.transport import (DEAD_AFTER_SECONDS, FRONTEND_SILENT_SECONDS, HEARTBEAT_SECONDS, limit_socket,
+                              new_identity, private_ipc_address)
 from frontend.core_client import EngineDeadError
 from frontend.core_process import start_core_process, stop_core_process
 
@@ -37,6 +52,9 @@ logger = logging.getLogger("nvllm")
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may import the default model
 HELLO_INTERVAL_SECONDS = 1.0  # how often HELLO is repeated while no READY has come
 RETRY_FAILED_HANDSHAKE_SECONDS = 5.0  # ZeroMQ gives up after a refused CURVE handshake; we try again
+ABORT_SEND_SECONDS = DEAD_AFTER_SECONDS  # the longest an abort waits for room in the send queue
+RESTART_DELAY_SECONDS = 1.0  # before restarting a child core that died; doubles after each restart
+RESTART_DELAY_MAX_SECONDS = 30.0
 _ready_decoder = msgspec.msgpack.Decoder(P.Ready)
 _outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
 _result_decoder = msgspec.msgpack.Decoder(P.UtilityResult)
@@ -57,11 +75,14 @@ class MPClientBase:
     """Owns the socket (and, with no address given, the core child process)."""
 
     def __init__(self, args: EngineArgs | None, address: str | None, asyncio_ctx: bool,
-                 socket_setup=None, client_name: str = ""):
+                 socket_setup=None, client_name: str = "", restart_core: bool = False):
+        self.args = args
         self.proc = None
+        self.restart_core = restart_core
         if address is None:
             address = private_ipc_address()
             self.proc = start_core_process(args, address)
+        self._procs = [self.proc]  # the current child core, for the finalizer (a restart replaces it)
         self.address = address
         self.client_name = client_name
         self.ctx = zmq.asyncio.Context() if asyncio_ctx else zmq.Context()
@@ -81,7 +102,7 @@ class MPClientBase:
         self.sock.connect(address)
         # a client dropped without shutdown() must still close its sockets (else the context's own
         # finalizer blocks forever in term()) and stop its child core
-        self._release = weakref.finalize(self, _release, self.sock, self.monitor, self.ctx, self.proc)
+        self._release = weakref.finalize(self, _release, self.sock, self.monitor, self.ctx, self._procs)
         self.encoder = msgspec.msgpack.Encoder()
         self.model_info: P.Ready | None = None
         self.dead_reason: str | None = None
@@ -89,28 +110,41 @@ class MPClientBase:
         self.connect_problem: str | None = None  # why the last handshake failed, if it did
         self._last_reconnect = time.monotonic()
         self.last_heard = time.monotonic()
+        self.last_sent = time.monotonic()  # the core ends the session of a frontend silent too long
         self._call_ids = itertools.count()
+        self._restart_delay = RESTART_DELAY_SECONDS
+        self._ready_at = time.monotonic()
+
+    @property
+    def owns_core(self) -> bool:
+        """The core is this client's child process."""
+        return self.proc is not None
 
     @property
     def reconnects(self) -> bool:
-        """A core this client did not start may come back; a child process does not."""
-        return self.proc is None
+        """A core this client did not start may come back; a child process is restarted if restart_core."""
+        return self.proc is None or self.restart_core
 
-    def _hello(self) -> list[bytes]:
-        return [P.HELLO, self.encoder.encode(P.Hello(P.PROTOCOL_VERSION, self.client_name))]
+    def _hello(self, resume: bool = False) -> list[bytes]:
+        return [P.HELLO, self.encoder.encode(P.Hello(P.PROTOCOL_VERSION, self.client_name, resume))]
 
     def _check_process(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
             self._die(f"the engine core process exited with code {self.proc.returncode}")
 
     def _check_process_at_start(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
+        """A child core that exited is a start error, unless it had been up and is to be restarted."""
+        restartable = self.restart_core and self.model_info is not None
+        if self.proc is not None and self.proc.poll() is not None and not restartable:
             raise RuntimeError(f"the engine core process failed to start (exit code {self.proc.returncode}); "
                                "its log above says why")
 
     def _die(self, reason: str) -> None:
         if self.dead_reason is None:
-            if self.reconnects:
+            if self.owns_core and self.restart_core:
+                self.dead_reason = f"{reason}; restarting it"
+                logger.error("engine core is dead: %s", self.dead_reason)
+            elif self.reconnects:
                 self.dead_reason = f"lost the engine core at {self.address}: {reason}; reconnecting"
                 logger.warning("%s", self.dead_reason)
             else:
@@ -129,6 +163,29 @@ class MPClientBase:
 
     def _frames_waiting(self) -> bool:
         return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    def _heartbeat_due(self) -> bool:
+        return time.monotonic() - self.last_sent >= HEARTBEAT_SECONDS
+
+    def _session_may_be_gone(self) -> bool:
+        """Quiet for half the core's limit: it may have ended this frontend's session."""
+        limit = (self.model_info.frontend_timeout if self.model_info else 0.0) or FRONTEND_SILENT_SECONDS
+        return time.monotonic() - self.last_sent > limit / 2
+
+    def _abort_can_wait(self, deadline: float) -> bool:
+        """Whether an abort that found the send queue full should wait: the core is connected and alive.
+        A dead or disconnected core has ended this frontend's session, and its requests, itself."""
+        try:
+            self._check_alive()
+        except EngineDeadError:
+            return False
+        if not self.connected:
+            return False
+        if time.monotonic() >= deadline:
+            logger.warning("could not send an abort to the engine core at %s for %.0f s", self.address,
+                           ABORT_SEND_SECONDS)
+            return False
+        return True
 
     def _drain_monitor(self) -> None:
         """Applies pending connection events; a dropped connection to a ready core kills it."""
@@ -151,12 +208,33 @@ class MPClientBase:
     def _retry_failed_connection(self) -> None:
         """ZeroMQ does not reconnect after a refused CURVE handshake: keys may have been fixed since."""
         if self.connect_problem is not None and time.monotonic() - self._last_reconnect > RETRY_FAILED_HANDSHAKE_SECONDS:
-            self._last_reconnect = time.monotonic()
-            try:
-                self.sock.disconnect(self.address)
-            except zmq.ZMQError:
-                pass
-            self.sock.connect(self.address)
+            self._reconnect_socket()
+
+    def _reconnect_socket(self) -> None:
+        self._last_reconnect = time.monotonic()
+        try:
+            self.sock.disconnect(self.address)
+        except zmq.ZMQError:
+            pass
+        self.sock.connect(self.address)
+
+    def _child_exited(self) -> bool:
+        """The child core died after it had been up, and is to be restarted."""
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        self._check_process_at_start()  # the first start failed, or no restarts: an error
+        return True
+
+    def _next_restart_delay(self) -> float:
+        if time.monotonic() - self._ready_at > RESTART_DELAY_MAX_SECONDS:  # it had stayed up: start over
+            self._restart_delay = RESTART_DELAY_SECONDS
+        delay = self._restart_delay
+        self._restart_delay = min(delay * 2, RESTART_DELAY_MAX_SECONDS)
+        return delay
+
+    def _start_new_core(self) -> None:
+        self.proc = start_core_process(self.args, self.address)
+        self._procs[0] = self.proc
 
     def waiting_reason(self) -> str:
         """Why there is no READY yet, for messages."""
@@ -170,7 +248,16 @@ class MPClientBase:
         if kind == P.READY:
             self._drain_monitor()  # events from before this connection must not count against it
             info = _ready_decoder.decode(body)
+            if not info.tokenizer_files:  # a repeated READY: the files came before, from this core
+                if self.model_info is None or self.model_info.core_id != info.core_id:
+                    # not from this core: only a new connection brings them again
+                    logger.warning("the engine core at %s answered without its tokenizer files; reconnecting",
+                                   self.address)
+                    self._reconnect_socket()
+                    return False
+                info.tokenizer_files = self.model_info.tokenizer_files
             previous, self.model_info = self.model_info, info
+            self._ready_at = time.monotonic()
             if previous is not None:
                 logger.info("engine core at %s is back%s, serving %s", self.address,
                             "" if previous.core_id == info.core_id else " (a new core)", info.model_name)
@@ -199,15 +286,15 @@ class MPClientBase:
         self._release()
 
 
-def _release(sock: zmq.Socket, monitor: zmq.Socket, ctx: zmq.Context, proc) -> None:
+def _release(sock: zmq.Socket, monitor: zmq.Socket, ctx: zmq.Context, procs: list) -> None:
     try:
         sock.disable_monitor()
     except zmq.ZMQError:
         pass
     monitor.close(linger=0)
     sock.close(linger=100)
-    if proc is not None:
-        stop_core_process(proc)
+    if procs[0] is not None:
+        stop_core_process(procs[0])
     ctx.term()
 
 
@@ -215,10 +302,11 @@ class SyncMPClient(MPClientBase):
     def __init__(self, args: EngineArgs | None, address: str | None = None, socket_setup=None):
         super().__init__(args, address, asyncio_ctx=False, socket_setup=socket_setup, client_name="LLM")
         self._pending_outputs: deque[EngineCoreOutputs] = deque()
-        self._handshake()
+        self._in_flight: set[str] = set()  # requests sent and neither finished nor aborted
+        self._handshake(STARTUP_TIMEOUT_SECONDS)
 
-    def _handshake(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    def _handshake(self, timeout: float, resume: bool = False) -> None:
+        deadline = time.monotonic() + timeout
         next_hello = 0.0
         while time.monotonic() < deadline:
             self._check_process_at_start()
@@ -226,7 +314,8 @@ class SyncMPClient(MPClientBase):
             self._retry_failed_connection()
             if time.monotonic() >= next_hello:
                 try:
-                    self.sock.send_multipart(self._hello(), zmq.NOBLOCK)
+                    self.sock.send_multipart(self._hello(resume), zmq.NOBLOCK)
+                    self.last_sent = time.monotonic()
                     next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
                 except zmq.Again:  # not connected yet
                     pass
@@ -234,58 +323,119 @@ class SyncMPClient(MPClientBase):
                 kind, body = self._recv()
                 if self._handle_ready(kind, body):
                     return
-        raise TimeoutError(f"the engine core at {self.address} did not answer within {STARTUP_TIMEOUT_SECONDS:.0f} s "
+                if resume and kind == P.OUTPUTS:  # outputs that came while this client was quiet
+                    self._keep(_outputs_decoder.decode(body))
+        raise TimeoutError(f"the engine core at {self.address} did not answer within {timeout:.0f} s "
                            f"({self.waiting_reason()})")
+
+    def _note(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
+        for out in outputs.outputs:
+            if out.finish_reason is not None:
+                self._in_flight.discard(out.request_id)
+        return outputs
+
+    def _keep(self, outputs: EngineCoreOutputs) -> None:
+        if outputs.outputs:
+            self._pending_outputs.append(self._note(outputs))
+
+    def _resume_session(self) -> None:
+        """After a quiet spell (between generate() calls) the core may have ended this frontend's session:
+        say HELLO again, resuming the session if the core still has it, and go on with the same core."""
+        if self.model_info is None or not self._session_may_be_gone():
+            return
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        self._check_process()  # not the silence check: the core is quiet to a frontend it has forgotten
+        core_id = self.model_info.core_id
+        try:
+            self._handshake(DEAD_AFTER_SECONDS, resume=True)
+        except TimeoutError:
+            self._die(f"the engine core did not answer HELLO within {DEAD_AFTER_SECONDS:.0f} s")
+        if self.model_info.core_id != core_id:
+            self._die("a restarted engine core answered")
+        if not self.model_info.resumed and self._in_flight:  # the core ended the session, and its requests
+            logger.warning("the engine core had ended this frontend's session (silent for %.0f s): %d request(s) "
+                           "lost", self.model_info.frontend_timeout, len(self._in_flight))
+            lost = [P.EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=P.FinishReason.ERROR,
+                                       error="the engine core ended this frontend's session: it was silent too long")
+                    for rid in sorted(self._in_flight)]
+            self._keep(EngineCoreOutputs(outputs=lost))
 
     def _recv(self) -> tuple[bytes, bytes]:
         frames = self.sock.recv_multipart()
         return frames[0], frames[1] if len(frames) > 1 else b""
 
     def _send(self, frames: list[bytes]) -> None:
+        self._resume_session()
         while True:
             self._check_alive()
             try:
                 self.sock.send_multipart(frames, zmq.NOBLOCK)
+                self.last_sent = time.monotonic()
                 return
             except zmq.Again:  # the queue to the core is full, or the connection is down
                 self.sock.poll(100, zmq.POLLOUT)
 
+    def _heartbeat(self) -> None:
+        if self._heartbeat_due():
+            try:
+                self.sock.send_multipart([P.HEARTBEAT, b""], zmq.NOBLOCK)
+                self.last_sent = time.monotonic()
+            except zmq.Again:  # the queue is full: the core hears those frames instead
+                pass
+
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send([P.ADD, self.encoder.encode(request)])
+        self._in_flight.add(request.request_id)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        if request_ids and self.dead_reason is None:
+        self._in_flight.difference_update(request_ids)
+        if not request_ids or self.dead_reason is not None:
+            return
+        frames = [P.ABORT, self.encoder.encode(request_ids)]
+        deadline = time.monotonic() + ABORT_SEND_SECONDS
+        while True:
             try:
-                self.sock.send_multipart([P.ABORT, self.encoder.encode(request_ids)], zmq.NOBLOCK)
-            except zmq.Again:  # nothing to abort on a core that is away
-                pass
+                self.sock.send_multipart(frames, zmq.NOBLOCK)
+                self.last_sent = time.monotonic()
+                return
+            except zmq.Again:  # a dropped abort would leave the requests running: wait for room
+                if not self._abort_can_wait(deadline):
+                    return
+                self.sock.poll(50, zmq.POLLOUT)
+
+    def _wait_frame(self) -> tuple[bytes, bytes] | None:
+        """The next frame from the core, or None after a short wait (heartbeats go out meanwhile)."""
+        self._check_alive()
+        self._heartbeat()
+        if not self.sock.poll(100):
+            return None
+        frame = self._recv()
+        self.last_heard = time.monotonic()
+        return frame
 
     def get_output(self) -> EngineCoreOutputs:
         if self._pending_outputs:
             return self._pending_outputs.popleft()
         while True:
-            self._check_alive()
-            if not self.sock.poll(100):
+            frame = self._wait_frame()
+            if frame is None:
                 continue
-            kind, body = self._recv()
-            self.last_heard = time.monotonic()
+            kind, body = frame
             if kind == P.OUTPUTS:
-                return _outputs_decoder.decode(body)
+                return self._note(_outputs_decoder.decode(body))
             self._handle_control(kind, body)
 
     def call_utility(self, method: str, *args):
         call_id = next(self._call_ids)
         self._send([P.UTILITY, self.encoder.encode(P.UtilityCall(call_id, method, list(args)))])
         while True:
-            self._check_alive()
-            if not self.sock.poll(100):
+            frame = self._wait_frame()
+            if frame is None:
                 continue
-            kind, body = self._recv()
-            self.last_heard = time.monotonic()
+            kind, body = frame
             if kind == P.OUTPUTS:
-                outs = _outputs_decoder.decode(body)
-                if outs.outputs:
-                    self._pending_outputs.append(outs)
+                self._keep(_outputs_decoder.decode(body))
             elif kind == P.UTILITY_RESULT:
                 result = _result_decoder.decode(body)
                 if result.call_id == call_id:
@@ -306,26 +456,36 @@ class SyncMPClient(MPClientBase):
 
 
 class AsyncMPClient(MPClientBase):
-    """Call `await handshake()` before use (again after EngineDeadError, to reconnect); `await
-    get_output()` from one reader task."""
+    """Call `await handshake()` before use (again after EngineDeadError, to reconnect, or to restart a
+    child core that died); `await get_output()` from one reader task."""
 
     def __init__(self, args: EngineArgs | None, address: str | None = None, socket_setup=None,
-                 client_name: str = "AsyncLLM"):
-        super().__init__(args, address, asyncio_ctx=True, socket_setup=socket_setup, client_name=client_name)
+                 client_name: str = "AsyncLLM", restart_core: bool = True):
+        super().__init__(args, address, asyncio_ctx=True, socket_setup=socket_setup, client_name=client_name,
+                         restart_core=restart_core)
         self._results: dict[int, asyncio.Future] = {}
 
     async def handshake(self, timeout: float | None = STARTUP_TIMEOUT_SECONDS) -> P.Ready:
         """HELLO (repeated) until READY; timeout None: until a core answers or this is cancelled.
-        Anything else that arrives meanwhile (the last outputs of a lost core) is dropped."""
+        Anything else that arrives meanwhile (the last outputs of a lost core) is dropped.
+        A child core that died after it had been up is restarted first (after a growing delay)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         next_hello = 0.0
         while deadline is None or time.monotonic() < deadline:
-            self._check_process_at_start()
+            if self._child_exited():
+                delay = self._next_restart_delay()
+                logger.error("the engine core process exited with code %s; starting a new one in %.0f s",
+                             self.proc.returncode, delay)
+                await asyncio.sleep(delay)
+                self._start_new_core()
+                logger.info("started a new engine core process (pid %d)", self.proc.pid)
+                next_hello = 0.0
             self._drain_monitor()
             self._retry_failed_connection()
             if time.monotonic() >= next_hello:
                 try:
                     await self.sock.send_multipart(self._hello(), flags=zmq.NOBLOCK)
+                    self.last_sent = time.monotonic()
                     next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
                 except zmq.Again:  # not connected (yet)
                     pass
@@ -344,6 +504,7 @@ class AsyncMPClient(MPClientBase):
             self._check_alive()
             try:
                 await self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                self.last_sent = time.monotonic()
                 return
             except zmq.Again:  # the queue to the core is full, or the connection is down
                 await self.sock.poll(100, zmq.POLLOUT)
@@ -352,16 +513,33 @@ class AsyncMPClient(MPClientBase):
         await self._send([P.ADD, self.encoder.encode(request)])
 
     async def abort_requests(self, request_ids: list[str]) -> None:
-        if request_ids and self.dead_reason is None:
+        if not request_ids or self.dead_reason is not None:
+            return
+        frames = [P.ABORT, self.encoder.encode(request_ids)]
+        deadline = time.monotonic() + ABORT_SEND_SECONDS
+        while True:
             try:
-                await self.sock.send_multipart([P.ABORT, self.encoder.encode(request_ids)], flags=zmq.NOBLOCK)
-            except zmq.Again:  # nothing to abort on a core that is away
+                await self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                self.last_sent = time.monotonic()
+                return
+            except zmq.Again:  # a dropped abort would leave the requests running: wait for room
+                if not self._abort_can_wait(deadline):
+                    return
+                await self.sock.poll(50, zmq.POLLOUT)
+
+    async def _heartbeat(self) -> None:
+        if self._heartbeat_due():
+            try:
+                await self.sock.send_multipart([P.HEARTBEAT, b""], flags=zmq.NOBLOCK)
+                self.last_sent = time.monotonic()
+            except zmq.Again:  # the queue is full: the core hears those frames instead
                 pass
 
     async def get_output(self) -> EngineCoreOutputs:
-        """The next outputs batch; raises EngineDeadError when the core is gone."""
+        """The next outputs batch; raises EngineDeadError when the core is gone. Sends the heartbeats."""
         while True:
             self._check_alive()
+            await self._heartbeat()
             if not await self.sock.poll(100):
                 continue
             frames = await self.sock.recv_multipart()

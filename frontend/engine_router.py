@@ -2,8 +2,10 @@
 core for each request.
 
 Each CoreLink owns one AsyncMPClient and a task that handshakes, then reads the core's outputs;
-when the core is lost the task says so and, for a core given by address, handshakes again until
-a core answers there (a restarted core, perhaps serving another model). The router picks, per
+when the core is lost the task says so and handshakes again until a core answers: for a core given
+by address, whatever core comes back there (perhaps serving another model); for a child-process core,
+the new child the client starts (with a growing delay). A child core that fails at its first start
+is a start error. The router picks, per
 request, the live core with the least load: running + waiting requests from the core's latest
 stats (every output batch and heartbeat carries them), plus the requests this frontend sent it
 since those stats; ties go round-robin.
@@ -97,11 +99,11 @@ class EngineRouter:
         first = True
         while True:
             try:
-                await client.handshake(timeout if first and not client.reconnects else None)
+                await client.handshake(timeout if first and client.owns_core else None)
             except asyncio.CancelledError:
                 raise
             except RuntimeError as e:  # REJECTED, or a child process that failed to start
-                if not client.reconnects:
+                if not client.reconnects or client.owns_core:
                     self._start_error = e
                     return
                 logger.error("engine core at %s: %s; trying again in %.0f s", link.address, e,

@@ -187,7 +187,8 @@ def test_stream_yields_deltas_that_join_to_the_full_text(core):
 
 
 def test_core_killed_mid_generation(tiny_models):
-    """SIGKILL the core: in-flight requests fail within 5 s, new ones fail fast, the client lives."""
+    """SIGKILL the core: in-flight requests fail within 5 s, new ones fail fast while it is down, the
+    client lives and starts a new core, which then serves."""
     from frontend.async_llm import AsyncLLM
 
     async def scenario():
@@ -211,7 +212,14 @@ def test_core_killed_mid_generation(tiny_models):
         with pytest.raises(EngineDeadError):
             async for _ in engine.generate("again", params, "late"):
                 pass
+        assert "restarting" in str(engine.dead)
+        while engine.dead is not None:  # the first restart waits a second, then the core loads
+            assert time.monotonic() - killed_at < 60, engine.dead
+            await asyncio.sleep(0.1)
+        short = SamplingParams(max_tokens=3, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+        outs = [o async for o in engine.generate("back", short, "after")]
         engine.shutdown()
+        assert len(outs[-1].outputs[0].token_ids) == 3
         return results, elapsed
 
     results, elapsed = asyncio.run(scenario())

@@ -1,6 +1,7 @@
 """`nvllm serve`, `nvllm engine-core` and `nvllm frontend`.
 
-- serve [MODEL]: the HTTP frontend in this process and an engine core child process (ipc://).
+- serve [MODEL]: the HTTP frontend in this process and an engine core child process (ipc://), restarted
+  (with a growing delay) when it dies after it was up; one that fails at its first start ends serve.
 - engine-core [MODEL] --listen ADDR: only the core, for frontends that connect to ADDR.
 - frontend --engine ADDR: only the HTTP frontend, on the core at ADDR (it needs no model files:
   the core sends the tokenizer at handshake); --engine again for more cores (least-loaded routing).

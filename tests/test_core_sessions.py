@@ -1,0 +1,437 @@
+"""Frontend sessions on a shared engine core: heartbeats per frontend, frontends that vanish or fall
+silent, HELLO floods, routing ids reused by a new connection, aborts that must not be dropped, and
+`nvllm serve` restarting its engine core child."""
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import httpx
+import msgspec
+import pytest
+import zmq
+
+from common import protocol as P
+from common.config import EngineArgs
+from common.sampling_params import RequestOutputKind, SamplingParams
+from common.transport import ENV_FRONTEND_SILENT, private_ipc_address
+from engine_core.frontend_sessions import FrontendSessions
+from http_helpers import Proc, free_port, wait_healthy
+
+SILENT = 3.0  # the module's core ends the session of a frontend silent this long
+LONG = SamplingParams(max_tokens=480, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+
+
+@pytest.fixture(scope="module")
+def core(tiny_models):
+    """(address, Popen) of a core that runs one request at a time (so queued requests take seconds)."""
+    from frontend.core_process import start_core_process, stop_core_process
+
+    address = private_ipc_address()
+    args = EngineArgs(model=tiny_models["llama"], dtype="float32", kv_cache_memory="64MiB", max_model_len=512,
+                      max_num_seqs=1)
+    os.environ[ENV_FRONTEND_SILENT] = str(SILENT)
+    try:
+        proc = start_core_process(args, address)
+    finally:
+        del os.environ[ENV_FRONTEND_SILENT]
+    peer = Peer(address)
+    peer.hello(timeout=300)  # the core is up
+    peer.close()
+    yield address, proc
+    stop_core_process(proc)
+
+
+class Peer:
+    """A frontend speaking raw frames through a DEALER socket."""
+
+    def __init__(self, address: str, identity: bytes | None = None, rcvhwm: int | None = None):
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.linger = 0
+        if identity is not None:
+            self.sock.setsockopt(zmq.ROUTING_ID, identity)
+        if rcvhwm is not None:  # a peer that does not read: let the core's queue, not this one's, fill
+            self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
+            self.sock.setsockopt(zmq.RCVBUF, 4096)
+        self.sock.connect(address)
+
+    def send(self, kind: bytes, message=None) -> None:
+        self.sock.send_multipart([kind, b"" if message is None else msgspec.msgpack.encode(message)])
+
+    def recv(self, timeout: float) -> tuple[bytes, bytes] | None:
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        kind, body = self.sock.recv_multipart()
+        return kind, body
+
+    def hello(self, timeout: float = 10) -> P.Ready:
+        self.send(P.HELLO, P.Hello(P.PROTOCOL_VERSION, "test"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            frame = self.recv(0.5)
+            if frame is not None and frame[0] == P.READY:
+                return msgspec.msgpack.decode(frame[1], type=P.Ready)
+        raise TimeoutError("no READY")
+
+    def add(self, request_id: str, params: SamplingParams = LONG) -> None:
+        self.send(P.ADD, P.EngineCoreRequest(request_id=request_id, prompt_token_ids=[1, 2, 3, 4],
+                                             sampling_params=params))
+
+    def stats(self, timeout: float = 10) -> P.SchedulerStats:
+        self.send(P.UTILITY, P.UtilityCall(7, "get_stats"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            frame = self.recv(0.5)
+            if frame is not None and frame[0] == P.UTILITY_RESULT:
+                return msgspec.msgpack.decode(frame[1], type=P.UtilityResult).result
+            assert frame is None or frame[0] == P.OUTPUTS, frame
+        raise TimeoutError("no UTILITY_RESULT")
+
+    def close(self) -> None:
+        self.sock.close(linger=0)  # vanishes: no GOODBYE
+
+
+def drain(peer: Peer, seconds: float) -> list[tuple[bytes, bytes]]:
+    """Every frame the peer receives in the next `seconds`."""
+    frames, deadline = [], time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        frame = peer.recv(left)
+        if frame is not None:
+            frames.append(frame)
+    return frames
+
+
+def wait_idle(observer: Peer, timeout: float) -> float:
+    """Seconds until the core runs and queues nothing and every KV block is free."""
+    started = time.monotonic()
+    while True:
+        s = observer.stats()
+        if s.num_running == 0 and s.num_waiting == 0 and s.num_free_blocks == s.num_total_blocks:
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout, s
+        observer.send(P.HEARTBEAT)
+        time.sleep(0.1)
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1])
+
+
+# ---- the session table alone ---------------------------------------------------------------------
+
+def test_session_table_binds_connection_and_key():
+    table = FrontendSessions(silent_seconds=10)
+    a = table.start(b"id", fd=5, user_id="keyA", name="x", now=0.0)
+    assert table.find(b"id", 5, "keyA") is a
+    assert table.find(b"id", 6, "keyA") is None  # another connection with the same routing id
+    assert table.find(b"id", 5, "keyB") is None  # another CURVE key
+    assert table.take_full_ready(a) and not table.take_full_ready(a)  # the files once per connection
+    assert table.may_answer_hello(a, 1.0) and not table.may_answer_hello(a, 1.1)
+    assert table.silent(5.0) == [] and table.silent(10.5) == [a]
+    assert table.connection_closed(5) == [a] and table.end(a) and not table.end(a)
+    b = table.start(b"id", fd=5, user_id="keyA", name="x", now=0.0)
+    assert b.key != a.key and table.by_key(a.key) is None  # an ended session's outputs go nowhere
+    assert table.take_full_ready(b)  # a closed connection's record went with it
+
+
+# ---- through a real core -------------------------------------------------------------------------
+
+def test_idle_frontend_hears_the_core_while_another_streams(core):
+    """A streams for > DEAD_AFTER_SECONDS; B, an AsyncLLM with nothing to do, keeps hearing the core
+    (heartbeats are per frontend) and is never declared dead."""
+    from frontend.async_llm import AsyncLLM
+
+    address, _ = core
+    streamed: list[float] = []
+    stop = threading.Event()
+
+    def stream():
+        a = Peer(address)
+        a.hello()
+        n, last_sent = 0, time.monotonic()
+        while not stop.is_set():
+            a.add(f"r{n}")
+            n += 1
+            while not stop.is_set():  # until this one finishes
+                if time.monotonic() - last_sent > 0.5:  # a real frontend's heartbeat
+                    a.send(P.HEARTBEAT)
+                    last_sent = time.monotonic()
+                frame = a.recv(0.5)
+                if frame is None or frame[0] != P.OUTPUTS:
+                    continue
+                outs = msgspec.msgpack.decode(frame[1], type=P.EngineCoreOutputs).outputs
+                if outs:
+                    streamed.append(time.monotonic())
+                if any(o.finish_reason is not None for o in outs):
+                    break
+        a.send(P.GOODBYE)
+        a.close()
+
+    async def idle_b():
+        engine = await AsyncLLM.create(address=address)
+        downs = []  # B reconnects at once after losing the core: count the losses, not the state
+        core_down = engine.router.on_down
+        engine.router.on_down = lambda link, error: (downs.append(str(error)), core_down(link, error))
+        thread = threading.Thread(target=stream)
+        thread.start()
+        try:
+            await asyncio.sleep(5.0)
+            return downs
+        finally:
+            stop.set()
+            thread.join(10)
+            engine.shutdown()
+
+    assert asyncio.run(idle_b()) == []
+    assert streamed and streamed[-1] - streamed[0] > 3.5, "A did not stream for longer than DEAD_AFTER_SECONDS"
+
+
+def test_vanished_frontend_has_its_requests_aborted(core):
+    """A queues seconds of work and closes its socket without GOODBYE: the core aborts it at once."""
+    address, _ = core
+    observer = Peer(address)
+    observer.hello()
+    a = Peer(address)
+    a.hello()
+    for i in range(8):  # ~8 x 480 tokens, one at a time
+        a.add(f"r{i}")
+    assert a.recv(10) is not None
+    while observer.stats().num_running == 0:
+        time.sleep(0.05)
+    a.close()
+    assert wait_idle(observer, timeout=5) < 2.0
+    observer.close()
+
+
+def test_silent_frontend_has_its_requests_aborted_and_its_session_ended(core):
+    address, _ = core
+    observer = Peer(address)
+    observer.hello()
+    a = Peer(address)
+    a.hello()
+    for i in range(20):
+        a.add(f"r{i}")
+    time.sleep(1.0)
+    assert observer.stats().num_running == 1
+    took = wait_idle(observer, timeout=SILENT + 5)  # A says nothing from here on
+    assert took < SILENT + 2
+    a.send(P.ABORT, ["r19"])  # its session is gone
+    assert P.UNKNOWN_FRONTEND in [kind for kind, _ in drain(a, 1.0)]
+    a.close()
+    observer.close()
+
+
+def test_hello_flood_gets_one_full_ready_and_bounded_memory(core):
+    """100 HELLOs from a peer that never reads: one READY with the tokenizer files (a few MB), later
+    answers without them and rate-limited; the core's memory barely grows and it keeps serving."""
+    address, proc = core
+    observer = Peer(address)
+    observer.hello()
+    before = rss_kib(proc.pid)
+    flood = Peer(address, rcvhwm=1)
+    for _ in range(100):
+        flood.send(P.HELLO, P.Hello(P.PROTOCOL_VERSION, "flood"))
+    time.sleep(1.5)
+    assert observer.stats() is not None  # responsive
+    grown_mib = (rss_kib(proc.pid) - before) / 1024
+    assert grown_mib < 50, f"the core grew by {grown_mib:.0f} MiB"
+    full = lite = 0
+    for kind, body in drain(flood, 1.5):
+        if kind == P.READY:
+            ready = msgspec.msgpack.decode(body, type=P.Ready)
+            full += bool(ready.tokenizer_files)
+            lite += not ready.tokenizer_files
+    assert full == 1 and lite <= 5, (full, lite)
+    flood.close()
+    observer.close()
+
+
+def test_reused_routing_id_gets_unknown_frontend_not_outputs(core):
+    address, _ = core
+    identity = os.urandom(8)
+    a = Peer(address, identity)
+    a.hello()
+    a.add("secret", SamplingParams(max_tokens=480, ignore_eos=True, output_kind=RequestOutputKind.DELTA))
+    assert a.recv(10)[0] == P.OUTPUTS
+    a.close()
+    time.sleep(0.3)
+    b = Peer(address, identity)  # the same routing id on a new connection, without HELLO
+    b.send(P.ABORT, ["secret"])
+    frames = drain(b, 1.0)
+    assert [kind for kind, _ in frames] == [P.UNKNOWN_FRONTEND], frames
+    ready = b.hello()  # a new session, a new connection: the files again
+    assert ready.tokenizer_files
+    for kind, body in drain(b, 1.0):
+        if kind == P.OUTPUTS:
+            assert msgspec.msgpack.decode(body, type=P.EngineCoreOutputs).outputs == []
+    b.close()
+
+
+def test_repeated_hello_within_a_session_keeps_its_requests_until_it_sent_work(core):
+    """HELLO repeated during the handshake changes nothing; after ADD, HELLO means starting afresh."""
+    address, _ = core
+    a = Peer(address)
+    first = a.hello()
+    time.sleep(0.6)
+    again = a.hello()  # no work yet: the same session, a READY without the files
+    assert first.tokenizer_files and not again.tokenizer_files and again.core_id == first.core_id
+    for i in range(6):  # seconds of work, one request at a time
+        a.add(f"r{i}")
+    time.sleep(0.6)
+    a.hello()  # after work: its requests are aborted
+    observer = Peer(address)
+    observer.hello()
+    assert wait_idle(observer, timeout=5) < 2.0
+    observer.close()
+    a.close()
+
+
+def test_sync_client_works_after_a_long_idle(core):
+    """The offline LLM sends nothing between generate() calls: after longer than the core's limit it
+    says HELLO again by itself and the next call just works."""
+    from frontend.llm import LLM
+
+    address, _ = core
+    llm = LLM.connect(address)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    assert len(llm.generate("Hello", params, use_tqdm=False)[0].outputs[0].token_ids) == 3
+    assert llm.client.model_info.frontend_timeout == SILENT
+    time.sleep(SILENT + 1)
+    assert len(llm.generate("Hello", params, use_tqdm=False)[0].outputs[0].token_ids) == 3
+    assert llm.get_stats().num_running == 0
+    assert llm.tokenizer is not None and llm.client.model_info.tokenizer_files
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("quiet", [SILENT * 0.7, SILENT + 1.5])
+def test_sync_client_quiet_with_requests_queued(core, quiet):
+    """The sync client is quiet (it does not read) with requests queued in the core, then adds one.
+    Quiet for less than the core's limit: its HELLO resumes the session and every request finishes.
+    Longer: the core ended the session; the requests it lost end with an error, the new one runs."""
+    from frontend.core_client_mp import SyncMPClient
+
+    address, _ = core
+    client = SyncMPClient(None, address)
+    try:
+        for i in range(6):  # seconds of work, one at a time
+            client.add_request(P.EngineCoreRequest(request_id=f"r{i}", prompt_token_ids=[1, 2, 3],
+                                                   sampling_params=LONG))
+        time.sleep(quiet)
+        client.add_request(P.EngineCoreRequest(request_id="last", prompt_token_ids=[1, 2, 3],
+                                               sampling_params=SamplingParams(max_tokens=2, ignore_eos=True)))
+        finished, deadline = {}, time.monotonic() + 30
+        while len(finished) < 7 and time.monotonic() < deadline:
+            for out in client.get_output().outputs:
+                if out.finish_reason is not None:
+                    finished[out.request_id] = out.finish_reason
+        assert len(finished) == 7 and finished.pop("last") == P.FinishReason.LENGTH, finished
+        reasons = set(finished.values())
+        if quiet < SILENT:
+            assert reasons == {P.FinishReason.LENGTH}, finished
+        else:
+            assert P.FinishReason.ERROR in reasons and reasons <= {P.FinishReason.LENGTH, P.FinishReason.ERROR}
+    finally:
+        client.shutdown()
+
+
+# ---- aborts ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_abort_waits_for_room_instead_of_being_dropped(kind):
+    """A fake core answers HELLO, then stops reading until the client's send queue is full: an abort
+    sent then still arrives once the core reads again (it used to be dropped on zmq.Again)."""
+    from frontend.core_client_mp import AsyncMPClient, SyncMPClient
+
+    address = private_ipc_address()
+    ctx = zmq.Context.instance()
+    fake = ctx.socket(zmq.ROUTER)
+    fake.linger = 0
+    fake.setsockopt(zmq.RCVHWM, 1)
+    fake.setsockopt(zmq.RCVBUF, 4096)
+    fake.bind(address)
+    ready = msgspec.msgpack.encode(P.Ready(protocol_version=P.PROTOCOL_VERSION, core_id="fake", model_name="m",
+                                           max_model_len=8, vocab_size=8, eos_token_ids=[], tokenizer_files={"a": "b"}))
+    reading = threading.Event()
+    got: list[bytes] = []
+
+    def fake_core():
+        identity, kind_, _ = fake.recv_multipart()
+        assert kind_ == P.HELLO
+        fake.send_multipart([identity, P.READY, ready])
+        reading.wait(30)
+        while fake.poll(2000):
+            got.append(fake.recv_multipart()[1])
+
+    def tight(sock):
+        sock.setsockopt(zmq.SNDHWM, 1)
+        sock.setsockopt(zmq.SNDBUF, 4096)
+
+    thread = threading.Thread(target=fake_core)
+    thread.start()
+    junk = [P.UTILITY, b"x" * 1_000_000]
+
+    def fill(sock):
+        for _ in range(200):
+            try:
+                sock.send_multipart(junk, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+        raise AssertionError("the send queue never filled")
+
+    if kind == "sync":
+        client = SyncMPClient(None, address, socket_setup=tight)
+        fill(client.sock)
+        threading.Timer(0.5, reading.set).start()  # the core reads again while the abort waits
+        client.abort_requests(["r1"])
+    else:
+        async def scenario():
+            client = AsyncMPClient(None, address, socket_setup=tight)
+            await client.handshake(10)
+            fill(zmq.Socket.shadow(client.sock.underlying))
+            threading.Timer(0.5, reading.set).start()
+            await client.abort_requests(["r1"])
+            return client
+        client = asyncio.run(scenario())
+    thread.join(30)
+    client.shutdown()
+    fake.close()
+    assert P.ABORT in got
+
+
+# ---- nvllm serve restarts its core ----------------------------------------------------------------
+
+def test_serve_restarts_a_killed_engine_core(tiny_models, tmp_path):
+    """SIGKILL serve's core: the request in flight fails, /health says 503, then a new core starts
+    (logged with the exit code) and serve answers again, all in the same serve process."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = Proc(["serve", tiny_models["llama"], "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+                 "--kv-cache-memory", "32MiB", "--max-model-len", "512", "--max-num-seqs", "1",
+                 "--disable-uvicorn-access-log"], str(tmp_path / "serve.log"))
+    try:
+        wait_healthy(base, proc)
+        [core_pid] = proc.children()
+        body = {"prompt": "hi", "max_tokens": 480, "ignore_eos": True}
+        answers = []
+        threads = [threading.Thread(target=lambda: answers.append(
+            httpx.post(base + "/v1/completions", json=body, timeout=60))) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        os.kill(core_pid, signal.SIGKILL)
+        for t in threads:
+            t.join(30)
+        assert any(r.status_code == 503 for r in answers), [r.text for r in answers]
+        assert httpx.get(base + "/health", timeout=10).status_code == 503
+        wait_healthy(base, proc, timeout=120)
+        r = httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        assert proc.children() and proc.children() != [core_pid]
+        assert "exited with code -9" in proc.log()
+    finally:
+        code = proc.stop(signal.SIGTERM)
+    assert code == 0, proc.log()[-3000:]
