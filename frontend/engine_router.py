@@ -19,7 +19,7 @@ from typing import Callable
 import msgspec
 
 from common import protocol as P
-from common.protocol import EngineCoreOutputs, SchedulerStats
+from common.protocol import SchedulerStats
 from frontend.core_client import EngineDeadError
 from frontend.core_client_mp import AsyncMPClient
 

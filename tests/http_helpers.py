@@ -76,6 +76,19 @@ def wait_healthy(base_url: str, proc: Proc, timeout: float = 600) -> None:
     raise TimeoutError(f"nvllm did not become healthy in {timeout} s:\n{proc.log()[-5000:]}")
 
 
+def start_serve(args: list[str], log_path: str, host: str = "127.0.0.1") -> tuple[str, int, Proc]:
+    """(base url, port, Proc) of `nvllm serve ARGS` on a free port, once healthy; stopped if it never is."""
+    port = free_port()
+    proc = Proc(["serve", *args, "--host", host, "--port", str(port)], log_path)
+    base = f"http://{host}:{port}"
+    try:
+        wait_healthy(base, proc)
+    except BaseException:
+        proc.stop()
+        raise
+    return base, port, proc
+
+
 def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from conftest import build_tiny_model
-from http_helpers import Proc, free_port, wait_healthy
+from http_helpers import start_serve
 
 KEY = "limits-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -29,16 +29,7 @@ def model(tmp_path_factory, default_model_dir):
 
 
 def start(model, tmp_path_factory, name: str, flags: list[str]):
-    port = free_port()
-    proc = Proc(["serve", model, "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY,
-                 *ENGINE, *flags], str(tmp_path_factory.mktemp(name) / "serve.log"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc)
-    except BaseException:
-        proc.stop()
-        raise
-    return base, port, proc
+    return start_serve([model, "--api-key", KEY, *ENGINE, *flags], str(tmp_path_factory.mktemp(name) / "serve.log"))
 
 
 @pytest.fixture(scope="module")

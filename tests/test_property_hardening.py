@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from common.protocol import EngineCoreRequest, FinishReason
 from common.sampling_params import SamplingParams
-from http_helpers import Proc, free_port, metric, wait_healthy
+from http_helpers import metric, start_serve
 from test_core_hardening import Peer, core_args
 
 FIELDS = {"request_id", "prompt", "n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens",
@@ -94,17 +94,9 @@ def test_random_requests_never_kill_the_core(core, batch):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_models):
-    port = free_port()
-    proc = Proc(["serve", tiny_models["llama"], "--host", "127.0.0.1", "--port", str(port),
-                 "--disable-uvicorn-access-log", "--dtype", "float32", "--kv-cache-memory", "64MiB",
-                 "--max-model-len", "512"],
-                str(tmp_path_factory.mktemp("serve") / "serve.log"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc)
-    except BaseException:
-        proc.stop()
-        raise
+    base, _, proc = start_serve([tiny_models["llama"], "--disable-uvicorn-access-log", "--dtype", "float32",
+                                 "--kv-cache-memory", "64MiB", "--max-model-len", "512"],
+                                str(tmp_path_factory.mktemp("serve") / "serve.log"))
     with httpx.Client(base_url=base, timeout=120) as client:
         yield client, proc
     proc.stop()

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from http_helpers import Proc, free_port, metric, wait_healthy
+from http_helpers import metric, start_serve
 
 SOAK_SECONDS = float(os.environ.get("NVLLM_SOAK_SECONDS", "40"))
 CLIENTS = 24
@@ -20,18 +20,10 @@ CLIENTS = 24
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_models):
-    port = free_port()
     # a small KV cache and few sequences, so requests queue, preempt and share prefixes
-    proc = Proc(["serve", tiny_models["llama"], "--host", "127.0.0.1", "--port", str(port),
-                 "--disable-uvicorn-access-log", "--dtype", "float32", "--kv-cache-memory", "4MiB",
-                 "--max-model-len", "512", "--max-num-seqs", "8", "--max-num-batched-tokens", "256"],
-                str(tmp_path_factory.mktemp("soak") / "serve.log"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc)
-    except BaseException:
-        proc.stop()
-        raise
+    base, _, proc = start_serve([tiny_models["llama"], "--disable-uvicorn-access-log", "--dtype", "float32",
+                                 "--kv-cache-memory", "4MiB", "--max-model-len", "512", "--max-num-seqs", "8",
+                                 "--max-num-batched-tokens", "256"], str(tmp_path_factory.mktemp("soak") / "serve.log"))
     yield base, proc
     proc.stop()
 
