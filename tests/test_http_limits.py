@@ -36,7 +36,8 @@ def start(model, tmp_path_factory, name: str, flags: list[str]):
 def server(model, tmp_path_factory):
     base, port, proc = start(model, tmp_path_factory, "limits", [
         "--max-request-body-bytes", str(BODY_LIMIT), "--max-prompt-chars", str(CHARS_LIMIT),
-        "--max-queued-requests", "2", "--request-header-timeout", "1", "--metrics-require-key",
+        "--max-queued-requests", "2", "--request-header-timeout", "1", "--request-body-timeout", "1",
+        "--metrics-require-key",
         "--disable-uvicorn-access-log"])
     yield base, port, proc
     assert proc.stop() == 0, proc.log()[-3000:]
@@ -297,6 +298,23 @@ def test_connections_without_a_complete_head_are_closed(server):
         assert raw_response(s)[0] == 200
         s.sendall(b"GET /vers")
         assert closed_by_server(s, 15)
+
+
+def test_a_trickled_body_is_cut_off_with_408(server):
+    """A client that sends its head, then its body a few bytes at a time, is answered 408 and closed
+    at the body deadline instead of holding its connection open as long as it likes."""
+    base, port, _ = server
+    with connect(port) as s:
+        body = json.dumps({"prompt": "hi", "max_tokens": 1}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Authorization: {AUTH['Authorization']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                  + body[:5])
+        start = time.perf_counter()
+        status, headers, answer = raw_response(s, timeout=15)
+        assert status == 408 and json.loads(answer)["error"]["code"] == "request_timeout"
+        assert 0.8 <= time.perf_counter() - start < 10
+        assert closed_by_server(s, 15)
+    assert httpx.get(base + "/v1/models", headers=AUTH).status_code == 200
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ and reads the body itself, counting, so a chunked body is cut off (413) as soon 
 limit. It is plain ASGI (not BaseHTTPMiddleware) so streaming responses pass through untouched.
 """
 
+import asyncio
 import secrets
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ class HTTPLimits:
     max_queued_requests: int = 1024
     max_connections: int = 1024
     request_header_timeout: float = 15.0
+    request_body_timeout: float = 30.0  # from the end of the head to the end of the body
     metrics_require_key: bool = False
 
 
@@ -43,6 +45,11 @@ def key_error(authorization: str | None, api_key: str | None) -> APIError | None
 def body_too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than {limit} bytes (--max-request-body-bytes {limit})",
                     code="request_too_large")
+
+
+def body_too_slow(seconds: float) -> APIError:
+    return APIError(408, f"the request body did not arrive within {seconds:g} s (--request-body-timeout {seconds:g})",
+                    code="request_timeout")
 
 
 def protected(path: str, metrics_require_key: bool) -> bool:
@@ -73,10 +80,15 @@ class LimitsMiddleware:
         limit = self.limits.max_request_body_bytes
         if limit and declared is not None and declared > limit:
             return await _refuse(body_too_large(limit), scope, receive, send, close=True)
-        # read the whole body here, counting, and hand it on in one piece
+        # read the whole body here, counting, and hand it on in one piece; a client that trickles it
+        # (a slow-body attack holds a connection and its buffer) is cut off at the deadline
         chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + (self.limits.request_body_timeout or float("inf"))
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except asyncio.TimeoutError:
+                return await _refuse(body_too_slow(self.limits.request_body_timeout), scope, receive, send, close=True)
             if message["type"] != "http.request":  # the client went away
                 return
             chunk = message.get("body", b"")

@@ -82,6 +82,9 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--request-header-timeout", type=_non_negative_float, default=d.request_header_timeout,
                    help="seconds a connection may take to send a complete request head (from its opening, or "
                         "from the previous response); then it is closed (0: no limit)")
+    g.add_argument("--request-body-timeout", type=_non_negative_float, default=d.request_body_timeout,
+                   help="seconds a request may take to send its body once its head is in; then it is a 408 and "
+                        "the connection closes (0: no limit)")
     g.add_argument("--metrics-require-key", action="store_true",
                    help="with an API key, /metrics needs it too")
 
@@ -95,7 +98,8 @@ def _http_limits(ns: argparse.Namespace):
     from frontend.api.limits import HTTPLimits
     return HTTPLimits(max_request_body_bytes=ns.max_request_body_bytes, max_prompt_chars=ns.max_prompt_chars,
                       max_queued_requests=ns.max_queued_requests, max_connections=ns.max_connections,
-                      request_header_timeout=ns.request_header_timeout, metrics_require_key=ns.metrics_require_key)
+                      request_header_timeout=ns.request_header_timeout,
+                      request_body_timeout=ns.request_body_timeout, metrics_require_key=ns.metrics_require_key)
 
 
 def _serve_http(ns: argparse.Namespace, engine_factory, served_model_name: str | None) -> int:
