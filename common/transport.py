@@ -7,6 +7,9 @@ import uuid
 import zmq
 
 MAX_FRAME_BYTES = 256 * 1024 * 1024  # tokenizer files at handshake are the largest frames
+# what the core accepts from a frontend: a request of a million-token prompt with every list at its limit is
+# under 10 MB; a bigger frame closes that connection before it is decoded into memory
+MAX_REQUEST_FRAME_BYTES = 64 * 1024 * 1024
 HEARTBEAT_SECONDS = 0.5  # the core says something to each frontend, and each waiting frontend to the core, this often
 DEAD_AFTER_SECONDS = 3.0  # silence after which a frontend declares the core dead
 FRONTEND_SILENT_SECONDS = 10.0  # silence after which the core ends a frontend's session (aborts its requests)
@@ -15,6 +18,8 @@ ENV_FRONTEND_SILENT = "NVLLM_FRONTEND_SILENT_SECONDS"  # overrides FRONTEND_SILE
 # session): one full READY (the tokenizer files, ~3.5 MB for SmolLM2; sent once per connection) plus frames of at
 # most one step's outputs each (usually a few KB; ~100 KB with top-20 logprobs for 256 sequences), so ~10-100 MB.
 CORE_SNDHWM = 1000
+# frames ZeroMQ holds per frontend while the core's IO thread is not reading (it is behind): the sender waits
+CORE_RCVHWM = 64
 
 
 def frontend_silent_seconds(env=None) -> float:

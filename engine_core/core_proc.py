@@ -42,7 +42,8 @@ from common import protocol as P
 from common.config import EngineArgs
 from common.curve import Authenticator, ServerKeys, apply_server
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from common.transport import CORE_SNDHWM, HEARTBEAT_SECONDS, frontend_silent_seconds, is_loopback, limit_socket
+from common.transport import (CORE_RCVHWM, CORE_SNDHWM, HEARTBEAT_SECONDS, MAX_REQUEST_FRAME_BYTES, frontend_silent_seconds,
+                              is_loopback, limit_socket)
 from common.validation import check_request
 from engine_core.core import EngineCore
 from engine_core.frontend_sessions import FrontendSessions, Session
@@ -52,6 +53,10 @@ logger = logging.getLogger("nvllm")
 
 UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
 RECEIVE_BATCH = 64  # frames read per IO loop turn (then outputs, heartbeats and silence are looked at)
+# decoded frames waiting for the busy loop, counted and in bytes; beyond either the IO thread stops reading,
+# so a flood waits in ZeroMQ's bounded queues (and then in its senders) instead of growing this process
+MAX_PENDING_INPUTS = 1024
+MAX_PENDING_INPUT_BYTES = 8 * 1024 * 1024  # decoded, a request takes several times its frame bytes
 
 _decoders = {
     P.HELLO: msgspec.msgpack.Decoder(P.Hello),
@@ -89,10 +94,13 @@ class EngineCoreProc:
         # SimpleQueue: its put is reentrant, so the signal handlers may use it even when the signal lands
         # while the main thread is inside get (a Queue's lock is taken there: the handler would deadlock)
         self.inputs: queue.SimpleQueue = queue.SimpleQueue()
+        self.queued_bytes = self.applied_bytes = 0  # frame bytes put on / taken off `inputs`
         self.encoder = msgspec.msgpack.Encoder()
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         limit_socket(self.sock)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_FRAME_BYTES)
+        self.sock.setsockopt(zmq.RCVHWM, CORE_RCVHWM)
         self.sock.setsockopt(zmq.SNDHWM, CORE_SNDHWM)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full queue or a gone peer is an error we act on, not a drop
         # connections accepted and closed, by file descriptor (ZMQ_ROUTER_NOTIFY is a draft API pyzmq lacks)
@@ -135,7 +143,9 @@ class EngineCoreProc:
             # connection events first: a closed connection's session ends before a frame from a new
             # connection (which may reuse its file descriptor and routing id) is read
             self._connection_events()
-            for _ in range(RECEIVE_BATCH if self.sock in events else 0):
+            backlog = (self.inputs.qsize() >= MAX_PENDING_INPUTS
+                       or self.queued_bytes - self.applied_bytes >= MAX_PENDING_INPUT_BYTES)
+            for _ in range(RECEIVE_BATCH if self.sock in events and not backlog else 0):
                 try:
                     frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
@@ -154,8 +164,10 @@ class EngineCoreProc:
             now = time.monotonic()
             for session in self.sessions.heartbeat_due(now, HEARTBEAT_SECONDS):
                 self._send(session, P.OUTPUTS, self.stats)
-            for session in self.sessions.silent(now):
+            for session in self.sessions.silent(now) if not backlog else ():  # unread is not silent
                 self._end(session, f"silent for {now - session.last_heard:.0f} s")
+            if backlog:  # the busy loop is behind: give it time rather than spin on a readable socket
+                time.sleep(0.005)
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 logger.error("the frontend that started this engine core is gone; shutting down")
                 self.stopping.set()
@@ -179,7 +191,7 @@ class EngineCoreProc:
             logger.log(logging.DEBUG if session.name == "healthcheck" else logging.INFO,
                        "frontend %s%s: %s; its session ends", session.tag,
                        f" ({session.name})" if session.name else "", why)
-        self.inputs.put((P.GOODBYE, session.key, None))
+        self.inputs.put((P.GOODBYE, session.key, None, 0))
 
     def _send(self, session: Session, kind: bytes, body: bytes) -> None:
         try:
@@ -240,7 +252,8 @@ class EngineCoreProc:
             return
         if kind == P.ADD:
             session.has_work = True
-        self.inputs.put((kind, session.key, message))
+        self.queued_bytes += len(body)  # only this thread writes it; the busy loop writes applied_bytes
+        self.inputs.put((kind, session.key, message, len(body)))
 
     def _hello(self, identity: bytes, fd: int, user_id: str | None, hello: P.Hello) -> None:
         if hello.protocol_version != P.PROTOCOL_VERSION:
@@ -303,7 +316,8 @@ class EngineCoreProc:
             if item is None:  # a stop: a signal, or the IO thread saw the parent frontend go
                 self.stopping.set()
                 return
-            kind, identity, message = item
+            kind, identity, message, size = item
+            self.applied_bytes += size
             try:
                 self._apply(kind, identity, message)
             except Exception as e:  # a request the engine cannot take must not take the engine down

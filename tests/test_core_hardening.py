@@ -257,3 +257,42 @@ def test_frontend_writes_tokenizer_files_under_their_base_names(tmp_path, defaul
     assert not (tmp_path / "tmp" / "escaped.txt").exists() and not (tmp_path / "absolute.txt").exists()
     with pytest.raises(ValueError, match="no usable file name"):
         tokenizer_from_files({**files, "..": "x"})
+
+
+def _rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) // 1024
+
+
+def test_a_flood_of_big_requests_does_not_grow_the_core(core):
+    """A frontend sending 360 KB requests as fast as it can while the core is busy: the core reads no
+    faster than it applies them (the rest waits in ZeroMQ's bounded queues and in the sender), so its
+    memory stays bounded. Without that bound this grew the core by about 400 MiB here."""
+    address, proc = core
+    peer = Peer(address)
+    try:
+        before = _rss_mib(proc.pid)
+        peer.add(request("busy", prompt=[5] * 400, max_tokens=100, ignore_eos=True))
+        frame = msgspec.msgpack.encode(request("big", prompt=list(range(300, 100_300))))
+        peer.sock.setsockopt(zmq.SNDHWM, 100_000)
+        peak, deadline, sent = before, time.monotonic() + 5, 0
+        while time.monotonic() < deadline:
+            try:
+                peer.sock.send_multipart([P.ADD, frame], zmq.NOBLOCK)
+                sent += 1
+            except zmq.Again:
+                time.sleep(0.01)
+            if sent % 50 == 0:
+                peak = max(peak, _rss_mib(proc.pid))
+        assert sent > 1000
+        assert peak - before < 150, (before, peak)
+        assert proc.poll() is None
+    finally:
+        peer.sock.close()
+    # the core serves others afterwards
+    other = Peer(address)
+    try:
+        other.add(request("after", max_tokens=2, ignore_eos=True))
+        assert other.finished({"after"})["after"].finish_reason == FinishReason.LENGTH
+    finally:
+        other.close()
