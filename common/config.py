@@ -4,7 +4,7 @@ import re
 
 import msgspec
 
-from common.limits import RequestLimits
+from common.limits import FLAG_LIMITS, RequestLimits
 
 _LIMITS = RequestLimits()
 
@@ -52,10 +52,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     max_request_tokens: int = _LIMITS.max_request_tokens
 
     def request_limits(self, vocab_size: int, max_model_len: int) -> RequestLimits:
-        return RequestLimits(vocab_size=vocab_size, max_model_len=max_model_len, max_n=self.max_n,
-                             max_logprobs=self.max_logprobs, max_stop_strings=self.max_stop_strings,
-                             max_stop_string_chars=self.max_stop_string_chars,
-                             max_stop_token_ids=self.max_stop_token_ids, max_request_tokens=self.max_request_tokens)
+        return RequestLimits(vocab_size=vocab_size, max_model_len=max_model_len,
+                             **{name: getattr(self, name) for name in FLAG_LIMITS})
 
     def validate(self) -> None:
         checks = [
@@ -75,11 +73,9 @@ class EngineArgs(msgspec.Struct, kw_only=True):
              f"must be at least 1, got {self.tensor_parallel_size}"),
             (self.attention_backend in ("auto", "torch", "triton", "flash_attn"), "attention_backend",
              f"must be auto, torch, triton or flash_attn, got {self.attention_backend!r}"),
-        ] + [(getattr(self, name) >= 1, name, f"must be at least 1, got {getattr(self, name)}")
-             for name in ("max_n", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",
-                          "max_request_tokens")] + [
-            (self.max_logprobs >= 0, "max_logprobs", f"must be >= 0, got {self.max_logprobs}"),
-        ]
+        ] + [(getattr(self, name) >= (0 if name == "max_logprobs" else 1), name,
+              f"must be at least {0 if name == 'max_logprobs' else 1}, got {getattr(self, name)}")
+             for name in FLAG_LIMITS]
         for ok, name, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}")

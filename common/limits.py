@@ -19,5 +19,7 @@ class RequestLimits(msgspec.Struct, array_like=True, omit_defaults=True, kw_only
     max_request_id_chars: int = 512
     max_cache_salt_chars: int = 1024
 
-    def describe(self) -> dict[str, int]:
-        return {f: getattr(self, f) for f in self.__struct_fields__}
+
+# the limits an engine flag sets (EngineArgs has a field of the same name for each)
+FLAG_LIMITS = ("max_n", "max_logprobs", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",
+               "max_request_tokens")

@@ -9,7 +9,6 @@ import uuid
 
 from common.config import EngineArgs
 from common.protocol import PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready
-from common.validation import check_request
 from engine_core.engine_errors import is_fatal
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.model_config import eos_token_ids, load_hf_config, read_tokenizer_files
@@ -88,8 +87,8 @@ class EngineCore:
     # ---- the in-process interface -------------------------------------------------------------
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        """Raises ValueError naming the first field outside this core's limits; nothing is added then."""
-        check_request(request, self.limits)
+        """Takes a request already checked against `self.limits` (common/validation.py): by the frontend's
+        Processor in this process, or by the core process on the ADD it decoded."""
         self.scheduler.add_request(Request.from_engine_core_request(request))
 
     def abort_requests(self, request_ids: list[str]) -> None:

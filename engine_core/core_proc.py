@@ -42,8 +42,8 @@ from common import protocol as P
 from common.config import EngineArgs
 from common.curve import Authenticator, ServerKeys, apply_server
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from common.transport import (CORE_RCVHWM, CORE_SNDHWM, HEARTBEAT_SECONDS, MAX_REQUEST_FRAME_BYTES, frontend_silent_seconds,
-                              is_loopback, limit_socket)
+from common.transport import (CORE_RCVHWM, CORE_SNDHWM, HEARTBEAT_SECONDS, MAX_REQUEST_FRAME_BYTES,
+                              frontend_silent_seconds, is_loopback, limit_socket)
 from common.validation import check_request
 from engine_core.core import EngineCore
 from engine_core.frontend_sessions import FrontendSessions, Session

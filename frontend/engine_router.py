@@ -5,10 +5,9 @@ Each CoreLink owns one AsyncMPClient and a task that handshakes, then reads the 
 when the core is lost the task says so and handshakes again until a core answers: for a core given
 by address, whatever core comes back there (perhaps serving another model); for a child-process core,
 the new child the client starts (with a growing delay). A child core that fails at its first start
-is a start error. The router picks, per
-request, the live core with the least load: running + waiting requests from the core's latest
-stats (every output batch and heartbeat carries them), plus the requests this frontend sent it
-since those stats; ties go round-robin.
+is a start error. The router picks, per request, the live core with the least load: running + waiting
+requests from the core's latest stats (every output batch and heartbeat carries them), plus the
+requests this frontend sent it since those stats; ties go round-robin.
 """
 
 import asyncio

@@ -13,7 +13,7 @@ import msgspec
 from common.limits import RequestLimits
 from common.protocol import EngineCoreRequest, Ready
 from common.sampling_params import SamplingParams
-from common.validation import check_prompt, check_request
+from common.validation import check_request
 
 Prompt = str | list[int]
 
@@ -50,17 +50,13 @@ class Processor:
                 cache_salt: str | None = None) -> tuple[str | None, EngineCoreRequest]:
         params.validate()
         text, ids = (None, prompt_token_ids) if prompt_token_ids is not None else self.tokenize(prompt)
-        check_prompt(ids, self.limits)
-        if params.max_tokens is None:  # as many as fit
-            params = msgspec.structs.replace(params, max_tokens=self.max_model_len - len(ids))
+        if params.max_tokens is None:  # as many as fit (check_request names the prompt first if none do)
+            params = msgspec.structs.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         request = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
                                     eos_token_ids=self.eos_token_ids, arrival_time=time.time(),
                                     cache_salt=cache_salt)
         check_request(request, self.limits)
         return text, request
-
-    def check_prompt(self, ids: list[int]) -> None:
-        check_prompt(ids, self.limits)
 
 
 def child_request(request: EngineCoreRequest, child_id: str, index: int) -> EngineCoreRequest:

@@ -3,20 +3,7 @@
 import argparse
 
 from common.config import EngineArgs, parse_size
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+from frontend.cli.arg_types import non_negative_int, positive_int
 
 
 def _size(text: str) -> str:
@@ -41,11 +28,11 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights and activations; auto is bfloat16 on CUDA and AMX/AVX512-BF16 CPUs, else float32")
     g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"], help="where the model runs")
-    g.add_argument("--max-model-len", type=_positive_int, default=None,
+    g.add_argument("--max-model-len", type=positive_int, default=None,
                    help="longest prompt + output in tokens (default: the model's own limit)")
-    g.add_argument("--max-num-seqs", type=_positive_int, default=d.max_num_seqs,
+    g.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs,
                    help="most requests running at once")
-    g.add_argument("--max-num-batched-tokens", type=_positive_int, default=d.max_num_batched_tokens,
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=d.max_num_batched_tokens,
                    help="token budget of one engine step (decodes + prefill chunks)")
     g.add_argument("--block-size", type=int, default=d.block_size, choices=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
                    help="tokens per KV cache block (flash-attn's paged kernels need 256 or 512)")
@@ -55,9 +42,9 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                    help="fraction of GPU memory the engine may use (CUDA)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching,
                    help="reuse KV blocks of shared prompt prefixes")
-    g.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=d.tensor_parallel_size,
+    g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=d.tensor_parallel_size,
                    help="worker processes (devices) the model is split over")
-    g.add_argument("--nnodes", type=_positive_int, default=d.nnodes, help="hosts the tensor-parallel workers span")
+    g.add_argument("--nnodes", type=positive_int, default=d.nnodes, help="hosts the tensor-parallel workers span")
     g.add_argument("--node-rank", type=int, default=d.node_rank, help="this host's rank among --nnodes (0 runs the core)")
     g.add_argument("--master-addr", default=d.master_addr, help="address of node 0 for torch.distributed rendezvous")
     g.add_argument("--master-port", type=int, default=d.master_port, help="port of node 0 for the rendezvous")
@@ -66,14 +53,14 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                    help="attention kernels; auto: flash_attn, else triton on CUDA; torch on CPU")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     r = parser.add_argument_group("request limits (what one request may ask for; more is a 400)")
-    r.add_argument("--max-n", type=_positive_int, default=d.max_n, help="sequences per prompt (n)")
-    r.add_argument("--max-logprobs", type=_non_negative_int, default=d.max_logprobs,
+    r.add_argument("--max-n", type=positive_int, default=d.max_n, help="sequences per prompt (n)")
+    r.add_argument("--max-logprobs", type=non_negative_int, default=d.max_logprobs,
                    help="top logprobs per token (logprobs, top_logprobs)")
-    r.add_argument("--max-stop-strings", type=_positive_int, default=d.max_stop_strings, help="stop strings")
-    r.add_argument("--max-stop-string-chars", type=_positive_int, default=d.max_stop_string_chars,
+    r.add_argument("--max-stop-strings", type=positive_int, default=d.max_stop_strings, help="stop strings")
+    r.add_argument("--max-stop-string-chars", type=positive_int, default=d.max_stop_string_chars,
                    help="characters of one stop string")
-    r.add_argument("--max-stop-token-ids", type=_positive_int, default=d.max_stop_token_ids, help="stop_token_ids")
-    r.add_argument("--max-request-tokens", type=_positive_int, default=d.max_request_tokens,
+    r.add_argument("--max-stop-token-ids", type=positive_int, default=d.max_stop_token_ids, help="stop_token_ids")
+    r.add_argument("--max-request-tokens", type=positive_int, default=d.max_request_tokens,
                    help="n x max_tokens x (1 + logprobs), summed over the prompts of one request")
 
 

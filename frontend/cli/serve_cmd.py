@@ -11,6 +11,7 @@ CURVE key flags, `--allow-insecure` and `engine-core --check` are in keys_cmd.py
 import argparse
 import os
 
+from frontend.cli.arg_types import non_negative_float, non_negative_int, number, positive_int
 from frontend.cli.engine_args import add_engine_args, engine_args_from
 from frontend.cli.keys_cmd import add_core_curve_args, add_frontend_curve_args
 
@@ -19,31 +20,10 @@ DEFAULT_CORE_ADDRESS = "tcp://127.0.0.1:5555"
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 
-def _number(kind, text: str):
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a{'n integer' if kind is int else ' number'}, got {text!r}") from None
-
-
 def _port(text: str) -> int:
-    value = _number(int, text)
+    value = number(int, text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = _number(int, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = _number(float, text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 
@@ -67,22 +47,22 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
     from frontend.api.limits import HTTPLimits  # here, not at the top: only the HTTP commands need it
     d = HTTPLimits()
-    g.add_argument("--max-request-body-bytes", type=_non_negative, default=d.max_request_body_bytes,
+    g.add_argument("--max-request-body-bytes", type=non_negative_int, default=d.max_request_body_bytes,
                    help="largest request body; a bigger one is a 413, refused from Content-Length before it is "
                         "read (0: no limit)")
-    g.add_argument("--max-prompt-chars", type=_non_negative, default=d.max_prompt_chars,
+    g.add_argument("--max-prompt-chars", type=non_negative_int, default=d.max_prompt_chars,
                    help="most characters in one prompt, all of a chat's messages, or a /tokenize text; more is a "
                         "400 before any tokenizing (0: no limit)")
-    g.add_argument("--max-queued-requests", type=_non_negative, default=d.max_queued_requests,
+    g.add_argument("--max-queued-requests", type=non_negative_int, default=d.max_queued_requests,
                    help="sequences that may wait for their first token; while that many wait, new generation "
                         "requests are a 503 with Retry-After (0: no limit)")
-    g.add_argument("--max-connections", type=_non_negative, default=d.max_connections,
+    g.add_argument("--max-connections", type=non_negative_int, default=d.max_connections,
                    help="open HTTP connections; a request on one opened beyond them is a 503 and the connection "
                         "closes (0: no limit)")
-    g.add_argument("--request-header-timeout", type=_non_negative_float, default=d.request_header_timeout,
+    g.add_argument("--request-header-timeout", type=non_negative_float, default=d.request_header_timeout,
                    help="seconds a connection may take to send a complete request head (from its opening, or "
                         "from the previous response); then it is closed (0: no limit)")
-    g.add_argument("--request-body-timeout", type=_non_negative_float, default=d.request_body_timeout,
+    g.add_argument("--request-body-timeout", type=non_negative_float, default=d.request_body_timeout,
                    help="seconds a request may take to send its body once its head is in; then it is a 408 and "
                         "the connection closes (0: no limit)")
     g.add_argument("--metrics-require-key", action="store_true",
@@ -186,13 +166,13 @@ def register_bench_serve(kinds) -> None:
     p.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
     p.add_argument("--api-key", default=argparse.SUPPRESS,
                    help="bearer key to send (default: $OPENAI_API_KEY, else $NVLLM_API_KEY, else none)")
-    p.add_argument("--num-prompts", type=_positive, default=64, help="requests to send")
-    p.add_argument("--max-concurrency", type=_positive, default=None,
+    p.add_argument("--num-prompts", type=positive_int, default=64, help="requests to send")
+    p.add_argument("--max-concurrency", type=positive_int, default=None,
                    help="most requests in flight at once (default: no limit)")
     p.add_argument("--request-rate", type=_rate, default=float("inf"),
                    help="mean requests per second, Poisson arrivals (inf: all at once)")
-    p.add_argument("--random-input-len", type=_positive, default=128, help="prompt length in tokens")
-    p.add_argument("--random-output-len", type=_positive, default=64, help="output length in tokens")
+    p.add_argument("--random-input-len", type=positive_int, default=128, help="prompt length in tokens")
+    p.add_argument("--random-output-len", type=positive_int, default=64, help="output length in tokens")
     p.add_argument("--random-range-ratio", type=_ratio, default=0.0,
                    help="lengths are uniform in [L(1-r), L(1+r)]; 0: fixed lengths")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
@@ -209,22 +189,15 @@ def register_bench_serve(kinds) -> None:
     p.set_defaults(func=run)
 
 
-def _positive(text: str) -> int:
-    value = _number(int, text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _rate(text: str) -> float:
-    value = _number(float, text)
+    value = number(float, text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
     return value
 
 
 def _ratio(text: str) -> float:
-    value = _number(float, text)
+    value = number(float, text)
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
     return value

@@ -10,14 +10,9 @@ differs from node 0's.
 
 import argparse
 
+from frontend.cli.arg_types import positive_int
+
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def run_worker_cmd(ns: argparse.Namespace) -> int:
@@ -38,7 +33,7 @@ def register_worker(sub) -> None:
     d = EngineArgs()
     p = sub.add_parser("worker", help="run this node's tensor-parallel ranks for an engine core on node 0",
                        formatter_class=FORMATTER)
-    p.add_argument("--nnodes", type=_positive_int, required=True, help="hosts the tensor-parallel ranks span")
+    p.add_argument("--nnodes", type=positive_int, required=True, help="hosts the tensor-parallel ranks span")
     p.add_argument("--node-rank", type=int, required=True, help="this host's rank among --nnodes (1 and up)")
     p.add_argument("--master-addr", default=d.master_addr, help="address of node 0 (the engine core)")
     p.add_argument("--master-port", type=int, default=d.master_port, help="rendezvous port on node 0")
