@@ -43,6 +43,7 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     seed: int = 0
     attention_backend: str = "auto"  # auto | torch | triton | flash_attn
     enforce_eager: bool = False
+    cpu_threads: int | None = None  # CPU: torch threads of the core; None: sized to the CPUs other work leaves
     # what one request may ask for (common/limits.py); the core sends them to its frontends
     max_n: int = _LIMITS.max_n
     max_logprobs: int = _LIMITS.max_logprobs
@@ -71,6 +72,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
              f"must be in (0, 1], got {self.gpu_memory_utilization}"),
             (self.tensor_parallel_size >= 1, "tensor_parallel_size",
              f"must be at least 1, got {self.tensor_parallel_size}"),
+            (self.cpu_threads is None or self.cpu_threads >= 1, "cpu_threads",
+             f"must be at least 1, got {self.cpu_threads}"),
             (self.attention_backend in ("auto", "torch", "triton", "flash_attn"), "attention_backend",
              f"must be auto, torch, triton or flash_attn, got {self.attention_backend!r}"),
         ] + [(getattr(self, name) >= (0 if name == "max_logprobs" else 1), name,

@@ -9,6 +9,7 @@ import uuid
 
 from common.config import EngineArgs
 from common.protocol import PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready
+from engine_core.cpu_threads import ThreadPoolSizer
 from engine_core.engine_errors import is_fatal
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.model_config import eos_token_ids, load_hf_config, read_tokenizer_files
@@ -32,6 +33,8 @@ class EngineCore:
         if executor_class is None:
             from engine_core.executor_factory import executor_class_for
             executor_class = executor_class_for(args)
+        self.cpu_threads = (ThreadPoolSizer(args.cpu_threads, fixed=args.cpu_threads is not None)
+                            if device.type == "cpu" and args.tensor_parallel_size == 1 else None)
         self.executor = executor_class(args, self.model_path, self.hf_config, device, dtype)
         num_blocks, per_block = self.executor.num_blocks_for_budget()
         capacity = num_blocks * args.block_size
@@ -109,6 +112,8 @@ class EngineCore:
                 sched_out = self.scheduler.schedule()
                 sampled, logprobs = ({}, {})
                 if sched_out.total_num_scheduled_tokens > 0:
+                    if self.cpu_threads is not None:
+                        self.cpu_threads.update()
                     sampled, logprobs = self.executor.execute_model(sched_out)
                 step_outputs = self.scheduler.update_from_output(sched_out, sampled, logprobs)
             except Exception as e:

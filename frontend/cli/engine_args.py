@@ -51,6 +51,9 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g.add_argument("--seed", type=int, default=d.seed, help="seed for requests that give none")
     g.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "torch", "triton", "flash_attn"],
                    help="attention kernels; auto: flash_attn, else triton on CUDA; torch on CPU")
+    g.add_argument("--cpu-threads", type=positive_int, default=None,
+                   help="CPU: threads the model runs on (default: as many as the CPUs other processes leave free, "
+                        "checked every second)")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     r = parser.add_argument_group("request limits (what one request may ask for; more is a 400)")
     r.add_argument("--max-n", type=positive_int, default=d.max_n, help="sequences per prompt (n)")

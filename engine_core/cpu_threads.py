@@ -1,0 +1,104 @@
+"""The engine core's CPU threads: torch's OpenMP pool sized to the CPUs other processes leave free.
+
+Why: every matmul and kernel of a step splits its work evenly over the pool and waits for the
+slowest thread. On a host where another process keeps a core busy, one of our threads is
+descheduled for whole time slices and every parallel region waits for it: two threads beside a
+busy process ran at a quarter of their speed. One thread fewer loses only that thread's share.
+
+So the core measures, about once a second between steps, how much CPU time the CPUs it may run on
+(its affinity mask) gave to other processes, and sets the pool to the CPUs left, rounded down:
+with a neighbour busy on one of two cores it runs one thread, and two again once the neighbour
+stops. Our own threads are not "other" work, so the pool's size does not feed back into the
+measure. The frontend of `nvllm serve` is another process: when tokenizing and streaming keep it
+busy, the core leaves it room the same way (vLLM instead reserves it a whole core).
+`--cpu-threads N` fixes the pool at N threads instead.
+"""
+
+import logging
+import os
+import time
+
+import torch
+
+logger = logging.getLogger("nvllm")
+
+# /proc/stat fields after the cpu name: user nice system idle iowait irq softirq steal ...
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # steal too: time the hypervisor gave elsewhere is not ours to use
+_CHECK_SECONDS = 1.0
+# a CPU counts as taken once other processes use this much of it: a thread sharing its CPU with
+# that much work stalls every parallel region; housekeeping (well under it) does not
+_TAKEN = 0.4
+
+
+def allowed_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def _busy_ticks(cpus: set[int]) -> int | None:
+    """Clock ticks the given CPUs spent busy since boot, or None where /proc/stat cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            total = 0
+            for line in f:
+                name, _, rest = line.partition(" ")
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                    values = rest.split()
+                    total += sum(int(values[i]) for i in _BUSY_FIELDS if i < len(values))
+            return total
+    except (OSError, ValueError):
+        return None
+
+
+def _own_ticks() -> int:
+    times = os.times()  # this process's user + system time, all threads
+    return round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
+
+
+def pool_size(others_load: float, num_cpus: int, max_threads: int) -> int:
+    """Threads for a pool on num_cpus CPUs of which other processes use others_load CPUs' worth."""
+    taken = int(others_load + 1 - _TAKEN)  # CPUs at least _TAKEN busy with other work
+    return max(1, min(max_threads, num_cpus - taken))
+
+
+class ThreadPoolSizer:
+    """Call `update()` between steps: it resizes torch's pool when the free CPUs change."""
+
+    def __init__(self, max_threads: int | None = None, fixed: bool = False, cpus: set[int] | None = None):
+        self.cpus = cpus or set(allowed_cpus())
+        self.max_threads = max(1, min(max_threads or len(self.cpus), len(self.cpus)))
+        self.fixed = fixed or _busy_ticks(self.cpus) is None
+        self.ticks_per_second = os.sysconf("SC_CLK_TCK")
+        self.threads = self.max_threads
+        torch.set_num_threads(self.threads)
+        self._mark = self._sample()
+
+    def _sample(self) -> tuple[float, int, int]:
+        return time.monotonic(), _busy_ticks(self.cpus) or 0, _own_ticks()
+
+    def others_load(self) -> float | None:
+        """CPUs' worth of work other processes ran on our CPUs since the last call; None if too soon."""
+        now = time.monotonic()
+        if now - self._mark[0] < _CHECK_SECONDS:
+            return None
+        then, busy_before, own_before = self._mark
+        self._mark = sample = self._sample()
+        others = (sample[1] - busy_before) - (sample[2] - own_before)
+        return max(0.0, others / self.ticks_per_second / (sample[0] - then))
+
+    def update(self) -> int:
+        """The pool's size now (resized first when a check is due)."""
+        if self.fixed:
+            return self.threads
+        load = self.others_load()
+        if load is None:
+            return self.threads
+        wanted = pool_size(load, len(self.cpus), self.max_threads)
+        if wanted != self.threads:
+            logger.info("CPU threads: %d -> %d (other processes use %.1f of %d CPUs)", self.threads, wanted,
+                        load, len(self.cpus))
+            self.threads = wanted
+            torch.set_num_threads(wanted)
+        return self.threads

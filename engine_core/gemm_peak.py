@@ -1,0 +1,58 @@
+"""The bfloat16 GEMM rate this machine reaches on a model's own linear shapes: the ceiling a prefill
+step can approach. `python -m engine_core.gemm_peak [MODEL]` prints one JSON line.
+
+The shapes are one decoder layer's fused projections (qkv, o, gate_up, down) through the same packed
+oneDNN weights the model runs with; a layer's rate at M tokens is its FLOPs over the time of its four
+matmuls, the best of several repeats; the peak is the best rate over M in 128..2048.
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+from engine_core.layers import cpu_packing
+from engine_core.model_config import load_hf_config
+from engine_core.weights.model_resolver import resolve_model
+
+ROWS = (128, 512, 2048)
+
+
+def layer_shapes(config) -> dict[str, tuple[int, int]]:
+    """(in, out) features of one layer's fused projections."""
+    hidden, head_dim = config.hidden_size, config.head_dim
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    inter = config.intermediate_size
+    return {"qkv": (hidden, q + 2 * kv), "o": (q, hidden), "gate_up": (hidden, 2 * inter), "down": (inter, hidden)}
+
+
+def layer_rate(shapes: dict[str, tuple[int, int]], rows: int, repeats: int = 5) -> float:
+    """GFLOP/s of one layer's matmuls at `rows` tokens."""
+    gen = torch.Generator().manual_seed(0)
+    mats = []
+    for k, n in shapes.values():
+        weight = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+        packed = cpu_packing.pack(weight) if cpu_packing.can_pack(torch.device("cpu"), torch.bfloat16) else None
+        mats.append((torch.randn(rows, k, generator=gen).to(torch.bfloat16), weight, packed))
+    flops = sum(2 * rows * k * n for k, n in shapes.values())
+    calls = max(2, int(2e9 / flops))  # about 2 GFLOP per timing
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first warms oneDNN's kernels up
+        start = time.perf_counter()
+        for _ in range(calls):
+            for x, weight, packed in mats:
+                cpu_packing.linear(x, weight, packed)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return flops / best / 1e9
+
+
+def measure(model: str | None = None) -> dict:
+    shapes = layer_shapes(load_hf_config(resolve_model(model)))
+    rates = {rows: round(layer_rate(shapes, rows), 1) for rows in ROWS}
+    return {"threads": torch.get_num_threads(), "gflops_by_rows": rates, "peak_gflops": max(rates.values()),
+            "shapes": shapes}
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(measure(sys.argv[1] if len(sys.argv) > 1 else None)), flush=True)
