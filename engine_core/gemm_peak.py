@@ -48,9 +48,10 @@ def layer_rate(shapes: dict[str, tuple[int, int]], rows: int, repeats: int = 5) 
 
 
 def measure(model: str | None = None) -> dict:
-    shapes = layer_shapes(load_hf_config(resolve_model(model)))
+    folder = resolve_model(model)
+    shapes = layer_shapes(load_hf_config(folder))
     rates = {rows: round(layer_rate(shapes, rows), 1) for rows in ROWS}
-    return {"threads": torch.get_num_threads(), "gflops_by_rows": rates, "peak_gflops": max(rates.values()),
+    return {"model_dir": folder, "threads": torch.get_num_threads(), "gflops_by_rows": rates, "peak_gflops": max(rates.values()),
             "shapes": shapes}
 
 

@@ -1,0 +1,153 @@
+"""`nvllm bench cpu`: the CPU workloads (W32, prefill-only, decode-only) through nvllm and, given a vLLM CPU
+venv (../shared/tools/vllm-cpu-setup.sh), through vLLM back to back, with the ratios; `--busy` runs every
+engine a second time beside a busy process and prints what it lost.
+
+Every run is a fresh child process (frontend/bench/cpu_workloads.py) so no engine inherits another's
+state; runs alternate nvllm, vLLM, nvllm, ... so drifts of this shared machine hit both alike. The
+figure of an engine is the median of its runs. Before the runs it measures the bf16 GEMM peak on the
+model's own layer shapes (engine_core/gemm_peak.py, in a child: the frontend does not import torch)
+and prints the prefill rate as a fraction of it.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from frontend.bench.cpu_workloads import WORKLOADS, workload
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _run_child(cmd: list[str], env: dict, timeout: float = 1800) -> dict:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line.removeprefix("RESULT "))
+    raise RuntimeError(f"{' '.join(cmd[:4])} ... failed (exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
+
+
+def _vllm_env(venv: str) -> dict:
+    """vLLM's CPU setup as its docs ask: tcmalloc and Intel OpenMP preloaded, every core for the model."""
+    env = dict(os.environ)
+    preload = [p for p in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", os.path.join(venv, "lib", "libiomp5.so"))
+               if os.path.exists(p)]
+    env["LD_PRELOAD"] = ":".join(preload)
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    return env
+
+
+class Busy:
+    """A process that keeps one CPU busy (a neighbour on a shared host) while in the `with` block."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def prefill_flops_per_token(folder: str) -> float:
+    """Model FLOPs per prompt token of the prefill workload: every linear layer (2 per weight), causal
+    attention over the token's position (QK and PV), and the LM head once per prompt."""
+    with open(os.path.join(folder, "config.json")) as f:
+        c = json.load(f)
+    hidden, layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
+    head_dim = c.get("head_dim") or hidden // heads
+    kv = c.get("num_key_value_heads", heads) * head_dim
+    q = heads * head_dim
+    linear = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * c["intermediate_size"]
+    prompts, _ = workload("prefill")
+    total = 0
+    for p in prompts:
+        n = len(p)
+        attention = 4 * q * n * (n + 1) // 2  # position i attends to i + 1 keys
+        total += layers * (2 * linear * n + attention) + 2 * hidden * c["vocab_size"]
+    return total / sum(map(len, prompts))
+
+
+def run_suite(args) -> int:
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"--workloads: {', '.join(unknown)} not among {', '.join(WORKLOADS)}")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    peak = _run_child([sys.executable, "-m", "engine_core.gemm_peak"] + ([args.model] if args.model else []), env)
+    folder = peak["model_dir"]
+    print(f"bf16 GEMM peak on {os.path.basename(folder)}'s layer shapes: {peak['peak_gflops']:.0f} GFLOP/s "
+          f"({peak['threads']} threads; by tokens per matmul: {peak['gflops_by_rows']})", flush=True)
+    engines = ["nvllm"] + (["vllm"] if args.vllm_venv else [])
+    commands = {"nvllm": ([sys.executable, "-m", "frontend.bench.cpu_workloads", "nvllm"], env)}
+    if args.vllm_venv:
+        commands["vllm"] = ([os.path.join(args.vllm_venv, "bin", "python"), os.path.join(HERE, "cpu_workloads.py"),
+                             "vllm"], _vllm_env(args.vllm_venv))
+    conditions = ["alone", "busy"] if args.busy else ["alone"]
+    runs: dict[tuple, list[float]] = {}
+    for name in args.workloads:
+        for condition in conditions:
+            for i in range(args.repeat):
+                for engine in engines:
+                    cmd, child_env = commands[engine]
+                    extra = [folder] if engine == "vllm" else list(args.nvllm_arg)
+                    if condition == "busy":
+                        with Busy():
+                            time.sleep(0.5)
+                            result = _run_child(cmd + [name] + extra, child_env)
+                    else:
+                        result = _run_child(cmd + [name] + extra, child_env)
+                    runs.setdefault((name, condition, engine), []).append(result["tok_s"])
+                    print(f"  {name:8} {condition:5} {engine:6} run {i + 1}: {result['tok_s']:8.1f} {result['unit']}",
+                          flush=True)
+    summary = _summarize(args.workloads, conditions, engines, runs, peak, prefill_flops_per_token(folder))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({"gemm_peak": peak, "runs": {"/".join(k): v for k, v in runs.items()}, "summary": summary}, f,
+                      indent=2)
+    return 0
+
+
+def _summarize(workloads, conditions, engines, runs, peak, flops_per_token) -> list[dict]:
+    rows = []
+    print(f"\n{'workload':9} {'condition':9} " + " ".join(f"{e:>10}" for e in engines)
+          + ("   nvllm/vLLM" if "vllm" in engines else ""))
+    for name in workloads:
+        for condition in conditions:
+            medians = {e: statistics.median(runs[(name, condition, e)]) for e in engines}
+            row = {"workload": name, "condition": condition} | medians
+            line = f"{name:9} {condition:9} " + " ".join(f"{medians[e]:10.1f}" for e in engines)
+            if "vllm" in engines:
+                row["ratio"] = round(medians["nvllm"] / medians["vllm"], 3)
+                line += f"   {row['ratio']:.2f}x"
+            if condition == "busy":
+                for e in engines:
+                    row[f"{e}_loss"] = round(1 - medians[e] / statistics.median(runs[(name, 'alone', e)]), 3)
+                line += "   lost beside a busy process: " + ", ".join(f"{e} {row[e + '_loss']:.0%}" for e in engines)
+            if name == "prefill":
+                row["nvllm_fraction_of_peak"] = round(medians["nvllm"] * flops_per_token / 1e9 / peak["peak_gflops"], 3)
+                line += f"   nvllm at {row['nvllm_fraction_of_peak']:.0%} of the GEMM peak"
+            print(line)
+            rows.append(row)
+    return rows
+
+
+def register(kinds, formatter) -> None:
+    p = kinds.add_parser("cpu", help="W32, prefill-only and decode-only workloads; against vLLM CPU with --vllm-venv",
+                         formatter_class=formatter)
+    p.add_argument("model", nargs="?", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--vllm-venv", default=None,
+                   help="a vLLM CPU venv (../shared/tools/vllm-cpu-setup.sh) to run the same workloads through")
+    p.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS),
+                   help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    p.add_argument("--repeat", type=int, default=3, help="runs per engine and workload (the median is reported)")
+    p.add_argument("--busy", action="store_true",
+                   help="also run every workload beside a process that keeps one CPU busy, and print the loss")
+    p.add_argument("--nvllm-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="an engine argument for nvllm's runs (LLM(KEY=VALUE)), e.g. cpu_threads=2")
+    p.add_argument("--output-json", default=None, help="write every run and the summary here")
+    p.set_defaults(func=run_suite)
