@@ -9,14 +9,17 @@ model's own layer shapes (engine_core/gemm_peak.py, in a child: the frontend doe
 and prints the prefill rate as a fraction of it.
 """
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-import time
 
+from frontend.bench.cpu_serve import run_serving
 from frontend.bench.cpu_workloads import WORKLOADS, workload
+
+ALL_WORKLOADS = WORKLOADS + ("serve",)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -73,9 +76,9 @@ def prefill_flops_per_token(folder: str) -> float:
 
 
 def run_suite(args) -> int:
-    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    unknown = [w for w in args.workloads if w not in ALL_WORKLOADS]
     if unknown:
-        raise ValueError(f"--workloads: {', '.join(unknown)} not among {', '.join(WORKLOADS)}")
+        raise ValueError(f"--workloads: {', '.join(unknown)} not among {', '.join(ALL_WORKLOADS)}")
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     peak = _run_child([sys.executable, "-m", "engine_core.gemm_peak"] + ([args.model] if args.model else []), env)
@@ -93,23 +96,30 @@ def run_suite(args) -> int:
         for condition in conditions:
             for i in range(args.repeat):
                 for engine in engines:
-                    cmd, child_env = commands[engine]
-                    extra = [folder] if engine == "vllm" else list(args.nvllm_arg)
-                    if condition == "busy":
-                        with Busy():
-                            time.sleep(0.5)
-                            result = _run_child(cmd + [name] + extra, child_env)
-                    else:
-                        result = _run_child(cmd + [name] + extra, child_env)
+                    with Busy() if condition == "busy" else contextlib.nullcontext():
+                        result = _one_run(args, engine, name, commands[engine], folder)
                     runs.setdefault((name, condition, engine), []).append(result["tok_s"])
-                    print(f"  {name:8} {condition:5} {engine:6} run {i + 1}: {result['tok_s']:8.1f} {result['unit']}",
-                          flush=True)
+                    latency = (f" (mean TTFT {result['mean_ttft_ms']:.0f} ms, TPOT {result['mean_tpot_ms']:.1f} ms)"
+                               if name == "serve" else "")
+                    print(f"  {name:8} {condition:5} {engine:6} run {i + 1}: {result['tok_s']:8.1f} {result['unit']}"
+                          + latency, flush=True)
+                    if name == "serve":
+                        runs.setdefault((name + "-ttft", condition, engine), []).append(result["mean_ttft_ms"])
     summary = _summarize(args.workloads, conditions, engines, runs, peak, prefill_flops_per_token(folder))
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump({"gemm_peak": peak, "runs": {"/".join(k): v for k, v in runs.items()}, "summary": summary}, f,
                       indent=2)
     return 0
+
+
+def _one_run(args, engine: str, name: str, command: tuple[list[str], dict], folder: str) -> dict:
+    cmd, env = command
+    if name == "serve":
+        nvllm_flags = [f"--{a.split('=', 1)[0].replace('_', '-')}={a.split('=', 1)[1]}" for a in args.nvllm_arg]
+        return run_serving(engine, cmd[0], env, folder, nvllm_flags, ROOT, args.server_log)
+    extra = [folder] if engine == "vllm" else list(args.nvllm_arg)
+    return _run_child(cmd + [name] + extra, env)
 
 
 def _summarize(workloads, conditions, engines, runs, peak, flops_per_token) -> list[dict]:
@@ -131,6 +141,10 @@ def _summarize(workloads, conditions, engines, runs, peak, flops_per_token) -> l
             if name == "prefill":
                 row["nvllm_fraction_of_peak"] = round(medians["nvllm"] * flops_per_token / 1e9 / peak["peak_gflops"], 3)
                 line += f"   nvllm at {row['nvllm_fraction_of_peak']:.0%} of the GEMM peak"
+            if name == "serve":
+                ttft = {e: statistics.median(runs[("serve-ttft", condition, e)]) for e in engines}
+                row["mean_ttft_ms"] = ttft
+                line += "   mean TTFT ms: " + ", ".join(f"{e} {ttft[e]:.0f}" for e in engines)
             print(line)
             rows.append(row)
     return rows
@@ -142,12 +156,14 @@ def register(kinds, formatter) -> None:
     p.add_argument("model", nargs="?", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--vllm-venv", default=None,
                    help="a vLLM CPU venv (../shared/tools/vllm-cpu-setup.sh) to run the same workloads through")
-    p.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS),
-                   help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    p.add_argument("--workloads", type=lambda s: s.split(","), default=list(ALL_WORKLOADS),
+                   help=f"comma-separated, of {', '.join(ALL_WORKLOADS)} (serve: each engine's HTTP server driven "
+                        "by `nvllm bench serve`'s client, 64 prompts of 128 tokens, 64 out, 16 in flight)")
     p.add_argument("--repeat", type=int, default=3, help="runs per engine and workload (the median is reported)")
     p.add_argument("--busy", action="store_true",
                    help="also run every workload beside a process that keeps one CPU busy, and print the loss")
     p.add_argument("--nvllm-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="an engine argument for nvllm's runs (LLM(KEY=VALUE)), e.g. cpu_threads=2")
     p.add_argument("--output-json", default=None, help="write every run and the summary here")
+    p.add_argument("--server-log", default="bench-cpu-servers.log", help="the servers' output goes here")
     p.set_defaults(func=run_suite)
