@@ -1,5 +1,6 @@
-/* Paged decode attention for CPUs with AVX512-BF16, bfloat16 caches: one query token per sequence,
- * keys and values read in place through the block table, online softmax in fp32.
+/* Paged attention for CPUs with AVX512-BF16, bfloat16 caches, keys and values read in place through the
+ * block table, online softmax in fp32. Two kernels: paged_decode_attention (one query token per
+ * sequence) and, further down, paged_attention (any number of query rows per sequence: prefill chunks).
  *
  * Why: a decode step on the CPU is bound by memory traffic. Gathering each sequence's keys and values
  * into a padded copy and then attending over the copy moves every cached byte three times; this reads
@@ -325,15 +326,28 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
         *running_sum = _mm512_add_ps(*running_sum, p);
         _mm256_store_si256((__m256i *)probs[v], (__m256i)_mm512_cvtneps_pbh(p));
     }
-    /* values: for 16 output dims at a time, the 8 key pairs in order, all rows interleaved */
-    for (int c = 0; c < D / 16; c++) {
-        __m512 a[R * G];
-        for (int v = 0; v < R * G; v++) a[v] = _mm512_load_ps(st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16);
-        for (int k = 0; k < TILE / 2; k++) {
-            const __m512bh values = vP[k * (D / 16) + c];
-            for (int v = 0; v < R * G; v++) a[v] = _mm512_dpbf16_ps(a[v], pair_at(probs[v] + 2 * k), values);
+    /* values: 32 output dims at a time (two accumulators per row), the 8 key pairs in order, all rows
+     * interleaved; each probability pair is broadcast once per 32 dims */
+    for (int c = 0; c < D / 16; c += 2) {
+        __m512 lo[R * G], hi[R * G];
+        for (int v = 0; v < R * G; v++) {
+            const float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16;
+            lo[v] = _mm512_load_ps(acc);
+            hi[v] = _mm512_load_ps(acc + 16);
         }
-        for (int v = 0; v < R * G; v++) _mm512_store_ps(st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16, a[v]);
+        for (int k = 0; k < TILE / 2; k++) {
+            const __m512bh values_lo = vP[k * (D / 16) + c], values_hi = vP[k * (D / 16) + c + 1];
+            for (int v = 0; v < R * G; v++) {
+                const __m512bh weights = pair_at(probs[v] + 2 * k);
+                lo[v] = _mm512_dpbf16_ps(lo[v], weights, values_lo);
+                hi[v] = _mm512_dpbf16_ps(hi[v], weights, values_hi);
+            }
+        }
+        for (int v = 0; v < R * G; v++) {
+            float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16;
+            _mm512_store_ps(acc, lo[v]);
+            _mm512_store_ps(acc + 16, hi[v]);
+        }
     }
 }
 
