@@ -487,7 +487,7 @@ int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, cons
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait /* one barrier (the region's end), not two */
         for (long i = 0; i < n; i++)
             if (scratch) fn(&job, &items[i], scratch);
         free(scratch);
