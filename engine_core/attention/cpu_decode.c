@@ -1,5 +1,6 @@
-/* Paged decode attention for CPUs with AVX512-BF16, bfloat16 caches: one query token per sequence,
- * keys and values read in place through the block table, online softmax in fp32.
+/* Paged attention for CPUs with AVX512-BF16, bfloat16 caches, keys and values read in place through the
+ * block table, online softmax in fp32. Two kernels: paged_decode_attention (one query token per
+ * sequence) and, further down, paged_attention (any number of query rows per sequence: prefill chunks).
  *
  * Why: a decode step on the CPU is bound by memory traffic. Gathering each sequence's keys and values
  * into a padded copy and then attending over the copy moves every cached byte three times; this reads
@@ -16,6 +17,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_GROUP 8
@@ -216,3 +218,281 @@ int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cach
     for (int item = 0; item < items; item++) fn(&job, item);
     return 0;
 }
+
+/* ---------------------------------------------------------------------------------------------------
+ * Paged causal attention for any number of new query tokens per sequence (prefill chunks, chunks that
+ * follow cached blocks, decodes): keys and values are read in place through the block table, with no
+ * gathered copy and no mask tensor.
+ *
+ * A work item is (sequence, KV head, up to ROWS consecutive query rows). It walks that head's keys in
+ * tiles of 16 (key positions 0-15, 16-31, ...) up to the diagonal of its last row and prepares each tile
+ * once for all its rows and all the group's query heads:
+ *   kT[i]     16 lanes of the key pair (k[t][2i], k[t][2i + 1]): a query row's 16 scores are then D/2
+ *             vdpbf16ps of a broadcast query pair against kT[i], with no horizontal sums;
+ *   vP[k][.]  values of keys 2k and 2k + 1 interleaved per head dim (unpacklo/hi, as in the decode
+ *             kernel): one vdpbf16ps adds two keys' weighted values to 16 output dims.
+ * Row independence: every row walks its own keys in the same tiles, in the same order, with the same
+ * arithmetic (masking keys past its position inside its last tile), whatever other rows share its item,
+ * however its prompt was chunked and whether its prefix came from the cache. A row's result is therefore
+ * bit-identical in all those cases; only which rows are computed together changes, never how.
+ * ------------------------------------------------------------------------------------------------- */
+
+#define ROWS 32 /* query rows per work item: each prepared tile serves ROWS x group query vectors */
+
+typedef struct {
+    Job base;
+    const int32_t *query_start_loc;
+} ChunkJob;
+
+typedef struct {
+    int seq, kv_head, row0, cost;
+} Item;
+
+/* the 16x16 matrix of 32-bit elements in r, transposed: out[c] lane t = r[t] lane c */
+static inline void transpose16(const __m512i r[16], __m512i out[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4q + c], 128-bit lane L: column 4L + c of rows 4q .. 4q + 3 */
+    for (int q = 0; q < 4; q++) {
+        u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+        u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+        const __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+        out[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        out[4 + c] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+        out[8 + c] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        out[12 + c] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+    }
+}
+
+static inline __m512bh pair_at(const uint16_t *p) { /* two bf16 at p, broadcast to every lane */
+    int32_t pair;
+    memcpy(&pair, p, sizeof pair);
+    return (__m512bh)_mm512_set1_epi32(pair);
+}
+
+/* Per-row state lives in the thread's scratch: acc[v][D] (head dims in unpack order, as in the decode
+ * kernel), the lane-wise running sum sums[v] and the running max maxes[v], v = row * group + head. */
+typedef struct {
+    float *acc;
+    __m512 *sums;
+    float *maxes;
+} RowState;
+
+/* One tile for R consecutive rows (first row r, position pos) and all G query heads: scores, online
+ * softmax update, values. The arithmetic of each row is the same for every R (R only interleaves
+ * independent rows so the vdpbf16ps chains overlap). */
+static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, const __m512bh *kT, const __m512bh *vP,
+                                                            const uint16_t *q, int r, int pos, int tile_start,
+                                                            RowState st, const int R, const int G, const int D) {
+    const Job *b = &j->base;
+    const uint16_t *qv[R * G];
+    for (int rr = 0; rr < R; rr++)
+        for (int g = 0; g < G; g++) qv[rr * G + g] = q + (long)(r + rr) * b->q_row + (long)g * D;
+    /* scores: two partial sums per row (even and odd key pairs), added at the end */
+    __m512 even[R * G], odd[R * G];
+    for (int v = 0; v < R * G; v++) even[v] = odd[v] = _mm512_setzero_ps();
+    for (int i = 0; i < D / 2; i += 2) {
+        const __m512bh k0 = kT[i], k1 = kT[i + 1];
+        for (int v = 0; v < R * G; v++) {
+            even[v] = _mm512_dpbf16_ps(even[v], pair_at(qv[v] + 2 * i), k0);
+            odd[v] = _mm512_dpbf16_ps(odd[v], pair_at(qv[v] + 2 * i + 2), k1);
+        }
+    }
+    uint16_t probs[R * G][TILE] __attribute__((aligned(64))); /* bf16, as the values they weigh */
+    for (int v = 0; v < R * G; v++) {
+        const int row = r + v / G, visible = pos + v / G - tile_start + 1; /* keys of this tile it sees */
+        const __mmask16 valid = visible >= TILE ? (__mmask16)0xffff : (__mmask16)((1u << visible) - 1);
+        float *acc = st.acc + ((long)row * G + v % G) * D;
+        float *running_max = st.maxes + (long)row * G + v % G;
+        __m512 *running_sum = st.sums + (long)row * G + v % G;
+        __m512 scores = _mm512_mul_ps(_mm512_add_ps(even[v], odd[v]), _mm512_set1_ps(b->scale));
+        scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), scores);
+        const float tile_max = _mm512_reduce_max_ps(scores);
+        if (tile_max > *running_max) { /* rescale what came before; skipped (exactly) when the max holds */
+            const __m512 correction = _mm512_set1_ps(expf(*running_max - tile_max));
+            *running_max = tile_max;
+            *running_sum = _mm512_mul_ps(*running_sum, correction);
+            for (int c = 0; c < D; c += 16) _mm512_store_ps(acc + c, _mm512_mul_ps(_mm512_load_ps(acc + c), correction));
+        }
+        const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(scores, _mm512_set1_ps(*running_max))));
+        *running_sum = _mm512_add_ps(*running_sum, p);
+        _mm256_store_si256((__m256i *)probs[v], (__m256i)_mm512_cvtneps_pbh(p));
+    }
+    /* values: 32 output dims at a time (two accumulators per row), the 8 key pairs in order, all rows
+     * interleaved; each probability pair is broadcast once per 32 dims */
+    for (int c = 0; c < D / 16; c += 2) {
+        __m512 lo[R * G], hi[R * G];
+        for (int v = 0; v < R * G; v++) {
+            const float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16;
+            lo[v] = _mm512_load_ps(acc);
+            hi[v] = _mm512_load_ps(acc + 16);
+        }
+        for (int k = 0; k < TILE / 2; k++) {
+            const __m512bh values_lo = vP[k * (D / 16) + c], values_hi = vP[k * (D / 16) + c + 1];
+            for (int v = 0; v < R * G; v++) {
+                const __m512bh weights = pair_at(probs[v] + 2 * k);
+                lo[v] = _mm512_dpbf16_ps(lo[v], weights, values_lo);
+                hi[v] = _mm512_dpbf16_ps(hi[v], weights, values_hi);
+            }
+        }
+        for (int v = 0; v < R * G; v++) {
+            float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16;
+            _mm512_store_ps(acc, lo[v]);
+            _mm512_store_ps(acc + 16, hi[v]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j, const Item *item, float *scratch,
+                                                               const int G, const int D, const int R) {
+    const Job *b = &j->base;
+    const int seq = item->seq, kv_head = item->kv_head;
+    const int q_first = j->query_start_loc[seq], q_len = j->query_start_loc[seq + 1] - q_first;
+    const int len = b->seq_lens[seq], row0 = item->row0;
+    const int rows = q_len - row0 < ROWS ? q_len - row0 : ROWS;
+    const int pos0 = len - q_len + row0, last = pos0 + rows - 1; /* positions of the item's first/last row */
+    const int32_t *table = b->block_tables + seq * b->table_row;
+    const long head_offset = (long)kv_head * D, token_stride = (long)b->num_kv_heads * D;
+    const uint16_t *q = b->q + (long)(q_first + row0) * b->q_row + head_offset * G;
+    RowState st = {scratch, (__m512 *)(scratch + (long)ROWS * G * D), scratch + (long)ROWS * G * (D + 16)};
+    for (int v = 0; v < rows * G; v++) {
+        for (int c = 0; c < D; c += 16) _mm512_store_ps(st.acc + (long)v * D + c, _mm512_setzero_ps());
+        st.sums[v] = _mm512_setzero_ps();
+        st.maxes[v] = -INFINITY;
+    }
+    __m512bh kT[MAX_HEAD_DIM / 2], vP[TILE / 2 * MAX_HEAD_DIM / 16];
+    long tile_rows_at[2][TILE]; /* cache rows of this tile and the next (prefetched meanwhile) */
+    int block = 0, offset = 0;
+    for (int t = 0; t < TILE && t < len; t++) {
+        tile_rows_at[0][t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
+        if (++offset == b->block_size) { offset = 0; block++; }
+    }
+    for (int start = 0, which = 0; start <= last; start += TILE, which ^= 1) {
+        long *at = tile_rows_at[which], *next = tile_rows_at[which ^ 1];
+        /* keys past the sequence's end (not written: anything, NaN included) read the tile's first key
+         * instead; the mask gives them probability 0 */
+        for (int t = len - start; t < TILE; t++) at[t] = at[0];
+        for (int t = 0; t < TILE && start + TILE + t < len && start + TILE <= last; t++) {
+            next[t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
+            if (++offset == b->block_size) { offset = 0; block++; }
+            for (int c = 0; c < D; c += 32) {
+                _mm_prefetch((const char *)(b->k_cache + next[t] + c), _MM_HINT_T0);
+                _mm_prefetch((const char *)(b->v_cache + next[t] + c), _MM_HINT_T0);
+            }
+        }
+        for (int h = 0; h < D / 32; h++) {
+            __m512i r[TILE], out[TILE];
+            for (int t = 0; t < TILE; t++) r[t] = _mm512_loadu_si512(b->k_cache + at[t] + h * 32);
+            transpose16(r, out);
+            for (int i = 0; i < TILE; i++) kT[h * 16 + i] = (__m512bh)out[i];
+        }
+        for (int k = 0; k < TILE / 2; k++)
+            for (int c = 0; c < D / 32; c++) {
+                const __m512i x = _mm512_loadu_si512(b->v_cache + at[2 * k] + c * 32);
+                const __m512i y = _mm512_loadu_si512(b->v_cache + at[2 * k + 1] + c * 32);
+                vP[k * (D / 16) + 2 * c] = (__m512bh)_mm512_unpacklo_epi16(x, y);
+                vP[k * (D / 16) + 2 * c + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
+            }
+        /* the rows that see this tile: those at or past its first key (a suffix of the item's rows) */
+        int r = start > pos0 ? start - pos0 : 0;
+        for (; r + R <= rows; r += R) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, R, G, D);
+        for (; r < rows; r++) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, 1, G, D);
+    }
+    for (int v = 0; v < rows * G; v++) {
+        const float total = _mm512_reduce_add_ps(st.sums[v]);
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        const float *acc = st.acc + (long)v * D;
+        uint16_t *dst = b->out + (long)(q_first + row0 + v / G) * b->out_row + head_offset * G + (long)(v % G) * D;
+        for (int c = 0; c < D / 32; c++)
+            /* unpacklo/hi took, from each 128-bit lane l, dims 8l .. 8l + 3 and 8l + 4 .. 8l + 7 */
+            for (int l = 0; l < 4; l++)
+                for (int k = 0; k < 4; k++) {
+                    dst[c * 32 + 8 * l + k] = to_bf16(acc[c * 32 + 4 * l + k] * inv);
+                    dst[c * 32 + 8 * l + 4 + k] = to_bf16(acc[c * 32 + 16 + 4 * l + k] * inv);
+                }
+    }
+}
+
+/* R (rows interleaved) is chosen so that about 6-8 independent query vectors share each loaded tile
+ * vector: enough vdpbf16ps chains in flight to hide their latency */
+#define CHUNK_INSTANCE(G, HD, R) \
+    static void chunk_g##G##_d##HD(const ChunkJob *j, const Item *item, float *s) { attend_chunk(j, item, s, G, HD, R); }
+CHUNK_INSTANCE(1, 64, 8) CHUNK_INSTANCE(2, 64, 4) CHUNK_INSTANCE(3, 64, 2) CHUNK_INSTANCE(4, 64, 2) CHUNK_INSTANCE(8, 64, 1)
+CHUNK_INSTANCE(1, 128, 8) CHUNK_INSTANCE(2, 128, 4) CHUNK_INSTANCE(4, 128, 2) CHUNK_INSTANCE(8, 128, 1)
+static void chunk_any(const ChunkJob *j, const Item *item, float *s) {
+    attend_chunk(j, item, s, j->base.num_heads / j->base.num_kv_heads, j->base.head_dim, 1);
+}
+
+typedef void (*ChunkFn)(const ChunkJob *, const Item *, float *);
+
+static ChunkFn pick_chunk(int group, int head_dim) {
+#define CASE(G, HD) if (group == G && head_dim == HD) return chunk_g##G##_d##HD;
+    CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(8, 64)
+    CASE(1, 128) CASE(2, 128) CASE(4, 128) CASE(8, 128)
+#undef CASE
+    return chunk_any;
+}
+
+static int costlier_first(const void *a, const void *b) {
+    const Item *x = a, *y = b;
+    return (x->cost < y->cost) - (x->cost > y->cost);
+}
+
+/* Attention of every query row of num_seqs sequences: sequence i owns rows query_start_loc[i] ..
+ * query_start_loc[i + 1] - 1, the last of its seq_lens[i] cached tokens. 0 when done; -1 for shapes
+ * this kernel does not take (the caller then uses another path). */
+int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, const uint16_t *v_cache,
+                    const int32_t *block_tables, long table_row, const int32_t *seq_lens,
+                    const int32_t *query_start_loc, uint16_t *out, long out_row, int num_seqs, int num_heads,
+                    int num_kv_heads, int head_dim, int block_size, float scale, int nthreads) {
+    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP)
+        return -1;
+    const int group = num_heads / num_kv_heads;
+    long count = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
+        if (q_len < 0 || q_len > seq_lens[s]) return -1;
+        count += (long)(q_len + ROWS - 1) / ROWS * num_kv_heads;
+    }
+    Item *items = malloc(sizeof(Item) * (count ? count : 1));
+    if (!items) return -1;
+    long n = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
+        for (int row0 = 0; row0 < q_len; row0 += ROWS) {
+            const int rows = q_len - row0 < ROWS ? q_len - row0 : ROWS;
+            const int keys = seq_lens[s] - q_len + row0 + rows; /* up to the last row's diagonal */
+            for (int h = 0; h < num_kv_heads; h++) items[n++] = (Item){s, h, row0, keys * rows};
+        }
+    }
+    /* longest first, so that the dynamic schedule ends with short items and the threads finish together */
+    qsort(items, n, sizeof(Item), costlier_first);
+    const ChunkJob job = {{q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row,
+                           num_heads, num_kv_heads, head_dim, block_size, scale}, query_start_loc};
+    const ChunkFn fn = pick_chunk(group, head_dim);
+    const size_t scratch_bytes = sizeof(float) * ROWS * group * (head_dim + 16 + 1) + 64;
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *scratch = aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1) nowait /* one barrier (the region's end), not two */
+        for (long i = 0; i < n; i++)
+            if (scratch) fn(&job, &items[i], scratch);
+        free(scratch);
+    }
+    free(items);
+    return failed ? -1 : 0;
+}
+

@@ -1,6 +1,8 @@
-"""The CPU paged decode-attention kernel (cpu_decode.c): built once, loaded through ctypes.
+"""The CPU paged attention kernels (cpu_decode.c): built once, loaded through ctypes.
 
-It serves bfloat16 decodes on CPUs with AVX512-BF16 (head_dim a multiple of 32). It is compiled
+paged_decode_attention serves one query token per sequence; paged_attention any number per sequence
+(prefill chunks, chunks after cached blocks, decodes), reading keys and values in place. Both take
+bfloat16 on CPUs with AVX512-BF16 (head_dim a multiple of 32 up to 256, up to 8 query heads per KV head). It is compiled
 with the system's C compiler at first use into <cache>/kernels, named by a hash of the source, the
 flags and this CPU's features (-march=native code runs only where it was built). Where it cannot
 be had (another CPU, no compiler, a failed build: logged once) the torch backend gathers and calls
@@ -23,7 +25,9 @@ from engine_core.platform import cpu_flags
 logger = logging.getLogger("nvllm")
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_decode.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-pthread"]
+# -ffp-contract=off: no multiply-add fused in one inlined copy of the code and not in another, so that a
+# row's result does not depend on which of the kernel's instances computed it
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-pthread"]
 
 _library = None
 _tried = False
@@ -75,8 +79,21 @@ def load():
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int])
+    fn = library.paged_attention
+    fn.restype = ctypes.c_int
+    fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
+                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+                   + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int])
     _library = library
     return _library
+
+
+def _takes(q, k_cache, v_cache, out, *int32_vectors) -> bool:
+    return (q.device.type == "cpu" and q.dtype == torch.bfloat16 and k_cache.dtype == q.dtype
+            and v_cache.dtype == q.dtype and out.dtype == q.dtype and out.shape == q.shape
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and q.stride()[1:] == (q.shape[2], 1) and out.stride()[1:] == (out.shape[2], 1)
+            and all(t.dtype == torch.int32 and t.device.type == "cpu" and t.stride(-1) == 1 for t in int32_vectors))
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -84,11 +101,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            out: torch.Tensor) -> bool:
     """Attention of q [S, H, D] (one token per sequence: the last of its seq_lens[i] cached tokens)
     into out [S, H, D]. False, with out untouched, where the kernel does not apply."""
-    if (q.device.type != "cpu" or q.dtype != torch.bfloat16 or k_cache.dtype != q.dtype or out.dtype != q.dtype
-            or not (k_cache.is_contiguous() and v_cache.is_contiguous())
-            or q.stride()[1:] != (q.shape[2], 1) or out.stride()[1:] != (out.shape[2], 1)
-            or block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32
-            or block_tables.stride(-1) != 1 or not seq_lens.is_contiguous()):
+    if not _takes(q, k_cache, v_cache, out, block_tables, seq_lens):
         return False
     library = load()
     if library is None:
@@ -99,4 +112,24 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), out.stride(0), num_seqs, num_heads,
         num_kv_heads, head_dim, block_size, scale, torch.get_num_threads())
+    return status == 0
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, out: torch.Tensor) -> bool:
+    """Causal attention of q [T, H, D] into out [T, H, D]: sequence i owns rows query_start_loc[i] ..
+    query_start_loc[i + 1] - 1 (absolute rows of q), the last of its seq_lens[i] tokens in the cache
+    (the new ones already written); a row at position p sees keys 0..p. One call for all sequences.
+    False, with out untouched, where the kernel does not apply."""
+    if not _takes(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc) or not q.shape[0]:
+        return False
+    library = load()
+    if library is None:
+        return False
+    num_heads, head_dim = q.shape[1:]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    status = library.paged_attention(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), seq_lens.data_ptr(), query_start_loc.data_ptr(), out.data_ptr(), out.stride(0),
+        len(seq_lens), num_heads, num_kv_heads, head_dim, block_size, scale, torch.get_num_threads())
     return status == 0

@@ -1,20 +1,21 @@
 """Attention in plain torch: works on any device; the reference backend and the CPU one.
 
-Decodes in bfloat16 on CPUs with AVX512-BF16 go to a C kernel that reads the paged cache in place
-(cpu_decode_kernel.py). Every other attention call is torch's scaled_dot_product_attention with grouped-query heads
-(`enable_gqa`), over keys viewed as [B, Hkv, L, D] without copying them: on CPU its flash kernel
-is several times faster than explicit matmul + softmax, more so for long prefills. Decodes are
-batched: their keys are gathered through the block tables (padded to the longest, masked).
-Prefill chunks go one at a time: a chunk with nothing cached before it attends causally to its own
-keys; one that follows cached blocks gathers them and masks causally with an offset. Gather indices
-and masks are built once per step and shared by all layers.
+In bfloat16 on CPUs with AVX512-BF16, C kernels (cpu_decode_kernel.py) read the paged cache in place:
+decodes go to the decode kernel, and all prefill chunks of a step (with or without cached blocks
+before them) to the chunk kernel in one call, with no gathered copy and no mask.
+Everything else (float32 models, other devices and CPUs, shapes the kernels decline) uses torch's
+scaled_dot_product_attention with grouped-query heads (`enable_gqa`), over keys viewed as
+[B, Hkv, L, D] without copying them. Decodes are batched: their keys are gathered through the block
+tables (padded to the longest, masked). Prefill chunks go one at a time: a chunk with nothing cached
+before it attends causally to its own keys; one that follows cached blocks gathers them and masks
+causally with an offset. Gather indices and masks are built once per step and shared by all layers.
 """
 
 import torch
 import torch.nn.functional as F
 
 from engine_core.attention.backend import AttentionBackend
-from engine_core.attention.cpu_decode_kernel import paged_decode_attention
+from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
 from engine_core.attention.metadata import AttentionMetadata
 
 
@@ -58,6 +59,9 @@ class TorchAttentionBackend(AttentionBackend):
             slots, mask = self._decode_plan(meta, k_cache.shape[1], q.dtype)
             keys, values = gather(k_cache, slots), gather(v_cache, slots)
             out[:nd] = grouped_attention(q[:nd].unsqueeze(1), keys, values, mask, scale).squeeze(1)
+        if nd == meta.num_seqs or paged_attention(q, k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
+                                                  meta.query_start_loc[nd:], scale, out):
+            return out
         starts = meta.query_start_loc_cpu
         for i in range(nd, meta.num_seqs):
             lo, hi = starts[i], starts[i + 1]
