@@ -50,7 +50,7 @@ class EngineCore:
                     capacity, num_blocks * per_block / 2**30, str(dtype).removeprefix("torch."))
         self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.token_budget(device.type),
             max_model_len=self.max_model_len, block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching), self.kv_cache_manager)
         self.num_blocks = num_blocks

@@ -109,7 +109,7 @@ class ModelRunner:
         KV cache just large enough. Returns the peak bytes the step allocated (CUDA; 0 on other devices)."""
         if self.activation_peak is not None:
             return self.activation_peak
-        lens = profile_lengths(self.args.max_num_batched_tokens, self.args.max_num_seqs, self.max_model_len)
+        lens = profile_lengths(self.args.token_budget(self.device.type), self.args.max_num_seqs, self.max_model_len)
         step, num_blocks = dummy_step(lens, self.block_size)
         cuda = self.device.type == "cuda"
         if cuda:

@@ -32,8 +32,9 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                    help="longest prompt + output in tokens (default: the model's own limit)")
     g.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs,
                    help="most requests running at once")
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=d.max_num_batched_tokens,
-                   help="token budget of one engine step (decodes + prefill chunks)")
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
+                   help="token budget of one engine step (decodes + prefill chunks); default: 512 on CPU "
+                        "(a burst of prompts starts streaming sooner), 2048 on CUDA")
     g.add_argument("--block-size", type=int, default=d.block_size, choices=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
                    help="tokens per KV cache block (flash-attn's paged kernels need 256 or 512)")
     g.add_argument("--kv-cache-memory", type=_size, default=None,
