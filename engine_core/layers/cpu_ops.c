@@ -21,7 +21,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#ifndef PARALLEL_MIN_ELEMENTS
 #define PARALLEL_MIN_ELEMENTS 32768 /* below this, one thread */
+#endif
 
 typedef uint16_t bf16;
 
