@@ -50,8 +50,8 @@ def load():
         fn.restype = ctypes.c_int
     # silu of a bf16 has 65536 possible inputs: tabulate torch's own results (+1 entry: the kernel's
     # 4-byte gathers read 2 bytes past the last one)
-    inputs = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-    _silu_table = torch.cat([torch.nn.functional.silu(inputs), torch.zeros(1, dtype=torch.bfloat16)])
+    inputs = torch.arange(65536, dtype=torch.int32, device="cpu").to(torch.int16).view(torch.bfloat16)
+    _silu_table = torch.cat([torch.nn.functional.silu(inputs), torch.zeros(1, dtype=torch.bfloat16, device="cpu")])
     library.set_silu_table(_silu_table.data_ptr())
     _library = library
     _norm_ok = _pick_sum_lanes(library)
@@ -70,9 +70,9 @@ def _pick_sum_lanes(library) -> bool:
     depends on its build and dispatch, not only on the CPU): the one whose results equal torch's
     on random rows. False (norm kernel unused, logged) where neither does."""
     g = torch.Generator().manual_seed(0)
-    rows = [(torch.randn(32, n, generator=g) * torch.rand(32, 1, generator=g) * 8).to(torch.bfloat16)
-            for n in (16, 43, 576, 1040, 4100)]
-    weights = [torch.randn(x.shape[1], generator=g).to(torch.bfloat16) for x in rows]
+    rows = [(torch.randn(32, n, generator=g, device="cpu") * torch.rand(32, 1, generator=g, device="cpu") * 8)
+            .to(torch.bfloat16) for n in (16, 43, 576, 1040, 4100)]
+    weights = [torch.randn(x.shape[1], generator=g, device="cpu").to(torch.bfloat16) for x in rows]
     expected = [_torch_rms_norm(x, w, 1e-5) for x, w in zip(rows, weights)]
     for lanes in (8, 16):
         library.set_sum_lanes(lanes)
@@ -87,12 +87,13 @@ def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     norm, both IN PLACE: the normed rows overwrite x and the new residual overwrites residual;
     returns (x, residual). x: [T, n] or [T, H, n], rows contiguous, 16 <= n <= 16384. None (inputs
     untouched) where the kernel does not apply."""
-    if x.dtype is not torch.bfloat16 or not x.is_cpu or weight.dtype is not torch.bfloat16:
+    if x.dtype is not torch.bfloat16 or not x.is_cpu or weight.dtype is not torch.bfloat16 or not weight.is_cpu:
         return None
     library = _library if _tried else load()
     if library is None or not _norm_ok:
         return None
-    if residual is not None and (residual.dtype is not torch.bfloat16 or residual.shape != x.shape):
+    if residual is not None and (residual.dtype is not torch.bfloat16 or not residual.is_cpu
+                                 or residual.shape != x.shape):
         return None
     return _call_rms_norm(library, x, residual, weight, eps)
 
@@ -108,7 +109,7 @@ def _call_rms_norm(library, x, residual, weight, eps):
     else:
         return None
     if residual is None:
-        out = torch.empty(x.shape, dtype=x.dtype)
+        out = torch.empty(x.shape, dtype=x.dtype, device="cpu")
         o0, o1 = (n1 * n, n) if x.dim() == 3 else (n, 0)
         library.rms_norm_bf16(x.data_ptr(), s0, s1, None, 0, 0, out.data_ptr(), o0, o1, weight.data_ptr(), n0, n1,
                               n, eps, torch.get_num_threads())
@@ -124,13 +125,13 @@ def _call_rms_norm(library, x, residual, weight, eps):
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     """silu(x[:, :n]) * x[:, n:] for x [T, 2n] (rows contiguous) as a new [T, n] tensor; None where
     the kernel does not apply."""
-    if x.dtype is not torch.bfloat16 or not x.is_cpu or x.dim() != 2 or x.stride(1) != 1:
+    if x.dtype is not torch.bfloat16 or not x.is_cpu or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] % 2:
         return None
     library = _library if _tried else load()
     if library is None:
         return None
     rows, n = x.shape[0], x.shape[1] // 2
-    out = torch.empty((rows, n), dtype=x.dtype)
+    out = torch.empty((rows, n), dtype=x.dtype, device="cpu")
     if library.silu_and_mul_bf16(x.data_ptr(), x.stride(0), out.data_ptr(), n, rows, n, torch.get_num_threads()):
         return None
     return out
@@ -144,8 +145,9 @@ def rotary(positions: torch.Tensor, heads: torch.Tensor, cos: torch.Tensor, sin:
     library = _library if _tried else load()
     tokens, num_heads, d = heads.shape
     if (library is None or heads.stride(2) != 1 or heads.stride(1) != d or d % 2 or not positions.is_contiguous()
-            or positions.shape != (tokens,) or cos.dtype is not torch.float32 or cos.shape[1] != d
-            or not cos.is_contiguous() or not sin.is_contiguous() or sin.shape != cos.shape):
+            or positions.shape != (tokens,) or not positions.is_cpu or cos.dtype is not torch.float32
+            or cos.shape[1] != d or not cos.is_cpu or not cos.is_contiguous() or not sin.is_contiguous()
+            or sin.shape != cos.shape or sin.dtype is not torch.float32 or not sin.is_cpu):
         return False
     return library.rotary_bf16(heads.data_ptr(), heads.stride(0), d, tokens, num_heads, d, positions.data_ptr(),
                                cos.data_ptr(), sin.data_ptr(), cos.shape[0], torch.get_num_threads()) == 0
