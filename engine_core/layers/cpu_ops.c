@@ -6,7 +6,7 @@
  *  - every bf16 op of torch is computed in float32 and rounded to bf16 (nearest even, the integer
  *    way torch's AVX512 code does it: subnormals kept);
  *  - RMSNorm's float32 sum of squares follows torch's CPU sum order (its SumKernel.cpp: interleaved
- *    vector accumulators cascaded in blocks, then lanes added in order; see torch_order_sum). The
+ *    vector accumulators cascaded in blocks, then lanes added in order; see TORCH_ORDER_SUM). The
  *    vector width is torch's (8 lanes in the AVX2 kernel that torch 2.x runs for sums even on
  *    AVX512 CPUs): the loader checks which width matches torch and sets it; mean = sum / n, then
  *    rsqrt = 1 / sqrt, as torch computes them;
@@ -73,38 +73,37 @@ void set_sum_lanes(int lanes) { sum_lanes = lanes; }
  * cascaded every 16 groups of 4 vectors (3 more levels, each carried up when the one below fills);
  * then the levels are added, the leftover vectors added to accumulator 0, accumulators 1..3 added
  * to it, and the row's scalar tail and then the L lanes added in order to a float starting at 0. */
-static inline float torch_order_sum(const float *s, long n, const int L) {
-    const long nvec = n / L, ngroups = nvec / 4;
-    float acc[4][4][16];
-    for (int j = 0; j < 4; j++)
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < L; l++) acc[j][k][l] = 0.0f;
-    for (long g = 0; g < ngroups; g++) {
-        for (int k = 0; k < 4; k++)
-            for (int l = 0; l < L; l++) acc[0][k][l] += s[(g * 4 + k) * L + l];
-        if (((g + 1) & 15) == 0) {
-            for (int j = 1; j < 4; j++) {
-                for (int k = 0; k < 4; k++)
-                    for (int l = 0; l < L; l++) {
-                        acc[j][k][l] += acc[j - 1][k][l];
-                        acc[j - 1][k][l] = 0.0f;
-                    }
-                if (((g + 1) & (15L << (4 * j))) != 0) break;
-            }
-        }
+#define TORCH_ORDER_SUM(NAME, L, VEC, ZERO, LOAD, ADD, STORE)                                    \
+    static float NAME(const float *s, long n) {                                                      \
+        const long nvec = n / L, ngroups = nvec / 4;                                                 \
+        VEC acc[4][4];                                                                               \
+        for (int j = 0; j < 4; j++)                                                                  \
+            for (int k = 0; k < 4; k++) acc[j][k] = ZERO();                                          \
+        for (long g = 0; g < ngroups; g++) {                                                         \
+            for (int k = 0; k < 4; k++) acc[0][k] = ADD(acc[0][k], LOAD(s + (g * 4 + k) * L));       \
+            if (((g + 1) & 15) == 0) {                                                               \
+                for (int j = 1; j < 4; j++) {                                                        \
+                    for (int k = 0; k < 4; k++) {                                                    \
+                        acc[j][k] = ADD(acc[j][k], acc[j - 1][k]);                                   \
+                        acc[j - 1][k] = ZERO();                                                      \
+                    }                                                                                \
+                    if (((g + 1) & (15L << (4 * j))) != 0) break;                                    \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+        for (int k = 0; k < 4; k++)                                                                  \
+            for (int j = 1; j < 4; j++) acc[0][k] = ADD(acc[0][k], acc[j][k]);                       \
+        VEC partial = acc[0][0];                                                                     \
+        for (long v = ngroups * 4; v < nvec; v++) partial = ADD(partial, LOAD(s + v * L));          \
+        for (int k = 1; k < 4; k++) partial = ADD(partial, acc[0][k]);                               \
+        float total = 0.0f, lanes[L];                                                                \
+        for (long i = nvec * L; i < n; i++) total += s[i];                                           \
+        STORE(lanes, partial);                                                                       \
+        for (int l = 0; l < L; l++) total += lanes[l];                                               \
+        return total;                                                                                \
     }
-    for (int k = 0; k < 4; k++)
-        for (int j = 1; j < 4; j++)
-            for (int l = 0; l < L; l++) acc[0][k][l] += acc[j][k][l];
-    for (long v = ngroups * 4; v < nvec; v++)
-        for (int l = 0; l < L; l++) acc[0][0][l] += s[v * L + l];
-    for (int k = 1; k < 4; k++)
-        for (int l = 0; l < L; l++) acc[0][0][l] += acc[0][k][l];
-    float total = 0.0f;
-    for (long i = nvec * L; i < n; i++) total += s[i];
-    for (int l = 0; l < L; l++) total += acc[0][0][l];
-    return total;
-}
+TORCH_ORDER_SUM(torch_order_sum8, 8, __m256, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_add_ps, _mm256_storeu_ps)
+TORCH_ORDER_SUM(torch_order_sum16, 16, __m512, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_add_ps, _mm512_storeu_ps)
 
 /* x (+ residual, rounded to bf16: the new residual, stored back into it) -> the squares of its values
  * (float32, each rounded, as torch's pow(2) gives them) into sq; returns where the values are */
@@ -133,7 +132,7 @@ static const bf16 *row_squares(const bf16 *x, bf16 *res, long n, float *sq) {
 static void rms_norm_row(const bf16 *x, bf16 *res, bf16 *out, const bf16 *w, long n, float eps) {
     float sq[n];
     const bf16 *vals = row_squares(x, res, n, sq);
-    const float sum = sum_lanes == 16 ? torch_order_sum(sq, n, 16) : torch_order_sum(sq, n, 8);
+    const float sum = sum_lanes == 16 ? torch_order_sum16(sq, n) : torch_order_sum8(sq, n);
     const float mean = sum / (float)n;
     const float r = 1.0f / sqrtf(mean + eps);
     const __m512 rv = _mm512_set1_ps(r);
