@@ -7,8 +7,8 @@
  *    way torch's AVX512 code does it: subnormals kept);
  *  - RMSNorm's float32 sum of squares follows torch's CPU sum order (its SumKernel.cpp: interleaved
  *    vector accumulators cascaded in blocks, then lanes added in order; see TORCH_ORDER_SUM). The
- *    vector width is torch's (8 lanes in the AVX2 kernel that torch 2.x runs for sums even on
- *    AVX512 CPUs): the loader checks which width matches torch and sets it; mean = sum / n, then
+ *    vector width is torch's: the loader checks which of 8 or 16 lanes reproduces torch and sets it
+ *    (8 with torch 2.13 on an AVX512 CPU: its sum kernel runs at AVX2 width); mean = sum / n, then
  *    rsqrt = 1 / sqrt, as torch computes them;
  *  - silu(bf16) takes one of 65536 values: it is looked up in a table of torch's own results
  *    (built by the loader with torch), then multiplied by up and rounded.
