@@ -19,7 +19,7 @@ from engine_core.attention.selector import get_attention_backend
 from engine_core.cuda_graph import DecodeGraphRunner
 from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.forward_context import forward_context
-from engine_core.layers import cpu_packing
+from engine_core.layers import cpu_ops, cpu_packing
 from engine_core.layers.attention import PagedAttention
 from engine_core.models.registry import model_class
 from engine_core.request import Request
@@ -56,6 +56,7 @@ class ModelRunner:
             cpu_packing.pack_model(self.model)
         if device.type == "cpu" and dtype == torch.bfloat16:
             cpu_decode_kernel.load()  # built (once per machine) now, not in the first request's decode step
+            cpu_ops.load()  # likewise the fused norm / SiLU-and-mul / rotary kernels
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.backend = self._attention_backend()
         self.sampler = Sampler(device, args.seed) if tp_rank() == 0 else None

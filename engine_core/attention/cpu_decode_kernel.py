@@ -10,48 +10,20 @@ SDPA instead. NVLLM_CPU_DECODE_KERNEL=0 turns it off.
 """
 
 import ctypes
-import fcntl
-import hashlib
-import logging
 import os
-import shutil
-import subprocess
-import tempfile
 
 import torch
 
+from engine_core.cpu_kernels import load_library
 from engine_core.platform import cpu_flags
-
-logger = logging.getLogger("nvllm")
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_decode.c")
 # -ffp-contract=off: no multiply-add fused in one inlined copy of the code and not in another, so that a
 # row's result does not depend on which of the kernel's instances computed it
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-pthread"]
+EXTRA_FLAGS = ("-ffp-contract=off",)
 
 _library = None
 _tried = False
-
-
-def _build(target: str) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) on PATH")
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(os.path.join(os.path.dirname(target), ".build.lock"), "w") as lock:  # several processes may start at once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(target):
-            return
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target))
-        os.close(fd)
-        try:
-            subprocess.run([compiler, *FLAGS, SOURCE, "-o", tmp, "-lm"], check=True, capture_output=True, text=True)
-            os.replace(tmp, target)
-        except subprocess.CalledProcessError as e:
-            raise RuntimeError(f"{compiler} failed: {e.stderr.strip()[-2000:]}") from None
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
 
 
 def load():
@@ -62,18 +34,8 @@ def load():
     _tried = True
     if os.environ.get("NVLLM_CPU_DECODE_KERNEL", "1") == "0" or "avx512_bf16" not in cpu_flags():
         return None
-    from engine_core.weights.model_resolver import cache_dir
-
-    with open(SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + " ".join(FLAGS + sorted(cpu_flags())).encode()).hexdigest()[:16]
-    target = os.path.join(cache_dir(), "kernels", f"cpu_decode-{digest}.so")
-    try:
-        if not os.path.exists(target):
-            logger.info("building the CPU decode-attention kernel into %s", target)
-            _build(target)
-        library = ctypes.CDLL(target)
-    except (OSError, RuntimeError) as e:
-        logger.warning("CPU decode-attention kernel unavailable (%s); decodes use gather + SDPA", e)
+    library = load_library(SOURCE, EXTRA_FLAGS, "the CPU attention kernels (cpu_decode.c)")
+    if library is None:
         return None
     fn = library.paged_decode_attention
     fn.restype = ctypes.c_int

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from engine_core.forward_context import get_forward_context, has_forward_context
+from engine_core.layers import cpu_ops
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -53,7 +54,12 @@ class RotaryEmbedding(nn.Module):
         return self.rotate(positions, q), self.rotate(positions, k)
 
     def rotate(self, positions: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
-        """heads [T, any number of heads, D] (e.g. q and k side by side, in one pass) rotated by positions [T]."""
+        """heads [T, any number of heads, D] (e.g. q and k side by side, in one pass) rotated by positions [T].
+
+        bfloat16 on AVX512 CPUs: the fused kernel (cpu_ops) rotates `heads` in place, bit-identical,
+        reading the float32 tables directly (no per-step tables)."""
+        if cpu_ops.rotary(positions, heads, self.cos, self.sin):
+            return heads
         cos, sin = self._tables_for(positions, heads.dtype)
         return _rotate(heads, cos, sin)
 

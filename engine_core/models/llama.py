@@ -9,6 +9,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from engine_core.layers.activation import silu_and_mul
 from engine_core.layers.attention import PagedAttention
 from engine_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -63,8 +64,7 @@ class DecoderMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

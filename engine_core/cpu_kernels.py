@@ -1,0 +1,77 @@
+"""Build-and-load of small C kernels for the CPU, called through ctypes.
+
+A C source is compiled at first use with the system's C compiler (-O3 -march=native, OpenMP) into
+<cache>/kernels/NAME-<hash>.so, the hash covering the source, the flags and this CPU's features
+(-march=native code runs only where it was built). Several processes may start at once: the build
+holds a file lock and renames a finished temporary file into place. Where a library cannot be had
+(no compiler, a failed build, a load error) load_library returns None and logs why, once per source.
+
+OpenMP: the library needs libgomp.so.1; the torch wheel's copy is already loaded under that name,
+so the dynamic linker hands it to the kernel too and both share one thread pool.
+"""
+
+import ctypes
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+
+from engine_core.platform import cpu_flags
+
+logger = logging.getLogger("nvllm")
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-pthread")
+
+_loaded: dict[tuple, ctypes.CDLL | None] = {}
+
+
+def _build(source: str, flags: list[str], target: str) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ".build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(target):  # another process built it while we waited
+            return
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            subprocess.run([compiler, *flags, source, "-o", tmp, "-lm"], check=True, capture_output=True, text=True)
+            os.replace(tmp, target)
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"{compiler} failed: {e.stderr.strip()[-2000:]}") from None
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def load_library(source: str, extra_flags: tuple[str, ...] = (), what: str | None = None) -> ctypes.CDLL | None:
+    """The ctypes library built from the C file `source`, or None where it cannot be had (logged once).
+
+    `what` names the kernels in log lines (default: the file's name)."""
+    key = (source, tuple(extra_flags))
+    if key in _loaded:
+        return _loaded[key]
+    from engine_core.weights.model_resolver import cache_dir
+
+    flags = [*FLAGS, *extra_flags]
+    name = os.path.splitext(os.path.basename(source))[0]
+    what = what or name
+    library = None
+    try:
+        with open(source, "rb") as f:
+            digest = hashlib.sha256(f.read() + " ".join(flags + sorted(cpu_flags())).encode()).hexdigest()[:16]
+        target = os.path.join(cache_dir(), "kernels", f"{name}-{digest}.so")
+        if not os.path.exists(target):
+            logger.info("building %s into %s", what, target)
+            _build(source, flags, target)
+        library = ctypes.CDLL(target)
+    except (OSError, RuntimeError) as e:
+        logger.warning("%s unavailable (%s); the torch code runs instead", what, e)
+    _loaded[key] = library
+    return library

@@ -1,0 +1,153 @@
+"""Fused bfloat16 kernels for AVX512 CPUs (cpu_ops.c): residual add + RMSNorm, SiLU-and-mul, rotary.
+
+In a bf16 prefill on CPU the small torch ops these replace (dtype conversions, mul, add, pow, silu,
+sum, cat, neg and their temporaries) cost about a quarter of the step; each kernel does the same
+work in one pass over memory, bit-identical to the torch code (see cpu_ops.c for how). Each wrapper
+returns None (or False) where it does not apply (another dtype or device, an unsupported layout, no
+kernel on this machine); the caller then runs its torch code. NVLLM_CPU_FUSED_OPS=0 turns them off.
+"""
+
+import ctypes
+import logging
+import os
+
+import torch
+
+from engine_core.cpu_kernels import load_library
+from engine_core.platform import cpu_flags
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_ops.c")
+_CPU_FEATURES = {"avx512f", "avx512bw", "avx512vl"}
+
+logger = logging.getLogger("nvllm")
+
+_library = None
+_tried = False
+_norm_ok = False  # the norm kernel matched torch's sum order at load
+_silu_table = None  # kept alive: the C side reads it
+
+
+def load():
+    """The kernel library, or None where it cannot be had (disabled, another CPU, no compiler)."""
+    global _library, _tried, _norm_ok, _silu_table
+    if _tried:
+        return _library
+    _tried = True
+    if os.environ.get("NVLLM_CPU_FUSED_OPS", "1") == "0" or not _CPU_FEATURES <= cpu_flags():
+        return None
+    # no fused multiply-adds: torch rounds every product before adding
+    library = load_library(SOURCE, ("-ffp-contract=off",), "the fused CPU kernels (cpu_ops.c)")
+    if library is None:
+        return None
+    long, ptr = ctypes.c_long, ctypes.c_void_p
+    library.rms_norm_bf16.argtypes = [ptr, long, long, ptr, long, long, ptr, long, long, ptr, long, long, long,
+                                      ctypes.c_float, ctypes.c_int]
+    library.silu_and_mul_bf16.argtypes = [ptr, long, ptr, long, long, long, ctypes.c_int]
+    library.rotary_bf16.argtypes = [ptr, long, long, long, long, long, ptr, ptr, ptr, long, ctypes.c_int]
+    library.set_silu_table.argtypes = [ptr]
+    library.set_sum_lanes.argtypes = [ctypes.c_int]
+    for fn in (library.rms_norm_bf16, library.silu_and_mul_bf16, library.rotary_bf16):
+        fn.restype = ctypes.c_int
+    # silu of a bf16 has 65536 possible inputs: tabulate torch's own results (+1 entry: the kernel's
+    # 4-byte gathers read 2 bytes past the last one)
+    inputs = torch.arange(65536, dtype=torch.int32, device="cpu").to(torch.int16).view(torch.bfloat16)
+    _silu_table = torch.cat([torch.nn.functional.silu(inputs), torch.zeros(1, dtype=torch.bfloat16, device="cpu")])
+    library.set_silu_table(_silu_table.data_ptr())
+    _library = library
+    _norm_ok = _pick_sum_lanes(library)
+    return library
+
+
+def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """norm.py's torch code (float32 statistics, bf16 rounding), the reference the kernel matches."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _pick_sum_lanes(library) -> bool:
+    """Sets the kernel's sum order to the vector width of torch's sum kernel (which width torch runs
+    depends on its build and dispatch, not only on the CPU): the one whose results equal torch's
+    on random rows. False (norm kernel unused, logged) where neither does."""
+    g = torch.Generator().manual_seed(0)
+    rows = [(torch.randn(32, n, generator=g, device="cpu") * torch.rand(32, 1, generator=g, device="cpu") * 8)
+            .to(torch.bfloat16) for n in (16, 43, 576, 1040, 4100)]
+    weights = [torch.randn(x.shape[1], generator=g, device="cpu").to(torch.bfloat16) for x in rows]
+    expected = [_torch_rms_norm(x, w, 1e-5) for x, w in zip(rows, weights)]
+    for lanes in (8, 16):
+        library.set_sum_lanes(lanes)
+        if all(torch.equal(_call_rms_norm(library, x, None, w, 1e-5), e) for x, w, e in zip(rows, weights, expected)):
+            return True
+    logger.warning("the fused CPU RMSNorm kernel does not reproduce this torch's sum order; RMSNorm runs in torch")
+    return False
+
+
+def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """RMSNorm(x) * weight as a new tensor; with a residual, x + residual -> new residual, then its
+    norm, both IN PLACE: the normed rows overwrite x and the new residual overwrites residual;
+    returns (x, residual). x: [T, n] or [T, H, n], rows contiguous, 16 <= n <= 16384. None (inputs
+    untouched) where the kernel does not apply."""
+    if x.dtype is not torch.bfloat16 or not x.is_cpu or weight.dtype is not torch.bfloat16 or not weight.is_cpu:
+        return None
+    library = _library if _tried else load()
+    if library is None or not _norm_ok:
+        return None
+    if residual is not None and (residual.dtype is not torch.bfloat16 or not residual.is_cpu
+                                 or residual.shape != x.shape):
+        return None
+    return _call_rms_norm(library, x, residual, weight, eps)
+
+
+def _call_rms_norm(library, x, residual, weight, eps):
+    n = x.shape[-1]
+    if x.stride(-1) != 1 or not weight.is_contiguous() or weight.shape != (n,) or not 16 <= n <= 16384:
+        return None
+    if x.dim() == 2:
+        (n0, _), (s0, _), n1, s1 = x.shape, x.stride(), 1, 0
+    elif x.dim() == 3:
+        (n0, n1, _), (s0, s1, _) = x.shape, x.stride()
+    else:
+        return None
+    if residual is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device="cpu")
+        o0, o1 = (n1 * n, n) if x.dim() == 3 else (n, 0)
+        library.rms_norm_bf16(x.data_ptr(), s0, s1, None, 0, 0, out.data_ptr(), o0, o1, weight.data_ptr(), n0, n1,
+                              n, eps, torch.get_num_threads())
+        return out
+    if residual.stride(-1) != 1:
+        return None
+    r0, r1 = residual.stride()[:2] if x.dim() == 3 else (residual.stride(0), 0)
+    library.rms_norm_bf16(x.data_ptr(), s0, s1, residual.data_ptr(), r0, r1, x.data_ptr(), s0, s1,
+                          weight.data_ptr(), n0, n1, n, eps, torch.get_num_threads())
+    return x, residual
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """silu(x[:, :n]) * x[:, n:] for x [T, 2n] (rows contiguous) as a new [T, n] tensor; None where
+    the kernel does not apply."""
+    if x.dtype is not torch.bfloat16 or not x.is_cpu or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] % 2:
+        return None
+    library = _library if _tried else load()
+    if library is None:
+        return None
+    rows, n = x.shape[0], x.shape[1] // 2
+    out = torch.empty((rows, n), dtype=x.dtype, device="cpu")
+    if library.silu_and_mul_bf16(x.data_ptr(), x.stride(0), out.data_ptr(), n, rows, n, torch.get_num_threads()):
+        return None
+    return out
+
+
+def rotary(positions: torch.Tensor, heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Rotates heads [T, H, D] (heads rows contiguous) IN PLACE by positions [T] (int64) with the
+    float32 tables cos/sin [max_position, D]. False, heads untouched, where the kernel does not apply."""
+    if heads.dtype is not torch.bfloat16 or not heads.is_cpu or heads.dim() != 3 or positions.dtype is not torch.int64:
+        return False
+    library = _library if _tried else load()
+    tokens, num_heads, d = heads.shape
+    if (library is None or heads.stride(2) != 1 or heads.stride(1) != d or d % 2 or not positions.is_contiguous()
+            or positions.shape != (tokens,) or not positions.is_cpu or cos.dtype is not torch.float32
+            or cos.shape[1] != d or not cos.is_cpu or not cos.is_contiguous() or not sin.is_contiguous()
+            or sin.shape != cos.shape or sin.dtype is not torch.float32 or not sin.is_cpu):
+        return False
+    return library.rotary_bf16(heads.data_ptr(), heads.stride(0), d, tokens, num_heads, d, positions.data_ptr(),
+                               cos.data_ptr(), sin.data_ptr(), cos.shape[0], torch.get_num_threads()) == 0

@@ -1,0 +1,220 @@
+"""The fused bf16 CPU kernels (engine_core/layers/cpu_ops.c) against the torch code they replace:
+bit-identical results, odd shapes, strided inputs, in-place semantics, fallbacks."""
+
+import pytest
+import torch
+
+from engine_core.layers import cpu_ops
+from engine_core.layers.activation import silu_and_mul
+from engine_core.layers.norm import RMSNorm
+from engine_core.layers.rotary import RotaryEmbedding, _rotate
+
+needs_kernel = pytest.mark.skipif(cpu_ops.load() is None,
+                                  reason="needs a CPU with AVX512 and a C compiler (the kernels are not built here)")
+bf16 = torch.bfloat16
+
+
+def _rand(*shape, seed=0, scale=True):
+    """bf16 values over several magnitudes (row scales 1e-3 .. 1e2), as activations have."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g)
+    if scale:
+        x = x * torch.rand(*shape[:-1], 1, generator=g) * 10.0 ** torch.randint(-3, 3, (*shape[:-1], 1), generator=g)
+    return x.to(bf16)
+
+
+def _norm_module(n, seed=1):
+    norm = RMSNorm(n, 1e-5).to(bf16)
+    norm.weight.data = _rand(n, seed=seed, scale=False)
+    return norm
+
+
+def _torch_norm(norm, x, residual=None):
+    """norm.py's torch code."""
+    if residual is None:
+        return norm._norm(x)
+    s = x + residual
+    return norm._norm(s), s
+
+
+@needs_kernel
+@pytest.mark.parametrize("tokens,n", [(1, 576), (3, 576), (17, 576), (2048, 576), (5, 16), (7, 43), (3, 1040),
+                                      (2, 2048), (4, 4100), (2, 16384), (64, 896)])
+def test_rms_norm_is_bit_identical(tokens, n):
+    norm = _norm_module(n)
+    x, residual = _rand(tokens, n, seed=2), _rand(tokens, n, seed=3)
+    expected_out, expected_residual = _torch_norm(norm, x, residual)
+    x_in, residual_in = x.clone(), residual.clone()
+    out, new_residual = norm(x_in, residual_in)
+    assert torch.equal(out, expected_out) and torch.equal(new_residual, expected_residual)
+    # in place: the normed rows overwrite x, the new residual overwrites residual
+    assert out.data_ptr() == x_in.data_ptr() and new_residual.data_ptr() == residual_in.data_ptr()
+
+    out = norm(x)  # no residual: a new tensor, x untouched
+    assert torch.equal(out, _torch_norm(norm, x)) and out.data_ptr() != x.data_ptr()
+
+
+@needs_kernel
+def test_rms_norm_no_residual_leaves_x():
+    norm = _norm_module(576)
+    x = _rand(9, 576, seed=4)
+    before = x.clone()
+    norm(x)
+    assert torch.equal(x, before)
+
+
+@needs_kernel
+@pytest.mark.parametrize("head_dim", [64, 128, 40])
+def test_rms_norm_per_head_on_a_strided_view(head_dim):
+    """Qwen3's q/k norm: [T, H, D] views into the qkv projection's output (rows qkv-wide apart)."""
+    tokens, heads, kv_heads = 17, 4, 2
+    qkv = _rand(tokens, (heads + 2 * kv_heads) * head_dim, seed=5)
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim: (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    norm = _norm_module(head_dim)
+    for x in (q, k):
+        out = norm(x)
+        assert out.is_contiguous() and torch.equal(out, _torch_norm(norm, x))
+
+
+@needs_kernel
+def test_rms_norm_rows_do_not_depend_on_the_batch():
+    """Batch invariance: a row's result is the same alone, in a small batch and in a threaded one."""
+    norm = _norm_module(576)
+    x, residual = _rand(2048, 576, seed=6), _rand(2048, 576, seed=7)
+    big, _ = norm(x.clone(), residual.clone())
+    for rows in (slice(5, 6), slice(100, 108)):
+        small, _ = norm(x[rows].clone(), residual[rows].clone())
+        assert torch.equal(small, big[rows])
+
+
+@needs_kernel
+def test_rms_norm_falls_back():
+    norm = _norm_module(8)  # rows shorter than 16: torch sums them another way
+    x = _rand(3, 8, seed=8)
+    assert cpu_ops.rms_norm(x, None, norm.weight, 1e-5) is None
+    assert torch.equal(norm(x), _torch_norm(norm, x))
+    x32 = torch.randn(3, 64)  # float32: the torch path (compared with transformers)
+    assert cpu_ops.rms_norm(x32, None, torch.ones(64), 1e-5) is None
+    strided = _rand(3, 128, seed=9)[:, ::2]  # elements not contiguous
+    assert cpu_ops.rms_norm(strided, None, _norm_module(64).weight, 1e-5) is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("tokens,n", [(1, 1536), (3, 1536), (17, 1536), (2048, 1536), (3, 17), (5, 100), (2, 8)])
+def test_silu_and_mul_is_bit_identical(tokens, n):
+    x = _rand(tokens, 2 * n, seed=10) * 4
+    gate, up = x.chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    out = cpu_ops.silu_and_mul(x)
+    assert out is not None and torch.equal(out, expected)
+    assert torch.equal(silu_and_mul(x), expected)
+
+
+@needs_kernel
+def test_silu_and_mul_every_bf16_gate():
+    """All 65536 bf16 gate values (NaNs aside: their bits may differ)."""
+    gate = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(bf16).view(256, 256)
+    up = _rand(256, 256, seed=11, scale=False)
+    expected = torch.nn.functional.silu(gate) * up
+    out = cpu_ops.silu_and_mul(torch.cat([gate, up], dim=1))
+    nan = expected.isnan()
+    assert torch.equal(out.isnan(), nan) and torch.equal(out[~nan], expected[~nan])
+
+
+@needs_kernel
+def test_silu_and_mul_strided_rows():
+    wide = _rand(9, 3000, seed=12)
+    x = wide[:, : 2 * 1000]  # rows 3000 apart
+    gate, up = x.chunk(2, dim=-1)
+    assert torch.equal(cpu_ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
+    assert cpu_ops.silu_and_mul(torch.randn(3, 64)) is None  # float32: torch
+
+
+def _rotary_case(tokens, heads, kv_heads, head_dim, seed=13, max_position=4096):
+    rotary = RotaryEmbedding(head_dim, max_position, 10000.0)
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.randint(0, max_position, (tokens,), generator=g)
+    positions[0] = max_position - 1
+    qkv = _rand(tokens, (heads + 2 * kv_heads) * head_dim, seed=seed)
+    qk = qkv[:, : (heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
+    cos = rotary.cos[positions].unsqueeze(1).to(bf16)
+    sin = rotary.sin[positions].unsqueeze(1).to(bf16)
+    return rotary, positions, qkv, qk, _rotate(qk, cos, sin)  # the torch code, as rotary.py runs it
+
+
+@needs_kernel
+@pytest.mark.parametrize("tokens,head_dim", [(1, 64), (3, 64), (17, 64), (2048, 64), (5, 128), (4, 80), (3, 34)])
+def test_rotary_is_bit_identical_and_in_place(tokens, head_dim):
+    rotary, positions, qkv, qk, expected = _rotary_case(tokens, 9, 3, head_dim)
+    v = qkv[:, qk.shape[1] * head_dim:].clone()
+    out = rotary.rotate(positions, qk)
+    assert out.data_ptr() == qk.data_ptr()  # rotated in place
+    assert torch.equal(out, expected)
+    assert torch.equal(qkv[:, qk.shape[1] * head_dim:], v)  # v, beside q and k, untouched
+
+
+@needs_kernel
+def test_rotary_q_and_k_apart():
+    """Qwen3's path: q and k normed into tensors of their own, then rotated."""
+    rotary, positions, _, qk, expected = _rotary_case(7, 4, 2, 64)
+    q, k = qk[:, :4].contiguous(), qk[:, 4:].contiguous()
+    q, k = rotary(positions, q, k)
+    assert torch.equal(torch.cat([q, k], dim=1), expected)
+
+
+@needs_kernel
+def test_rotary_falls_back():
+    rotary, positions, _, qk, expected = _rotary_case(5, 2, 1, 64, max_position=64)
+    before = qk.clone()
+    bad = positions.clone()
+    bad[2] = 64  # outside the tables: nothing written, torch then raises as it would
+    assert not cpu_ops.rotary(bad, qk, rotary.cos, rotary.sin) and torch.equal(qk, before)
+    assert not cpu_ops.rotary(positions.int(), qk, rotary.cos, rotary.sin)  # int32 positions: torch
+    assert torch.equal(rotary.rotate(positions.int(), qk), expected)
+    q32 = torch.randn(5, 3, 64)
+    assert not cpu_ops.rotary(positions, q32, rotary.cos, rotary.sin)
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("NVLLM_CPU_FUSED_OPS", "0")
+    monkeypatch.setattr(cpu_ops, "_tried", False)
+    monkeypatch.setattr(cpu_ops, "_library", None)
+    assert cpu_ops.load() is None
+    norm = _norm_module(576)
+    x, residual = _rand(3, 576, seed=14), _rand(3, 576, seed=15)
+    x_before, residual_before = x.clone(), residual.clone()
+    out, new_residual = norm(x, residual)
+    expected_out, expected_residual = _torch_norm(norm, x_before, residual_before)
+    assert torch.equal(out, expected_out) and torch.equal(new_residual, expected_residual)
+    assert torch.equal(x, x_before) and torch.equal(residual, residual_before)  # the torch path is not in place
+    gate_up = _rand(3, 64, seed=16)
+    assert cpu_ops.silu_and_mul(gate_up) is None
+    rotary, positions, _, qk, expected = _rotary_case(3, 2, 1, 64)
+    before = qk.clone()
+    assert torch.equal(rotary.rotate(positions, qk), expected) and torch.equal(qk, before)
+
+
+def _bf16_logits(path: str, lens: list[int]) -> torch.Tensor:
+    from common.config import EngineArgs
+    from engine_core.model_config import load_hf_config
+    from engine_core.model_runner import ModelRunner, dummy_step
+
+    args = EngineArgs(model=path, dtype="bfloat16", block_size=16, kv_cache_memory="16MiB")
+    runner = ModelRunner(args, path, load_hf_config(path), torch.device("cpu"), bf16)
+    runner.allocate_kv_cache(64)
+    step, _ = dummy_step(lens, 16)
+    g = torch.Generator().manual_seed(0)
+    step.input_ids[:] = torch.randint(200, 40000, (len(step.input_ids),), generator=g).tolist()
+    return runner.forward(step)
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["default", "qwen3"])
+def test_bf16_model_logits_equal_the_torch_path(arch, monkeypatch, default_model_dir, tiny_models):
+    """A bf16 step (decodes and prefills) gives the same logits, to the bit, with and without the kernels."""
+    path = default_model_dir if arch == "default" else tiny_models[arch]
+    lens = [1, 1, 1, 37, 5]
+    with_kernels = _bf16_logits(path, lens)
+    monkeypatch.setattr(cpu_ops, "_library", None)
+    assert torch.equal(_bf16_logits(path, lens), with_kernels)
