@@ -28,6 +28,9 @@ _CHECK_SECONDS = 1.0
 # a CPU counts as taken once other processes use this much of it: a thread sharing its CPU with
 # that much work stalls every parallel region; housekeeping (well under it) does not
 _TAKEN = 0.4
+# and free again only below this: a frontend whose load follows ours (it streams what we generate)
+# would otherwise flip the pool every second
+_FREED = 0.25
 
 
 def allowed_cpus() -> list[int]:
@@ -57,9 +60,10 @@ def _own_ticks() -> int:
     return round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
 
 
-def pool_size(others_load: float, num_cpus: int, max_threads: int) -> int:
-    """Threads for a pool on num_cpus CPUs of which other processes use others_load CPUs' worth."""
-    taken = int(others_load + 1 - _TAKEN)  # CPUs at least _TAKEN busy with other work
+def pool_size(others_load: float, num_cpus: int, max_threads: int, taken_at: float = _TAKEN) -> int:
+    """Threads for a pool on num_cpus CPUs of which other processes use others_load CPUs' worth, a CPU
+    counting as taken once others use `taken_at` of it."""
+    taken = int(others_load + 1 - taken_at)
     return max(1, min(max_threads, num_cpus - taken))
 
 
@@ -96,6 +100,8 @@ class ThreadPoolSizer:
         if load is None:
             return self.threads
         wanted = pool_size(load, len(self.cpus), self.max_threads)
+        if wanted > self.threads:  # grow only once the load is clearly gone
+            wanted = max(self.threads, pool_size(load, len(self.cpus), self.max_threads, _FREED))
         if wanted != self.threads:
             logger.info("CPU threads: %d -> %d (other processes use %.1f of %d CPUs)", self.threads, wanted,
                         load, len(self.cpus))

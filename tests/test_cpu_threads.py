@@ -19,6 +19,7 @@ def test_pool_size_leaves_busy_cpus_to_their_owners():
     assert pool_size(2.0, 2, 2) == 1  # never fewer than one
     assert pool_size(1.0, 8, 8) == 7
     assert pool_size(0.0, 8, 4) == 4  # never more than asked for
+    assert pool_size(0.3, 2, 2, taken_at=0.25) == 1  # growing back asks for a clearly free CPU
 
 
 @pytest.mark.skipif(len(allowed_cpus()) < 2 or not os.path.exists("/proc/stat"),
