@@ -238,10 +238,13 @@ int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cach
  * ------------------------------------------------------------------------------------------------- */
 
 #define ROWS 32 /* query rows per work item: each prepared tile serves ROWS x group query vectors */
+#define CT 32 /* keys per tile: NH vectors of 16 scores */
+#define NH (CT / 16)
 
 typedef struct {
     Job base;
     const int32_t *query_start_loc;
+    float log2e_scale; /* scale / ln 2: e^(x scale) = 2^(x log2e_scale) */
 } ChunkJob;
 
 typedef struct {
@@ -286,9 +289,23 @@ typedef struct {
     float *maxes;
 } RowState;
 
-/* One tile for R consecutive rows (first row r, position pos) and all G query heads: scores, online
- * softmax update, values. The arithmetic of each row is the same for every R (R only interleaves
- * independent rows so the vdpbf16ps chains overlap). */
+/* 2^t, about 3e-6 relative (far below the bf16 rounding of the probabilities): an integer power applied
+ * with scalef (0 for t far below -126, so no clamp) times a degree-4 fit of 2^f on [-0.5, 0.5] */
+static inline __m512 exp2_fast(__m512 t) {
+    const __m512 whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, whole);
+    __m512 p = _mm512_set1_ps(9.570087306201458e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785907745361e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402474582195282e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931217908859253e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999992847442627e-1f));
+    return _mm512_scalef_ps(p, whole);
+}
+
+/* One tile (CT keys, NH vectors of 16 scores) for R consecutive rows (first row r, position pos) and all
+ * G query heads: scores, online softmax update, values. The arithmetic of each row is the same for every
+ * R (R only interleaves independent rows so the vdpbf16ps chains overlap), and which branch a row takes
+ * (masked diagonal tile or full tile, rescale or not) depends only on its position and its own scores. */
 static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, const __m512bh *kT, const __m512bh *vP,
                                                             const uint16_t *q, int r, int pos, int tile_start,
                                                             RowState st, const int R, const int G, const int D) {
@@ -296,47 +313,62 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
     const uint16_t *qv[R * G];
     for (int rr = 0; rr < R; rr++)
         for (int g = 0; g < G; g++) qv[rr * G + g] = q + (long)(r + rr) * b->q_row + (long)g * D;
-    /* scores: two partial sums per row (even and odd key pairs), added at the end */
-    __m512 even[R * G], odd[R * G];
-    for (int v = 0; v < R * G; v++) even[v] = odd[v] = _mm512_setzero_ps();
-    for (int i = 0; i < D / 2; i += 2) {
-        const __m512bh k0 = kT[i], k1 = kT[i + 1];
+    /* scores: one chain per row and 16 keys */
+    __m512 s[R * G][NH];
+    for (int v = 0; v < R * G; v++)
+        for (int h = 0; h < NH; h++) s[v][h] = _mm512_setzero_ps();
+    for (int i = 0; i < D / 2; i++)
         for (int v = 0; v < R * G; v++) {
-            even[v] = _mm512_dpbf16_ps(even[v], pair_at(qv[v] + 2 * i), k0);
-            odd[v] = _mm512_dpbf16_ps(odd[v], pair_at(qv[v] + 2 * i + 2), k1);
+            const __m512bh qp = pair_at(qv[v] + 2 * i);
+            for (int h = 0; h < NH; h++) s[v][h] = _mm512_dpbf16_ps(s[v][h], qp, kT[h * (D / 2) + i]);
         }
-    }
-    uint16_t probs[R * G][TILE] __attribute__((aligned(64))); /* bf16, as the values they weigh */
+    uint16_t probs[R * G][CT] __attribute__((aligned(64))); /* bf16, as the values they weigh */
+    const __m512 c = _mm512_set1_ps(j->log2e_scale);
     for (int v = 0; v < R * G; v++) {
         const int row = r + v / G, visible = pos + v / G - tile_start + 1; /* keys of this tile it sees */
-        const __mmask16 valid = visible >= TILE ? (__mmask16)0xffff : (__mmask16)((1u << visible) - 1);
         float *acc = st.acc + ((long)row * G + v % G) * D;
         float *running_max = st.maxes + (long)row * G + v % G;
         __m512 *running_sum = st.sums + (long)row * G + v % G;
-        __m512 scores = _mm512_mul_ps(_mm512_add_ps(even[v], odd[v]), _mm512_set1_ps(b->scale));
-        scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), scores);
-        const float tile_max = _mm512_reduce_max_ps(scores);
+        __mmask16 valid[NH];
+        const int diagonal = visible < CT; /* masks only here */
+        if (diagonal)
+            for (int h = 0; h < NH; h++) {
+                const int n = visible - 16 * h;
+                valid[h] = n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+                s[v][h] = _mm512_mask_blend_ps(valid[h], _mm512_set1_ps(-INFINITY), s[v][h]);
+            }
+        __m512 m = s[v][0];
+        for (int h = 1; h < NH; h++) m = _mm512_max_ps(m, s[v][h]);
+        const float tile_max = _mm512_reduce_max_ps(m); /* raw scores: scale > 0 keeps the order */
         if (tile_max > *running_max) { /* rescale what came before; skipped (exactly) when the max holds */
-            const __m512 correction = _mm512_set1_ps(expf(*running_max - tile_max));
+            const __m512 correction = _mm512_set1_ps(expf((*running_max - tile_max) * b->scale));
             *running_max = tile_max;
             *running_sum = _mm512_mul_ps(*running_sum, correction);
-            for (int c = 0; c < D; c += 16) _mm512_store_ps(acc + c, _mm512_mul_ps(_mm512_load_ps(acc + c), correction));
+            for (int k = 0; k < D; k += 16) _mm512_store_ps(acc + k, _mm512_mul_ps(_mm512_load_ps(acc + k), correction));
         }
-        const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(scores, _mm512_set1_ps(*running_max))));
-        *running_sum = _mm512_add_ps(*running_sum, p);
-        _mm256_store_si256((__m256i *)probs[v], (__m256i)_mm512_cvtneps_pbh(p));
+        const __m512 shift = _mm512_set1_ps(*running_max * j->log2e_scale);
+        __m512 p[NH];
+        for (int h = 0; h < NH; h++) {
+            p[h] = exp2_fast(_mm512_fmsub_ps(s[v][h], c, shift)); /* e^((s - max) scale) */
+            if (diagonal) p[h] = _mm512_maskz_mov_ps(valid[h], p[h]);
+        }
+        __m512 sum = *running_sum;
+        for (int h = 0; h < NH; h++) sum = _mm512_add_ps(sum, p[h]);
+        *running_sum = sum;
+        for (int h = 0; h < NH; h += 2)
+            _mm512_store_si512((__m512i *)(probs[v] + 16 * h), (__m512i)_mm512_cvtne2ps_pbh(p[h + 1], p[h]));
     }
-    /* values: 32 output dims at a time (two accumulators per row), the 8 key pairs in order, all rows
+    /* values: 32 output dims at a time (two accumulators per row), the key pairs in order, all rows
      * interleaved; each probability pair is broadcast once per 32 dims */
-    for (int c = 0; c < D / 16; c += 2) {
+    for (int k0 = 0; k0 < D / 16; k0 += 2) {
         __m512 lo[R * G], hi[R * G];
         for (int v = 0; v < R * G; v++) {
-            const float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16;
+            const float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + k0 * 16;
             lo[v] = _mm512_load_ps(acc);
             hi[v] = _mm512_load_ps(acc + 16);
         }
-        for (int k = 0; k < TILE / 2; k++) {
-            const __m512bh values_lo = vP[k * (D / 16) + c], values_hi = vP[k * (D / 16) + c + 1];
+        for (int k = 0; k < CT / 2; k++) {
+            const __m512bh values_lo = vP[k * (D / 16) + k0], values_hi = vP[k * (D / 16) + k0 + 1];
             for (int v = 0; v < R * G; v++) {
                 const __m512bh weights = pair_at(probs[v] + 2 * k);
                 lo[v] = _mm512_dpbf16_ps(lo[v], weights, values_lo);
@@ -344,7 +376,7 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
             }
         }
         for (int v = 0; v < R * G; v++) {
-            float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16;
+            float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + k0 * 16;
             _mm512_store_ps(acc, lo[v]);
             _mm512_store_ps(acc + 16, hi[v]);
         }
@@ -368,19 +400,19 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
         st.sums[v] = _mm512_setzero_ps();
         st.maxes[v] = -INFINITY;
     }
-    __m512bh kT[MAX_HEAD_DIM / 2], vP[TILE / 2 * MAX_HEAD_DIM / 16];
-    long tile_rows_at[2][TILE]; /* cache rows of this tile and the next (prefetched meanwhile) */
+    __m512bh kT[NH * MAX_HEAD_DIM / 2], vP[CT / 2 * MAX_HEAD_DIM / 16];
+    long tile_rows_at[2][CT]; /* cache rows of this tile and the next (prefetched meanwhile) */
     int block = 0, offset = 0;
-    for (int t = 0; t < TILE && t < len; t++) {
+    for (int t = 0; t < CT && t < len; t++) {
         tile_rows_at[0][t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
         if (++offset == b->block_size) { offset = 0; block++; }
     }
-    for (int start = 0, which = 0; start <= last; start += TILE, which ^= 1) {
+    for (int start = 0, which = 0; start <= last; start += CT, which ^= 1) {
         long *at = tile_rows_at[which], *next = tile_rows_at[which ^ 1];
         /* keys past the sequence's end (not written: anything, NaN included) read the tile's first key
          * instead; the mask gives them probability 0 */
-        for (int t = len - start; t < TILE; t++) at[t] = at[0];
-        for (int t = 0; t < TILE && start + TILE + t < len && start + TILE <= last; t++) {
+        for (int t = len - start; t < CT; t++) at[t] = at[0];
+        for (int t = 0; t < CT && start + CT + t < len && start + CT <= last; t++) {
             next[t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
             if (++offset == b->block_size) { offset = 0; block++; }
             for (int c = 0; c < D; c += 32) {
@@ -388,13 +420,14 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
                 _mm_prefetch((const char *)(b->v_cache + next[t] + c), _MM_HINT_T0);
             }
         }
-        for (int h = 0; h < D / 32; h++) {
-            __m512i r[TILE], out[TILE];
-            for (int t = 0; t < TILE; t++) r[t] = _mm512_loadu_si512(b->k_cache + at[t] + h * 32);
-            transpose16(r, out);
-            for (int i = 0; i < TILE; i++) kT[h * 16 + i] = (__m512bh)out[i];
-        }
-        for (int k = 0; k < TILE / 2; k++)
+        for (int n = 0; n < NH; n++) /* kT[n * D / 2 + i]: key pair i of keys 16n .. 16n + 15 */
+            for (int h = 0; h < D / 32; h++) {
+                __m512i r[16], out[16];
+                for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_si512(b->k_cache + at[16 * n + t] + h * 32);
+                transpose16(r, out);
+                for (int i = 0; i < 16; i++) kT[n * (D / 2) + h * 16 + i] = (__m512bh)out[i];
+            }
+        for (int k = 0; k < CT / 2; k++)
             for (int c = 0; c < D / 32; c++) {
                 const __m512i x = _mm512_loadu_si512(b->v_cache + at[2 * k] + c * 32);
                 const __m512i y = _mm512_loadu_si512(b->v_cache + at[2 * k + 1] + c * 32);
@@ -453,7 +486,8 @@ int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, cons
                     const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                     const int32_t *query_start_loc, uint16_t *out, long out_row, int num_seqs, int num_heads,
                     int num_kv_heads, int head_dim, int block_size, float scale, int nthreads) {
-    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP)
+    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP ||
+        !(scale > 0.0f)) /* the running max is taken over unscaled scores */
         return -1;
     const int group = num_heads / num_kv_heads;
     long count = 0;
@@ -476,7 +510,8 @@ int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, cons
     /* longest first, so that the dynamic schedule ends with short items and the threads finish together */
     qsort(items, n, sizeof(Item), costlier_first);
     const ChunkJob job = {{q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row,
-                           num_heads, num_kv_heads, head_dim, block_size, scale}, query_start_loc};
+                           num_heads, num_kv_heads, head_dim, block_size, scale}, query_start_loc,
+                         scale * 1.44269504088896341f};
     const ChunkFn fn = pick_chunk(group, head_dim);
     const size_t scratch_bytes = sizeof(float) * ROWS * group * (head_dim + 16 + 1) + 64;
     int failed = 0;
