@@ -238,8 +238,10 @@ int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cach
  * ------------------------------------------------------------------------------------------------- */
 
 #define ROWS 32 /* query rows per work item: each prepared tile serves ROWS x group query vectors */
-#define CT 32 /* keys per tile: NH vectors of 16 scores */
-#define NH (CT / 16)
+#ifndef CT
+#define CT 64 /* keys per full tile: CT_PARTS vectors of 16 scores */
+#endif
+#define CT_PARTS (CT / 16)
 
 typedef struct {
     Job base;
@@ -302,14 +304,16 @@ static inline __m512 exp2_fast(__m512 t) {
     return _mm512_scalef_ps(p, whole);
 }
 
-/* One tile (CT keys, NH vectors of 16 scores) for R consecutive rows (first row r, position pos) and all
- * G query heads: scores, online softmax update, values. The arithmetic of each row is the same for every
+/* One tile (16 NH keys from tile_start: NH vectors of 16 scores) for R consecutive rows (first row r,
+ * position pos) and all G query heads: scores, online softmax update, values. The arithmetic of each row is the same for every
  * R (R only interleaves independent rows so the vdpbf16ps chains overlap), and which branch a row takes
  * (masked diagonal tile or full tile, rescale or not) depends only on its position and its own scores. */
 static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, const __m512bh *kT, const __m512bh *vP,
                                                             const uint16_t *q, int r, int pos, int tile_start,
-                                                            RowState st, const int R, const int G, const int D) {
+                                                            RowState st, const int R, const int G, const int D,
+                                                            const int NH) {
     const Job *b = &j->base;
+    const int W = 16 * NH; /* keys in this tile */
     const uint16_t *qv[R * G];
     for (int rr = 0; rr < R; rr++)
         for (int g = 0; g < G; g++) qv[rr * G + g] = q + (long)(r + rr) * b->q_row + (long)g * D;
@@ -322,7 +326,7 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
             const __m512bh qp = pair_at(qv[v] + 2 * i);
             for (int h = 0; h < NH; h++) s[v][h] = _mm512_dpbf16_ps(s[v][h], qp, kT[h * (D / 2) + i]);
         }
-    uint16_t probs[R * G][CT] __attribute__((aligned(64))); /* bf16, as the values they weigh */
+    uint16_t probs[R * G][W] __attribute__((aligned(64))); /* bf16, as the values they weigh */
     const __m512 c = _mm512_set1_ps(j->log2e_scale);
     for (int v = 0; v < R * G; v++) {
         const int row = r + v / G, visible = pos + v / G - tile_start + 1; /* keys of this tile it sees */
@@ -330,7 +334,7 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
         float *running_max = st.maxes + (long)row * G + v % G;
         __m512 *running_sum = st.sums + (long)row * G + v % G;
         __mmask16 valid[NH];
-        const int diagonal = visible < CT; /* masks only here */
+        const int diagonal = visible < W; /* masks only here */
         if (diagonal)
             for (int h = 0; h < NH; h++) {
                 const int n = visible - 16 * h;
@@ -355,11 +359,16 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
         __m512 sum = *running_sum;
         for (int h = 0; h < NH; h++) sum = _mm512_add_ps(sum, p[h]);
         *running_sum = sum;
-        for (int h = 0; h < NH; h += 2)
+        if (NH == 1)
+            _mm256_store_si256((__m256i *)probs[v], (__m256i)_mm512_cvtneps_pbh(p[0]));
+        for (int h = 0; h + 1 < NH; h += 2)
             _mm512_store_si512((__m512i *)(probs[v] + 16 * h), (__m512i)_mm512_cvtne2ps_pbh(p[h + 1], p[h]));
     }
     /* values: 32 output dims at a time (two accumulators per row), the key pairs in order, all rows
      * interleaved; each probability pair is broadcast once per 32 dims */
+#ifdef UNROLL_K0
+#pragma GCC unroll 8
+#endif
     for (int k0 = 0; k0 < D / 16; k0 += 2) {
         __m512 lo[R * G], hi[R * G];
         for (int v = 0; v < R * G; v++) {
@@ -367,7 +376,7 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
             lo[v] = _mm512_load_ps(acc);
             hi[v] = _mm512_load_ps(acc + 16);
         }
-        for (int k = 0; k < CT / 2; k++) {
+        for (int k = 0; k < W / 2; k++) {
             const __m512bh values_lo = vP[k * (D / 16) + k0], values_hi = vP[k * (D / 16) + k0 + 1];
             for (int v = 0; v < R * G; v++) {
                 const __m512bh weights = pair_at(probs[v] + 2 * k);
@@ -400,7 +409,7 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
         st.sums[v] = _mm512_setzero_ps();
         st.maxes[v] = -INFINITY;
     }
-    __m512bh kT[NH * MAX_HEAD_DIM / 2], vP[CT / 2 * MAX_HEAD_DIM / 16];
+    __m512bh kT[CT_PARTS * MAX_HEAD_DIM / 2], vP[CT / 2 * MAX_HEAD_DIM / 16];
     long tile_rows_at[2][CT]; /* cache rows of this tile and the next (prefetched meanwhile) */
     int block = 0, offset = 0;
     for (int t = 0; t < CT && t < len; t++) {
@@ -420,7 +429,7 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
                 _mm_prefetch((const char *)(b->v_cache + next[t] + c), _MM_HINT_T0);
             }
         }
-        for (int n = 0; n < NH; n++) /* kT[n * D / 2 + i]: key pair i of keys 16n .. 16n + 15 */
+        for (int n = 0; n < CT_PARTS; n++) /* kT[n * D / 2 + i]: key pair i of keys 16n .. 16n + 15 */
             for (int h = 0; h < D / 32; h++) {
                 __m512i r[16], out[16];
                 for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_si512(b->k_cache + at[16 * n + t] + h * 32);
@@ -434,10 +443,21 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
                 vP[k * (D / 16) + 2 * c] = (__m512bh)_mm512_unpacklo_epi16(x, y);
                 vP[k * (D / 16) + 2 * c + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
             }
-        /* the rows that see this tile: those at or past its first key (a suffix of the item's rows) */
-        int r = start > pos0 ? start - pos0 : 0;
-        for (; r + R <= rows; r += R) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, R, G, D);
-        for (; r < rows; r++) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, 1, G, D);
+        /* rows that see the whole tile take it at once, unmasked; rows whose diagonal falls inside it take
+         * its 16-key parts up to the one holding their own position (masked there), one by one. Which way
+         * a row takes depends on its position alone. */
+        const int full = start + CT - 1 - pos0 > 0 ? start + CT - 1 - pos0 : 0; /* first row seeing it all */
+        int r = full;
+        for (; r + R <= rows; r += R) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, R, G, D, CT_PARTS);
+        for (; r < rows; r++) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, 1, G, D, CT_PARTS);
+        const int diagonal_end = full < rows ? full : rows;
+        for (int n = 0; n < CT_PARTS; n++) {
+            const int sub = start + 16 * n;
+            const __m512bh *kTn = kT + n * (D / 2), *vPn = vP + n * 8 * (D / 16);
+            r = sub > pos0 ? sub - pos0 : 0;
+            for (; r + R <= diagonal_end; r += R) tile_rows(j, kTn, vPn, q, r, pos0 + r, sub, st, R, G, D, 1);
+            for (; r < diagonal_end; r++) tile_rows(j, kTn, vPn, q, r, pos0 + r, sub, st, 1, G, D, 1);
+        }
     }
     for (int v = 0; v < rows * G; v++) {
         const float total = _mm512_reduce_add_ps(st.sums[v]);
@@ -456,9 +476,12 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
 
 /* R (rows interleaved) is chosen so that about 6-8 independent query vectors share each loaded tile
  * vector: enough vdpbf16ps chains in flight to hide their latency */
+#ifndef R3
+#define R3 2
+#endif
 #define CHUNK_INSTANCE(G, HD, R) \
     static void chunk_g##G##_d##HD(const ChunkJob *j, const Item *item, float *s) { attend_chunk(j, item, s, G, HD, R); }
-CHUNK_INSTANCE(1, 64, 8) CHUNK_INSTANCE(2, 64, 4) CHUNK_INSTANCE(3, 64, 2) CHUNK_INSTANCE(4, 64, 2) CHUNK_INSTANCE(8, 64, 1)
+CHUNK_INSTANCE(1, 64, 8) CHUNK_INSTANCE(2, 64, 4) CHUNK_INSTANCE(3, 64, R3) CHUNK_INSTANCE(4, 64, 2) CHUNK_INSTANCE(8, 64, 1)
 CHUNK_INSTANCE(1, 128, 8) CHUNK_INSTANCE(2, 128, 4) CHUNK_INSTANCE(4, 128, 2) CHUNK_INSTANCE(8, 128, 1)
 static void chunk_any(const ChunkJob *j, const Item *item, float *s) {
     attend_chunk(j, item, s, j->base.num_heads / j->base.num_kv_heads, j->base.head_dim, 1);
