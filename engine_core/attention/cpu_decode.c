@@ -237,11 +237,14 @@ int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cach
  * bit-identical in all those cases; only which rows are computed together changes, never how.
  * ------------------------------------------------------------------------------------------------- */
 
+#ifndef ROWS
 #define ROWS 32 /* query rows per work item: each prepared tile serves ROWS x group query vectors */
+#endif
 #ifndef CT
 #define CT 64 /* keys per full tile: CT_PARTS vectors of 16 scores */
 #endif
 #define CT_PARTS (CT / 16)
+#define MAX_VECTORS 8 /* rows interleaved x query heads per KV head, at most (see CHUNK_INSTANCE) */
 
 typedef struct {
     Job base;
@@ -314,11 +317,13 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
                                                             const int NH) {
     const Job *b = &j->base;
     const int W = 16 * NH; /* keys in this tile */
-    const uint16_t *qv[R * G];
+    /* arrays of fixed size (R * G <= MAX_VECTORS, NH <= CT_PARTS), not variable-length ones, so that the
+     * compiler keeps them in registers */
+    const uint16_t *qv[MAX_VECTORS];
     for (int rr = 0; rr < R; rr++)
         for (int g = 0; g < G; g++) qv[rr * G + g] = q + (long)(r + rr) * b->q_row + (long)g * D;
     /* scores: one chain per row and 16 keys */
-    __m512 s[R * G][NH];
+    __m512 s[MAX_VECTORS][CT_PARTS];
     for (int v = 0; v < R * G; v++)
         for (int h = 0; h < NH; h++) s[v][h] = _mm512_setzero_ps();
     for (int i = 0; i < D / 2; i++)
@@ -326,14 +331,14 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
             const __m512bh qp = pair_at(qv[v] + 2 * i);
             for (int h = 0; h < NH; h++) s[v][h] = _mm512_dpbf16_ps(s[v][h], qp, kT[h * (D / 2) + i]);
         }
-    uint16_t probs[R * G][W] __attribute__((aligned(64))); /* bf16, as the values they weigh */
+    uint16_t probs[MAX_VECTORS][CT] __attribute__((aligned(64))); /* bf16, as the values they weigh */
     const __m512 c = _mm512_set1_ps(j->log2e_scale);
     for (int v = 0; v < R * G; v++) {
         const int row = r + v / G, visible = pos + v / G - tile_start + 1; /* keys of this tile it sees */
         float *acc = st.acc + ((long)row * G + v % G) * D;
         float *running_max = st.maxes + (long)row * G + v % G;
         __m512 *running_sum = st.sums + (long)row * G + v % G;
-        __mmask16 valid[NH];
+        __mmask16 valid[CT_PARTS] = {0};
         const int diagonal = visible < W; /* masks only here */
         if (diagonal)
             for (int h = 0; h < NH; h++) {
@@ -351,7 +356,7 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
             for (int k = 0; k < D; k += 16) _mm512_store_ps(acc + k, _mm512_mul_ps(_mm512_load_ps(acc + k), correction));
         }
         const __m512 shift = _mm512_set1_ps(*running_max * j->log2e_scale);
-        __m512 p[NH];
+        __m512 p[CT_PARTS];
         for (int h = 0; h < NH; h++) {
             p[h] = exp2_fast(_mm512_fmsub_ps(s[v][h], c, shift)); /* e^((s - max) scale) */
             if (diagonal) p[h] = _mm512_maskz_mov_ps(valid[h], p[h]);
@@ -364,30 +369,27 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
         for (int h = 0; h + 1 < NH; h += 2)
             _mm512_store_si512((__m512i *)(probs[v] + 16 * h), (__m512i)_mm512_cvtne2ps_pbh(p[h + 1], p[h]));
     }
-    /* values: 32 output dims at a time (two accumulators per row), the key pairs in order, all rows
-     * interleaved; each probability pair is broadcast once per 32 dims */
-#ifdef UNROLL_K0
-#pragma GCC unroll 8
-#endif
-    for (int k0 = 0; k0 < D / 16; k0 += 2) {
-        __m512 lo[R * G], hi[R * G];
+    /* values: KS accumulators (16 output dims each) per row at a time, as many as the registers hold, the key
+     * pairs in order, all rows interleaved; each probability pair is broadcast once per pass. Every
+     * accumulator sees the same sequence of vdpbf16ps whatever KS is. */
+    const int KS = (4 * R * G <= 24 && D % 64 == 0) ? 4 : 2;
+    for (int k0 = 0; k0 < D / 16; k0 += KS) {
+        __m512 a[MAX_VECTORS][4];
         for (int v = 0; v < R * G; v++) {
             const float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + k0 * 16;
-            lo[v] = _mm512_load_ps(acc);
-            hi[v] = _mm512_load_ps(acc + 16);
+            for (int x = 0; x < KS; x++) a[v][x] = _mm512_load_ps(acc + 16 * x);
         }
         for (int k = 0; k < W / 2; k++) {
-            const __m512bh values_lo = vP[k * (D / 16) + k0], values_hi = vP[k * (D / 16) + k0 + 1];
+            __m512bh values[4];
+            for (int x = 0; x < KS; x++) values[x] = vP[k * (D / 16) + k0 + x];
             for (int v = 0; v < R * G; v++) {
                 const __m512bh weights = pair_at(probs[v] + 2 * k);
-                lo[v] = _mm512_dpbf16_ps(lo[v], weights, values_lo);
-                hi[v] = _mm512_dpbf16_ps(hi[v], weights, values_hi);
+                for (int x = 0; x < KS; x++) a[v][x] = _mm512_dpbf16_ps(a[v][x], weights, values[x]);
             }
         }
         for (int v = 0; v < R * G; v++) {
             float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + k0 * 16;
-            _mm512_store_ps(acc, lo[v]);
-            _mm512_store_ps(acc + 16, hi[v]);
+            for (int x = 0; x < KS; x++) _mm512_store_ps(acc + 16 * x, a[v][x]);
         }
     }
 }
