@@ -225,16 +225,21 @@ int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cach
  * gathered copy and no mask tensor.
  *
  * A work item is (sequence, KV head, up to ROWS consecutive query rows). It walks that head's keys in
- * tiles of 16 (key positions 0-15, 16-31, ...) up to the diagonal of its last row and prepares each tile
- * once for all its rows and all the group's query heads:
+ * tiles of CT = 64 (key positions 0-63, 64-127, ...) up to the diagonal of its last row and prepares each
+ * tile once for all its rows and all the group's query heads, per 16 keys:
  *   kT[i]     16 lanes of the key pair (k[t][2i], k[t][2i + 1]): a query row's 16 scores are then D/2
  *             vdpbf16ps of a broadcast query pair against kT[i], with no horizontal sums;
  *   vP[k][.]  values of keys 2k and 2k + 1 interleaved per head dim (unpacklo/hi, as in the decode
  *             kernel): one vdpbf16ps adds two keys' weighted values to 16 output dims.
- * Row independence: every row walks its own keys in the same tiles, in the same order, with the same
- * arithmetic (masking keys past its position inside its last tile), whatever other rows share its item,
- * however its prompt was chunked and whether its prefix came from the cache. A row's result is therefore
- * bit-identical in all those cases; only which rows are computed together changes, never how.
+ * A row that sees the whole tile takes it in one step: 4 vectors of scores, one horizontal max, one
+ * rescale (only when its running max grows), exp as 2^x (degree-4 fit, scalef), no masks. A row whose
+ * own position falls inside the tile takes the tile's 16-key parts one by one up to the part holding
+ * its position, the last one masked. The softmax state is fp32 per row (lane-wise sums, running max).
+ * Row independence: which tiles and parts a row takes, in what order and with what arithmetic depends
+ * on its position alone, whatever other rows share its item or its register block, however its prompt
+ * was chunked and whether its prefix came from the cache. A row's result is therefore bit-identical in
+ * all those cases; only which rows are computed together changes, never how. (Tiles are aligned to
+ * absolute key positions; -ffp-contract=off keeps each instance's arithmetic the same.)
  * ------------------------------------------------------------------------------------------------- */
 
 #ifndef ROWS
