@@ -225,23 +225,36 @@ int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cach
  * gathered copy and no mask tensor.
  *
  * A work item is (sequence, KV head, up to ROWS consecutive query rows). It walks that head's keys in
- * tiles of 16 (key positions 0-15, 16-31, ...) up to the diagonal of its last row and prepares each tile
- * once for all its rows and all the group's query heads:
+ * tiles of CT = 64 (key positions 0-63, 64-127, ...) up to the diagonal of its last row and prepares each
+ * tile once for all its rows and all the group's query heads, per 16 keys:
  *   kT[i]     16 lanes of the key pair (k[t][2i], k[t][2i + 1]): a query row's 16 scores are then D/2
  *             vdpbf16ps of a broadcast query pair against kT[i], with no horizontal sums;
  *   vP[k][.]  values of keys 2k and 2k + 1 interleaved per head dim (unpacklo/hi, as in the decode
  *             kernel): one vdpbf16ps adds two keys' weighted values to 16 output dims.
- * Row independence: every row walks its own keys in the same tiles, in the same order, with the same
- * arithmetic (masking keys past its position inside its last tile), whatever other rows share its item,
- * however its prompt was chunked and whether its prefix came from the cache. A row's result is therefore
- * bit-identical in all those cases; only which rows are computed together changes, never how.
+ * A row that sees the whole tile takes it in one step: 4 vectors of scores, one horizontal max, one
+ * rescale (only when its running max grows), exp as 2^x (degree-4 fit, scalef), no masks. A row whose
+ * own position falls inside the tile takes the tile's 16-key parts one by one up to the part holding
+ * its position, the last one masked. The softmax state is fp32 per row (lane-wise sums, running max).
+ * Row independence: which tiles and parts a row takes, in what order and with what arithmetic depends
+ * on its position alone, whatever other rows share its item or its register block, however its prompt
+ * was chunked and whether its prefix came from the cache. A row's result is therefore bit-identical in
+ * all those cases; only which rows are computed together changes, never how. (Tiles are aligned to
+ * absolute key positions; -ffp-contract=off keeps each instance's arithmetic the same.)
  * ------------------------------------------------------------------------------------------------- */
 
+#ifndef ROWS
 #define ROWS 32 /* query rows per work item: each prepared tile serves ROWS x group query vectors */
+#endif
+#ifndef CT
+#define CT 64 /* keys per full tile: CT_PARTS vectors of 16 scores */
+#endif
+#define CT_PARTS (CT / 16)
+#define MAX_VECTORS 8 /* rows interleaved x query heads per KV head, at most (see CHUNK_INSTANCE) */
 
 typedef struct {
     Job base;
     const int32_t *query_start_loc;
+    float log2e_scale; /* scale / ln 2: e^(x scale) = 2^(x log2e_scale) */
 } ChunkJob;
 
 typedef struct {
@@ -286,67 +299,102 @@ typedef struct {
     float *maxes;
 } RowState;
 
-/* One tile for R consecutive rows (first row r, position pos) and all G query heads: scores, online
- * softmax update, values. The arithmetic of each row is the same for every R (R only interleaves
- * independent rows so the vdpbf16ps chains overlap). */
+/* 2^t, about 3e-6 relative (far below the bf16 rounding of the probabilities): an integer power applied
+ * with scalef (0 for t far below -126, so no clamp) times a degree-4 fit of 2^f on [-0.5, 0.5] */
+static inline __m512 exp2_fast(__m512 t) {
+    const __m512 whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, whole);
+    __m512 p = _mm512_set1_ps(9.570087306201458e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785907745361e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402474582195282e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931217908859253e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999992847442627e-1f));
+    return _mm512_scalef_ps(p, whole);
+}
+
+/* One tile (16 NH keys from tile_start: NH vectors of 16 scores) for R consecutive rows (first row r,
+ * position pos) and all G query heads: scores, online softmax update, values. The arithmetic of each row is the same for every
+ * R (R only interleaves independent rows so the vdpbf16ps chains overlap), and which branch a row takes
+ * (masked diagonal tile or full tile, rescale or not) depends only on its position and its own scores. */
 static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, const __m512bh *kT, const __m512bh *vP,
                                                             const uint16_t *q, int r, int pos, int tile_start,
-                                                            RowState st, const int R, const int G, const int D) {
+                                                            RowState st, const int R, const int G, const int D,
+                                                            const int NH) {
     const Job *b = &j->base;
-    const uint16_t *qv[R * G];
+    const int W = 16 * NH; /* keys in this tile */
+    /* arrays of fixed size (R * G <= MAX_VECTORS, NH <= CT_PARTS), not variable-length ones, so that the
+     * compiler keeps them in registers */
+    const uint16_t *qv[MAX_VECTORS];
     for (int rr = 0; rr < R; rr++)
         for (int g = 0; g < G; g++) qv[rr * G + g] = q + (long)(r + rr) * b->q_row + (long)g * D;
-    /* scores: two partial sums per row (even and odd key pairs), added at the end */
-    __m512 even[R * G], odd[R * G];
-    for (int v = 0; v < R * G; v++) even[v] = odd[v] = _mm512_setzero_ps();
-    for (int i = 0; i < D / 2; i += 2) {
-        const __m512bh k0 = kT[i], k1 = kT[i + 1];
+    /* scores: one chain per row and 16 keys */
+    __m512 s[MAX_VECTORS][CT_PARTS];
+    for (int v = 0; v < R * G; v++)
+        for (int h = 0; h < NH; h++) s[v][h] = _mm512_setzero_ps();
+    for (int i = 0; i < D / 2; i++)
         for (int v = 0; v < R * G; v++) {
-            even[v] = _mm512_dpbf16_ps(even[v], pair_at(qv[v] + 2 * i), k0);
-            odd[v] = _mm512_dpbf16_ps(odd[v], pair_at(qv[v] + 2 * i + 2), k1);
+            const __m512bh qp = pair_at(qv[v] + 2 * i);
+            for (int h = 0; h < NH; h++) s[v][h] = _mm512_dpbf16_ps(s[v][h], qp, kT[h * (D / 2) + i]);
         }
-    }
-    uint16_t probs[R * G][TILE] __attribute__((aligned(64))); /* bf16, as the values they weigh */
+    uint16_t probs[MAX_VECTORS][CT] __attribute__((aligned(64))); /* bf16, as the values they weigh */
+    const __m512 c = _mm512_set1_ps(j->log2e_scale);
     for (int v = 0; v < R * G; v++) {
         const int row = r + v / G, visible = pos + v / G - tile_start + 1; /* keys of this tile it sees */
-        const __mmask16 valid = visible >= TILE ? (__mmask16)0xffff : (__mmask16)((1u << visible) - 1);
         float *acc = st.acc + ((long)row * G + v % G) * D;
         float *running_max = st.maxes + (long)row * G + v % G;
         __m512 *running_sum = st.sums + (long)row * G + v % G;
-        __m512 scores = _mm512_mul_ps(_mm512_add_ps(even[v], odd[v]), _mm512_set1_ps(b->scale));
-        scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), scores);
-        const float tile_max = _mm512_reduce_max_ps(scores);
+        __mmask16 valid[CT_PARTS] = {0};
+        const int diagonal = visible < W; /* masks only here */
+        if (diagonal)
+            for (int h = 0; h < NH; h++) {
+                const int n = visible - 16 * h;
+                valid[h] = n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+                s[v][h] = _mm512_mask_blend_ps(valid[h], _mm512_set1_ps(-INFINITY), s[v][h]);
+            }
+        __m512 m = s[v][0];
+        for (int h = 1; h < NH; h++) m = _mm512_max_ps(m, s[v][h]);
+        const float tile_max = _mm512_reduce_max_ps(m); /* raw scores: scale > 0 keeps the order */
         if (tile_max > *running_max) { /* rescale what came before; skipped (exactly) when the max holds */
-            const __m512 correction = _mm512_set1_ps(expf(*running_max - tile_max));
+            const __m512 correction = _mm512_set1_ps(expf((*running_max - tile_max) * b->scale));
             *running_max = tile_max;
             *running_sum = _mm512_mul_ps(*running_sum, correction);
-            for (int c = 0; c < D; c += 16) _mm512_store_ps(acc + c, _mm512_mul_ps(_mm512_load_ps(acc + c), correction));
+            for (int k = 0; k < D; k += 16) _mm512_store_ps(acc + k, _mm512_mul_ps(_mm512_load_ps(acc + k), correction));
         }
-        const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(scores, _mm512_set1_ps(*running_max))));
-        *running_sum = _mm512_add_ps(*running_sum, p);
-        _mm256_store_si256((__m256i *)probs[v], (__m256i)_mm512_cvtneps_pbh(p));
+        const __m512 shift = _mm512_set1_ps(*running_max * j->log2e_scale);
+        __m512 p[CT_PARTS];
+        for (int h = 0; h < NH; h++) {
+            p[h] = exp2_fast(_mm512_fmsub_ps(s[v][h], c, shift)); /* e^((s - max) scale) */
+            if (diagonal) p[h] = _mm512_maskz_mov_ps(valid[h], p[h]);
+        }
+        __m512 sum = *running_sum;
+        for (int h = 0; h < NH; h++) sum = _mm512_add_ps(sum, p[h]);
+        *running_sum = sum;
+        if (NH == 1)
+            _mm256_store_si256((__m256i *)probs[v], (__m256i)_mm512_cvtneps_pbh(p[0]));
+        for (int h = 0; h + 1 < NH; h += 2)
+            _mm512_store_si512((__m512i *)(probs[v] + 16 * h), (__m512i)_mm512_cvtne2ps_pbh(p[h + 1], p[h]));
     }
-    /* values: 32 output dims at a time (two accumulators per row), the 8 key pairs in order, all rows
-     * interleaved; each probability pair is broadcast once per 32 dims */
-    for (int c = 0; c < D / 16; c += 2) {
-        __m512 lo[R * G], hi[R * G];
+    /* values: KS accumulators (16 output dims each) per row at a time, as many as the registers hold, the key
+     * pairs in order, all rows interleaved; each probability pair is broadcast once per pass. Every
+     * accumulator sees the same sequence of vdpbf16ps whatever KS is. */
+    const int KS = (4 * R * G <= 24 && D % 64 == 0) ? 4 : 2;
+    for (int k0 = 0; k0 < D / 16; k0 += KS) {
+        __m512 a[MAX_VECTORS][4];
         for (int v = 0; v < R * G; v++) {
-            const float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16;
-            lo[v] = _mm512_load_ps(acc);
-            hi[v] = _mm512_load_ps(acc + 16);
+            const float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + k0 * 16;
+            for (int x = 0; x < KS; x++) a[v][x] = _mm512_load_ps(acc + 16 * x);
         }
-        for (int k = 0; k < TILE / 2; k++) {
-            const __m512bh values_lo = vP[k * (D / 16) + c], values_hi = vP[k * (D / 16) + c + 1];
+        for (int k = 0; k < W / 2; k++) {
+            __m512bh values[4];
+            for (int x = 0; x < KS; x++) values[x] = vP[k * (D / 16) + k0 + x];
             for (int v = 0; v < R * G; v++) {
                 const __m512bh weights = pair_at(probs[v] + 2 * k);
-                lo[v] = _mm512_dpbf16_ps(lo[v], weights, values_lo);
-                hi[v] = _mm512_dpbf16_ps(hi[v], weights, values_hi);
+                for (int x = 0; x < KS; x++) a[v][x] = _mm512_dpbf16_ps(a[v][x], weights, values[x]);
             }
         }
         for (int v = 0; v < R * G; v++) {
-            float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + c * 16;
-            _mm512_store_ps(acc, lo[v]);
-            _mm512_store_ps(acc + 16, hi[v]);
+            float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + k0 * 16;
+            for (int x = 0; x < KS; x++) _mm512_store_ps(acc + 16 * x, a[v][x]);
         }
     }
 }
@@ -368,19 +416,19 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
         st.sums[v] = _mm512_setzero_ps();
         st.maxes[v] = -INFINITY;
     }
-    __m512bh kT[MAX_HEAD_DIM / 2], vP[TILE / 2 * MAX_HEAD_DIM / 16];
-    long tile_rows_at[2][TILE]; /* cache rows of this tile and the next (prefetched meanwhile) */
+    __m512bh kT[CT_PARTS * MAX_HEAD_DIM / 2], vP[CT / 2 * MAX_HEAD_DIM / 16];
+    long tile_rows_at[2][CT]; /* cache rows of this tile and the next (prefetched meanwhile) */
     int block = 0, offset = 0;
-    for (int t = 0; t < TILE && t < len; t++) {
+    for (int t = 0; t < CT && t < len; t++) {
         tile_rows_at[0][t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
         if (++offset == b->block_size) { offset = 0; block++; }
     }
-    for (int start = 0, which = 0; start <= last; start += TILE, which ^= 1) {
+    for (int start = 0, which = 0; start <= last; start += CT, which ^= 1) {
         long *at = tile_rows_at[which], *next = tile_rows_at[which ^ 1];
         /* keys past the sequence's end (not written: anything, NaN included) read the tile's first key
          * instead; the mask gives them probability 0 */
-        for (int t = len - start; t < TILE; t++) at[t] = at[0];
-        for (int t = 0; t < TILE && start + TILE + t < len && start + TILE <= last; t++) {
+        for (int t = len - start; t < CT; t++) at[t] = at[0];
+        for (int t = 0; t < CT && start + CT + t < len && start + CT <= last; t++) {
             next[t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
             if (++offset == b->block_size) { offset = 0; block++; }
             for (int c = 0; c < D; c += 32) {
@@ -388,23 +436,35 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
                 _mm_prefetch((const char *)(b->v_cache + next[t] + c), _MM_HINT_T0);
             }
         }
-        for (int h = 0; h < D / 32; h++) {
-            __m512i r[TILE], out[TILE];
-            for (int t = 0; t < TILE; t++) r[t] = _mm512_loadu_si512(b->k_cache + at[t] + h * 32);
-            transpose16(r, out);
-            for (int i = 0; i < TILE; i++) kT[h * 16 + i] = (__m512bh)out[i];
-        }
-        for (int k = 0; k < TILE / 2; k++)
+        for (int n = 0; n < CT_PARTS; n++) /* kT[n * D / 2 + i]: key pair i of keys 16n .. 16n + 15 */
+            for (int h = 0; h < D / 32; h++) {
+                __m512i r[16], out[16];
+                for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_si512(b->k_cache + at[16 * n + t] + h * 32);
+                transpose16(r, out);
+                for (int i = 0; i < 16; i++) kT[n * (D / 2) + h * 16 + i] = (__m512bh)out[i];
+            }
+        for (int k = 0; k < CT / 2; k++)
             for (int c = 0; c < D / 32; c++) {
                 const __m512i x = _mm512_loadu_si512(b->v_cache + at[2 * k] + c * 32);
                 const __m512i y = _mm512_loadu_si512(b->v_cache + at[2 * k + 1] + c * 32);
                 vP[k * (D / 16) + 2 * c] = (__m512bh)_mm512_unpacklo_epi16(x, y);
                 vP[k * (D / 16) + 2 * c + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
             }
-        /* the rows that see this tile: those at or past its first key (a suffix of the item's rows) */
-        int r = start > pos0 ? start - pos0 : 0;
-        for (; r + R <= rows; r += R) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, R, G, D);
-        for (; r < rows; r++) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, 1, G, D);
+        /* rows that see the whole tile take it at once, unmasked; rows whose diagonal falls inside it take
+         * its 16-key parts up to the one holding their own position (masked there), one by one. Which way
+         * a row takes depends on its position alone. */
+        const int full = start + CT - 1 - pos0 > 0 ? start + CT - 1 - pos0 : 0; /* first row seeing it all */
+        int r = full;
+        for (; r + R <= rows; r += R) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, R, G, D, CT_PARTS);
+        for (; r < rows; r++) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, 1, G, D, CT_PARTS);
+        const int diagonal_end = full < rows ? full : rows;
+        for (int n = 0; n < CT_PARTS; n++) {
+            const int sub = start + 16 * n;
+            const __m512bh *kTn = kT + n * (D / 2), *vPn = vP + n * 8 * (D / 16);
+            r = sub > pos0 ? sub - pos0 : 0;
+            for (; r + R <= diagonal_end; r += R) tile_rows(j, kTn, vPn, q, r, pos0 + r, sub, st, R, G, D, 1);
+            for (; r < diagonal_end; r++) tile_rows(j, kTn, vPn, q, r, pos0 + r, sub, st, 1, G, D, 1);
+        }
     }
     for (int v = 0; v < rows * G; v++) {
         const float total = _mm512_reduce_add_ps(st.sums[v]);
@@ -423,9 +483,12 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
 
 /* R (rows interleaved) is chosen so that about 6-8 independent query vectors share each loaded tile
  * vector: enough vdpbf16ps chains in flight to hide their latency */
+#ifndef R3
+#define R3 2
+#endif
 #define CHUNK_INSTANCE(G, HD, R) \
     static void chunk_g##G##_d##HD(const ChunkJob *j, const Item *item, float *s) { attend_chunk(j, item, s, G, HD, R); }
-CHUNK_INSTANCE(1, 64, 8) CHUNK_INSTANCE(2, 64, 4) CHUNK_INSTANCE(3, 64, 2) CHUNK_INSTANCE(4, 64, 2) CHUNK_INSTANCE(8, 64, 1)
+CHUNK_INSTANCE(1, 64, 8) CHUNK_INSTANCE(2, 64, 4) CHUNK_INSTANCE(3, 64, R3) CHUNK_INSTANCE(4, 64, 2) CHUNK_INSTANCE(8, 64, 1)
 CHUNK_INSTANCE(1, 128, 8) CHUNK_INSTANCE(2, 128, 4) CHUNK_INSTANCE(4, 128, 2) CHUNK_INSTANCE(8, 128, 1)
 static void chunk_any(const ChunkJob *j, const Item *item, float *s) {
     attend_chunk(j, item, s, j->base.num_heads / j->base.num_kv_heads, j->base.head_dim, 1);
@@ -453,7 +516,8 @@ int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, cons
                     const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                     const int32_t *query_start_loc, uint16_t *out, long out_row, int num_seqs, int num_heads,
                     int num_kv_heads, int head_dim, int block_size, float scale, int nthreads) {
-    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP)
+    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP ||
+        !(scale > 0.0f)) /* the running max is taken over unscaled scores */
         return -1;
     const int group = num_heads / num_kv_heads;
     long count = 0;
@@ -476,7 +540,8 @@ int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, cons
     /* longest first, so that the dynamic schedule ends with short items and the threads finish together */
     qsort(items, n, sizeof(Item), costlier_first);
     const ChunkJob job = {{q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row,
-                           num_heads, num_kv_heads, head_dim, block_size, scale}, query_start_loc};
+                           num_heads, num_kv_heads, head_dim, block_size, scale}, query_start_loc,
+                         scale * 1.44269504088896341f};
     const ChunkFn fn = pick_chunk(group, head_dim);
     const size_t scratch_bytes = sizeof(float) * ROWS * group * (head_dim + 16 + 1) + 64;
     int failed = 0;
