@@ -41,6 +41,8 @@ def _vllm_env(venv: str) -> dict:
     env["LD_PRELOAD"] = ":".join(preload)
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # its server otherwise asks for 92% of the host's memory up front, and refuses to start on a shared host
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     return env
 
 
