@@ -3,7 +3,7 @@ venv (../shared/tools/vllm-cpu-setup.sh), through vLLM back to back, with the ra
 engine a second time beside a busy process and prints what it lost.
 
 Every run is a fresh child process (frontend/bench/cpu_workloads.py) so no engine inherits another's
-state; runs alternate nvllm, vLLM, nvllm, ... so drifts of this shared machine hit both alike. The
+state, started once the host is quiet again (the last engine's children may outlive it); runs alternate nvllm, vLLM, nvllm, ... so drifts of this shared machine hit both alike. The
 figure of an engine is the median of its runs. Before the runs it measures the bf16 GEMM peak on the
 model's own layer shapes (engine_core/gemm_peak.py, in a child: the frontend does not import torch)
 and prints the prefill rate as a fraction of it.
@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 from frontend.bench.cpu_serve import run_serving
 from frontend.bench.cpu_workloads import WORKLOADS, workload
@@ -44,6 +45,28 @@ def _vllm_env(venv: str) -> dict:
     # its server otherwise asks for 92% of the host's memory up front, and refuses to start on a shared host
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     return env
+
+
+def _busy_cpus() -> float:
+    """CPUs' worth of work this host ran over the last half second (0.0 where /proc/stat is unreadable)."""
+    def sample():
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return sum(values) - values[3] - values[4], sum(values)  # busy, all (idle and iowait are not busy)
+    try:
+        busy0, all0 = sample()
+        time.sleep(0.5)
+        busy1, all1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return (busy1 - busy0) / max(1, all1 - all0) * (os.cpu_count() or 1)
+
+
+def _wait_quiet(timeout: float = 60.0) -> None:
+    """Until the previous run's processes are gone (an engine's children may outlive it by seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _busy_cpus() > 0.2:
+        pass
 
 
 class Busy:
@@ -98,6 +121,7 @@ def run_suite(args) -> int:
         for condition in conditions:
             for i in range(args.repeat):
                 for engine in engines:
+                    _wait_quiet()
                     with Busy() if condition == "busy" else contextlib.nullcontext():
                         result = _one_run(args, engine, name, commands[engine], folder)
                     runs.setdefault((name, condition, engine), []).append(result["tok_s"])
