@@ -20,10 +20,10 @@ import time
 
 import torch
 
+from common.cpu_load import busy_ticks
+
 logger = logging.getLogger("nvllm")
 
-# /proc/stat fields after the cpu name: user nice system idle iowait irq softirq steal ...
-_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # steal too: time the hypervisor gave elsewhere is not ours to use
 _CHECK_SECONDS = 1.0
 # a CPU counts as taken once other processes use this much of it: a thread sharing its CPU with
 # that much work stalls every parallel region; housekeeping (well under it) does not
@@ -38,21 +38,6 @@ def allowed_cpus() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return list(range(os.cpu_count() or 1))
-
-
-def _busy_ticks(cpus: set[int]) -> int | None:
-    """Clock ticks the given CPUs spent busy since boot, or None where /proc/stat cannot be read."""
-    try:
-        with open("/proc/stat") as f:
-            total = 0
-            for line in f:
-                name, _, rest = line.partition(" ")
-                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
-                    values = rest.split()
-                    total += sum(int(values[i]) for i in _BUSY_FIELDS if i < len(values))
-            return total
-    except (OSError, ValueError):
-        return None
 
 
 def _own_ticks() -> int:
@@ -73,14 +58,14 @@ class ThreadPoolSizer:
     def __init__(self, max_threads: int | None = None, fixed: bool = False, cpus: set[int] | None = None):
         self.cpus = cpus or set(allowed_cpus())
         self.max_threads = max(1, min(max_threads or len(self.cpus), len(self.cpus)))
-        self.fixed = fixed or _busy_ticks(self.cpus) is None
+        self.fixed = fixed or busy_ticks(self.cpus) is None
         self.ticks_per_second = os.sysconf("SC_CLK_TCK")
         self.threads = self.max_threads
         torch.set_num_threads(self.threads)
         self._mark = self._sample()
 
     def _sample(self) -> tuple[float, int, int]:
-        return time.monotonic(), _busy_ticks(self.cpus) or 0, _own_ticks()
+        return time.monotonic(), busy_ticks(self.cpus) or 0, _own_ticks()
 
     def others_load(self) -> float | None:
         """CPUs' worth of work other processes ran on our CPUs since the last call; None if too soon."""

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from common.cpu_load import all_cpus, busy_ticks
 from frontend.bench.cpu_serve import run_serving
 from frontend.bench.cpu_workloads import WORKLOADS, workload
 
@@ -49,17 +50,13 @@ def _vllm_env(venv: str) -> dict:
 
 def _busy_cpus() -> float:
     """CPUs' worth of work this host ran over the last half second (0.0 where /proc/stat is unreadable)."""
-    def sample():
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-        return sum(values) - values[3] - values[4], sum(values)  # busy, all (idle and iowait are not busy)
-    try:
-        busy0, all0 = sample()
-        time.sleep(0.5)
-        busy1, all1 = sample()
-    except (OSError, ValueError, IndexError):
+    cpus = all_cpus()
+    before, start = busy_ticks(cpus), time.monotonic()
+    time.sleep(0.5)
+    after = busy_ticks(cpus)
+    if before is None or after is None:
         return 0.0
-    return (busy1 - busy0) / max(1, all1 - all0) * (os.cpu_count() or 1)
+    return (after - before) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - start)
 
 
 def _wait_quiet(timeout: float = 60.0) -> None:
