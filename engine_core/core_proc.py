@@ -53,10 +53,12 @@ logger = logging.getLogger("nvllm")
 
 UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
 RECEIVE_BATCH = 64  # frames read per IO loop turn (then outputs, heartbeats and silence are looked at)
-# decoded frames waiting for the busy loop, counted and in bytes; beyond either the IO thread stops reading,
-# so a flood waits in ZeroMQ's bounded queues (and then in its senders) instead of growing this process
+# decoded frames waiting for the busy loop, counted and by their decoded size; beyond either the IO thread
+# stops reading (checked before every frame, not once per batch: 64 big frames decode to ~230 MB), so a
+# flood waits in ZeroMQ's bounded queues (and then in its senders) instead of growing this process
 MAX_PENDING_INPUTS = 1024
-MAX_PENDING_INPUT_BYTES = 8 * 1024 * 1024  # decoded, a request takes several times its frame bytes
+MAX_PENDING_INPUT_BYTES = 16 * 1024 * 1024
+DECODED_TOKEN_BYTES = 36  # a prompt token decodes to a Python int (28 bytes) and its list slot (8)
 
 _decoders = {
     P.HELLO: msgspec.msgpack.Decoder(P.Hello),
@@ -143,15 +145,16 @@ class EngineCoreProc:
             # connection events first: a closed connection's session ends before a frame from a new
             # connection (which may reuse its file descriptor and routing id) is read
             self._connection_events()
-            backlog = (self.inputs.qsize() >= MAX_PENDING_INPUTS
-                       or self.queued_bytes - self.applied_bytes >= MAX_PENDING_INPUT_BYTES)
-            for _ in range(RECEIVE_BATCH if self.sock in events and not backlog else 0):
+            for _ in range(RECEIVE_BATCH if self.sock in events else 0):
+                if self._backlog():
+                    break
                 try:
                     frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
                 self._receive(frames)
                 self._connection_events()
+            backlog = self._backlog()
             if self.out_pull in events:
                 while True:
                     try:
@@ -172,6 +175,10 @@ class EngineCoreProc:
                 logger.error("the frontend that started this engine core is gone; shutting down")
                 self.stopping.set()
                 self.inputs.put(None)
+
+    def _backlog(self) -> bool:
+        return (self.inputs.qsize() >= MAX_PENDING_INPUTS
+                or self.queued_bytes - self.applied_bytes >= MAX_PENDING_INPUT_BYTES)
 
     def _connection_events(self) -> None:
         while True:
@@ -250,10 +257,12 @@ class EngineCoreProc:
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             logger.warning("dropped a malformed %s frame from %s: %s", kind.hex(), session.tag, e)
             return
+        size = len(body)
         if kind == P.ADD:
             session.has_work = True
-        self.queued_bytes += len(body)  # only this thread writes it; the busy loop writes applied_bytes
-        self.inputs.put((kind, session.key, message, len(body)))
+            size += DECODED_TOKEN_BYTES * len(message.prompt_token_ids)
+        self.queued_bytes += size  # only this thread writes it; the busy loop writes applied_bytes
+        self.inputs.put((kind, session.key, message, size))
 
     def _hello(self, identity: bytes, fd: int, user_id: str | None, hello: P.Hello) -> None:
         if hello.protocol_version != P.PROTOCOL_VERSION:
