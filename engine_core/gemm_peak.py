@@ -1,9 +1,11 @@
 """The bfloat16 GEMM rate this machine reaches on a model's own linear shapes: the ceiling a prefill
 step can approach. `python -m engine_core.gemm_peak [MODEL]` prints one JSON line.
 
-The shapes are one decoder layer's fused projections (qkv, o, gate_up, down) through the same packed
-oneDNN weights the model runs with; a layer's rate at M tokens is its FLOPs over the time of its four
-matmuls, the best of several repeats; the peak is the best rate over M in 128..2048.
+The shapes are one decoder layer's fused projections (qkv, o, gate_up, down), run through each bf16
+linear this machine has: oneDNN's packed weights, and nvllm's panels (cpu_gemm.py) where the CPU takes
+them. A layer's rate at M tokens is its FLOPs over the time of its four matmuls, the best of several
+repeats; the peak is the best rate of either kernel over M in 128..2048, so a prefill's fraction of
+it does not flatter the kernel the model runs with.
 """
 
 import json
@@ -12,7 +14,7 @@ import time
 
 import torch
 
-from engine_core.layers import cpu_packing
+from engine_core.layers import cpu_gemm, cpu_packing
 from engine_core.model_config import load_hf_config
 from engine_core.weights.model_resolver import resolve_model
 
@@ -27,18 +29,18 @@ def layer_shapes(config) -> dict[str, tuple[int, int]]:
     return {"qkv": (hidden, q + 2 * kv), "o": (q, hidden), "gate_up": (hidden, 2 * inter), "down": (inter, hidden)}
 
 
-def layer_rate(shapes: dict[str, tuple[int, int]], rows: int, repeats: int = 5) -> float:
-    """GFLOP/s of one layer's matmuls at `rows` tokens."""
+def layer_rate(shapes: dict[str, tuple[int, int]], rows: int, kernel, repeats: int = 5) -> float:
+    """GFLOP/s of one layer's matmuls at `rows` tokens, through `kernel` (a weight -> packed weight)."""
     gen = torch.Generator().manual_seed(0)
     mats = []
     for k, n in shapes.values():
         weight = torch.randn(n, k, generator=gen).to(torch.bfloat16)
-        packed = cpu_packing.pack(weight) if cpu_packing.can_pack(torch.device("cpu"), torch.bfloat16) else None
+        packed = kernel(weight) if kernel is not None else None
         mats.append((torch.randn(rows, k, generator=gen).to(torch.bfloat16), weight, packed))
     flops = sum(2 * rows * k * n for k, n in shapes.values())
     calls = max(2, int(2e9 / flops))  # about 2 GFLOP per timing
     best = float("inf")
-    for _ in range(repeats + 1):  # the first warms oneDNN's kernels up
+    for _ in range(repeats + 1):  # the first warms caches (and oneDNN's kernels) up
         start = time.perf_counter()
         for _ in range(calls):
             for x, weight, packed in mats:
@@ -50,9 +52,14 @@ def layer_rate(shapes: dict[str, tuple[int, int]], rows: int, repeats: int = 5) 
 def measure(model: str | None = None) -> dict:
     folder = resolve_model(model)
     shapes = layer_shapes(load_hf_config(folder))
-    rates = {rows: round(layer_rate(shapes, rows), 1) for rows in ROWS}
-    return {"model_dir": folder, "threads": torch.get_num_threads(), "gflops_by_rows": rates, "peak_gflops": max(rates.values()),
-            "shapes": shapes}
+    kernels = {"onednn": cpu_packing.OneDnnWeight if cpu_packing.can_pack(torch.device("cpu"), torch.bfloat16) else None}
+    if cpu_gemm.load() is not None:
+        kernels["nvllm"] = cpu_gemm.PanelWeight
+    by_kernel = {name: {rows: round(layer_rate(shapes, rows, kernel), 1) for rows in ROWS}
+                 for name, kernel in kernels.items()}
+    rates = {rows: max(r[rows] for r in by_kernel.values()) for rows in ROWS}
+    return {"model_dir": folder, "threads": torch.get_num_threads(), "gflops_by_rows": rates,
+            "gflops_by_kernel": by_kernel, "peak_gflops": max(rates.values()), "shapes": shapes}
 
 
 if __name__ == "__main__":

@@ -1,15 +1,28 @@
-"""bfloat16 linear layers on the CPU through oneDNN, with each weight packed once at load.
+"""bfloat16 linear layers on the CPU with each weight packed once at load.
 
-oneDNN reorders a weight into the blocked layout its bf16 (AMX / AVX512-BF16) kernels read; plain
-F.linear does that reorder on every call. Packing once makes the small matmuls of decode steps about
-twice as fast and long prefills no slower. The packed tensor replaces the weight (which is freed,
-except a tied LM head's, which the embedding still reads).
+Where the CPU has AVX512-BF16 and no AMX, weights go into nvllm's own panels (cpu_gemm.py): faster
+than oneDNN for the few rows of decode steps, as fast for prefills, and a fixed reduction order per
+row. Elsewhere oneDNN reorders the weight into the blocked layout its bf16 (AMX / AVX512-BF16)
+kernels read; plain F.linear would do that reorder on every call. The packed copy replaces the
+weight (which is freed, except a tied LM head's, which the embedding still reads).
 """
 
 import torch
 import torch.nn.functional as F
 
-BATCH_HINT = 32  # the row count oneDNN tunes the packed layout for; any row count works
+from engine_core.layers import cpu_gemm
+
+BATCH_HINT = 32  # the row count oneDNN tunes its packed layout for; any row count works
+
+
+class OneDnnWeight:
+    """A weight in oneDNN's blocked layout."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -17,23 +30,23 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
+def pack(weight: torch.Tensor) -> cpu_gemm.PanelWeight | OneDnnWeight:
+    return cpu_gemm.PanelWeight(weight) if cpu_gemm.can_pack(weight) else OneDnnWeight(weight)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: cpu_gemm.PanelWeight | OneDnnWeight | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias, through the packed weight when there is one."""
     if packed is None:
         return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return packed.matmul(x, bias)
 
 
 class PackableWeight:
     """For layers whose `weight` [out, in] multiplies their input: `matmul` goes through the packed
     copy once `pack_weight` has made it."""
 
-    packed_weight: torch.Tensor | None = None
+    packed_weight: cpu_gemm.PanelWeight | OneDnnWeight | None = None
     keeps_weight = False  # True where another layer reads the weight too (a tied LM head's embedding)
 
     def pack_weight(self) -> None:

@@ -106,7 +106,7 @@ def run_suite(args) -> int:
     peak = _run_child([sys.executable, "-m", "engine_core.gemm_peak"] + ([args.model] if args.model else []), env)
     folder = peak["model_dir"]
     print(f"bf16 GEMM peak on {os.path.basename(folder)}'s layer shapes: {peak['peak_gflops']:.0f} GFLOP/s "
-          f"({peak['threads']} threads; by tokens per matmul: {peak['gflops_by_rows']})", flush=True)
+          f"({peak['threads']} threads; by kernel and tokens per matmul: {peak['gflops_by_kernel']})", flush=True)
     engines = ["nvllm"] + (["vllm"] if args.vllm_venv else [])
     commands = {"nvllm": ([sys.executable, "-m", "frontend.bench.cpu_workloads", "nvllm"], env)}
     if args.vllm_venv:
