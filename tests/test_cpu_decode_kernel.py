@@ -49,6 +49,28 @@ def test_kernel_matches_reference(num_heads, num_kv_heads, head_dim, block_size)
 
 
 @needs_kernel
+def test_a_sequence_result_does_not_depend_on_the_batch_or_the_work_split():
+    """Many sequences are split one per work item (all KV heads), a few one KV head per item: the
+    same sequence gives the same bits either way, alone or in a batch, on one thread or two."""
+    lens = [5, 300, 77, 16, 129, 1000, 3, 64]
+    q, k_cache, v_cache, tables, seq_lens = _case(9, 3, 64, 16, lens, seed=3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        batch = torch.empty_like(q)
+        assert paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125, batch)  # whole sequences
+        for threads_now in (1, 2):
+            torch.set_num_threads(threads_now)
+            for i in range(len(lens)):
+                alone = torch.empty_like(q[i:i + 1])  # one head per item on two threads, all heads on one
+                assert paged_decode_attention(q[i:i + 1], k_cache, v_cache, tables[i:i + 1], seq_lens[i:i + 1],
+                                              0.125, alone)
+                assert torch.equal(alone[0], batch[i])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
 def test_backend_decodes_through_the_kernel_and_equal_sdpa(monkeypatch):
     """The torch backend's decode rows come from the kernel, and equal its SDPA path to bf16 rounding."""
     lens = [40, 7, 129]
