@@ -1,10 +1,11 @@
 """nvllm's own bfloat16 linear kernel for AVX512-BF16 CPUs (cpu_gemm.c), through ctypes.
 
 Against oneDNN's packed bf16 linear on the default model's shapes (2 Zen4 cores, no AMX): 1.5-1.7x
-faster at 1-8 rows (decode steps, where the weights stream from memory), 1.1-1.3x at 16-64, the
+faster at 1-8 rows (decode steps, where the weights stream from memory), 1.07-1.3x at 16-64, the
 same at 512 (prefill). Each output row is one fixed-order sum, so a row's result does not depend
-on how many rows the step has. CPUs with AMX keep oneDNN, whose AMX kernels this does not match
-at prefill sizes. NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
+on how many rows the step has. CPUs with AMX keep oneDNN, which runs its matmuls on AMX tiles (several
+times AVX512-BF16's rate; not measured against this kernel: the development machine has no AMX).
+NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
 """
 
 import ctypes
