@@ -35,21 +35,22 @@ typedef struct {
     float scale;
 } Job;
 
-/* e^x, about 1e-6 relative for x in [-80, 0], vectorized: 2^(x log2 e) as an integer power set in
- * the exponent bits times a polynomial for the fractional part */
-static inline __m512 exp512(__m512 x) {
-    const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(1.44269504088896341f));
-    const __m512 whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+/* 2^t, about 3e-6 relative (far below the bf16 rounding of the probabilities): an integer power applied
+ * with scalef (0 for t far below -126, so no clamp) times a degree-4 fit of 2^f on [-0.5, 0.5] */
+static inline __m512 exp2_fast(__m512 t) {
+    const __m512 whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, whole);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    const __m512i power = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(whole), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(power));
+    __m512 p = _mm512_set1_ps(9.570087306201458e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785907745361e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402474582195282e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931217908859253e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999992847442627e-1f));
+    return _mm512_scalef_ps(p, whole);
+}
+
+/* e^x for x <= 0 (-inf included: clamped first, as 2^t of a -inf would be NaN) */
+static inline __m512 exp512(__m512 x) {
+    return exp2_fast(_mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(1.44269504088896341f)));
 }
 
 /* s[i] = sum of the 16 lanes of v[i], for 16 vectors at once (a transpose-and-add tree: about 3
@@ -349,18 +350,6 @@ typedef struct {
     float *maxes;
 } RowState;
 
-/* 2^t, about 3e-6 relative (far below the bf16 rounding of the probabilities): an integer power applied
- * with scalef (0 for t far below -126, so no clamp) times a degree-4 fit of 2^f on [-0.5, 0.5] */
-static inline __m512 exp2_fast(__m512 t) {
-    const __m512 whole = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, whole);
-    __m512 p = _mm512_set1_ps(9.570087306201458e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591785907745361e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402474582195282e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931217908859253e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999992847442627e-1f));
-    return _mm512_scalef_ps(p, whole);
-}
 
 /* One tile (16 NH keys from tile_start: NH vectors of 16 scores) for R consecutive rows (first row r,
  * position pos) and all G query heads: scores, online softmax update, values. The arithmetic of each row is the same for every
