@@ -4,8 +4,9 @@ of the other rows, the row count and the thread count."""
 import pytest
 import torch
 
-from engine_core.layers import cpu_gemm, cpu_packing
-from engine_core.layers.linear import ColumnParallelLinear
+from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing
+from engine_core.layers.activation import silu_and_mul
+from engine_core.layers.linear import ColumnParallelLinear, GateUpSiluLinear
 
 pytestmark = pytest.mark.skipif(cpu_gemm.load() is None, reason="no AVX512-BF16 (or AMX present): oneDNN runs")
 
@@ -77,3 +78,49 @@ def test_layers_pack_into_panels():
     cpu_packing.pack_model(layer)
     assert isinstance(layer.packed_weight, cpu_gemm.PanelWeight)
     torch.testing.assert_close(layer(x), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("intermediate,k", [(32, 64), (96, 130), (1536, 576)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gated_matmul_equals_the_linear_then_silu_and_mul(intermediate, k, with_bias):
+    table = cpu_ops.silu_table()
+    if table is None:
+        pytest.skip("no fused CPU kernels")
+    w = _bf16(2 * intermediate, k, seed=intermediate + k) * 3  # gates far into silu's tails too
+    bias = _bf16(2 * intermediate, seed=14) if with_bias else None
+    plain, gated = cpu_gemm.PanelWeight(w), cpu_gemm.GatedPanelWeight(w, table)
+    for m in (1, 5, 6, 7, 64, 301):
+        x = _bf16(m, k, seed=m + 15)
+        assert torch.equal(gated.silu_and_mul(x, bias), silu_and_mul(plain.matmul(x, bias))), m
+    x3 = _bf16(2, 3, k, seed=16)
+    assert torch.equal(gated.silu_and_mul(x3, bias), gated.silu_and_mul(x3.reshape(6, k), bias).view(2, 3, -1))
+    with pytest.raises(TypeError):
+        gated.matmul(x3)
+
+
+def test_gated_rows_do_not_depend_on_the_other_rows_or_threads():
+    table = cpu_ops.silu_table()
+    if table is None:
+        pytest.skip("no fused CPU kernels")
+    gated = cpu_gemm.GatedPanelWeight(_bf16(3072, 576, seed=17), table)
+    x = _bf16(67, 576, seed=18)
+    threads = torch.get_num_threads()
+    try:
+        whole = gated.silu_and_mul(x)
+        assert torch.equal(torch.cat([gated.silu_and_mul(x[i: i + 1]) for i in range(len(x))]), whole)
+        torch.set_num_threads(1)
+        assert torch.equal(gated.silu_and_mul(x), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("intermediate", [64, 40])  # 40: not whole gated tiles, packed plainly
+def test_gate_up_layer_packs_gated_where_it_can(intermediate):
+    layer = GateUpSiluLinear(64, intermediate)
+    layer.weight.data = _bf16(2 * intermediate, 64, seed=19)
+    x = _bf16(9, 64, seed=20)
+    expected = silu_and_mul(cpu_gemm.PanelWeight(layer.weight.data).matmul(x))
+    cpu_packing.pack_model(layer)
+    gated = cpu_ops.silu_table() is not None and intermediate % 32 == 0
+    assert isinstance(layer.packed_weight, cpu_gemm.GatedPanelWeight) == gated
+    assert torch.equal(layer(x), expected)

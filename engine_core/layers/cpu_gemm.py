@@ -41,6 +41,10 @@ def load():
     library.pack_weight_bf16.restype = None
     library.linear_bf16.argtypes = [ptr, long, long, long, ptr, long, ptr, ptr, long, ctypes.c_int]
     library.linear_bf16.restype = None
+    library.pack_gated_weight_bf16.argtypes = [ptr, long, long, long, ptr]
+    library.pack_gated_weight_bf16.restype = None
+    library.linear_silu_mul_bf16.argtypes = [ptr, long, long, long, ptr, long, ptr, ptr, long, ptr, ctypes.c_int]
+    library.linear_silu_mul_bf16.restype = None
     _library = library
     return library
 
@@ -55,23 +59,30 @@ class PanelWeight:
         self.out_features, self.in_features = weight.shape
         panels = -(-self.out_features // LANES)
         self.panels = torch.empty(panels * LANES * self.in_features, dtype=torch.bfloat16, device="cpu")
+        self._pack(library, weight)
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (a bias, its float32 copy)
+
+    def _pack(self, library, weight: torch.Tensor) -> None:
         library.pack_weight_bf16(weight.data_ptr(), self.out_features, self.in_features, self.in_features,
                                  self.panels.data_ptr())
-        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (a bias, its float32 copy)
 
     def _float_bias(self, bias: torch.Tensor) -> torch.Tensor:
         if self._bias is None or self._bias[0] is not bias:  # a layer's bias is fixed once loaded: convert once
             self._bias = (bias, bias.detach().float().contiguous())
         return self._bias[1]
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] bf16 @ W^T (+ bias, added in float32 before rounding) -> [..., N] bf16."""
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x as [rows, K] with contiguous rows, for the C side."""
         if x.dtype is not torch.bfloat16:
             raise TypeError(f"a packed bf16 linear got a {x.dtype} input")
-        lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < self.in_features):
             x2 = x2.contiguous()
+        return x2
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] bf16 @ W^T (+ bias, added in float32 before rounding) -> [..., N] bf16."""
+        x2 = self._rows(x)
         rows = x2.shape[0]
         out = torch.empty((rows, self.out_features), dtype=torch.bfloat16, device="cpu")
         if rows:
@@ -79,7 +90,51 @@ class PanelWeight:
             _library.linear_bf16(x2.data_ptr(), rows, self.in_features, x2.stride(0), self.panels.data_ptr(),
                                  self.out_features, bias_ptr, out.data_ptr(), self.out_features,
                                  torch.get_num_threads())
-        return out.view(*lead, self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+class GatedPanelWeight(PanelWeight):
+    """A gate/up weight [2I, K] (gate rows, then up rows) packed so that one call returns
+    silu(x @ gate^T) * (x @ up^T), [..., I]: the [.., 2I] matmul output is never stored, and the
+    result equals the unfused linear followed by silu_and_mul bit for bit (cpu_gemm.c)."""
+
+    def __init__(self, weight: torch.Tensor, silu_table: torch.Tensor):
+        assert weight.shape[0] % (4 * LANES) == 0
+        self.silu_table = silu_table
+        super().__init__(weight)
+        self.intermediate = self.out_features // 2
+        # column n of the fused output sits at packed position order[n]: the bias follows the panels
+        n = torch.arange(self.out_features).view(-1, 2 * LANES)
+        self._order = torch.stack([n[: len(n) // 2], n[len(n) // 2:]], dim=1).flatten()
+
+    def _pack(self, library, weight: torch.Tensor) -> None:
+        library.pack_gated_weight_bf16(weight.data_ptr(), self.out_features // 2, self.in_features,
+                                       self.in_features, self.panels.data_ptr())
+
+    def _float_bias(self, bias: torch.Tensor) -> torch.Tensor:
+        if self._bias is None or self._bias[0] is not bias:
+            self._bias = (bias, bias.detach().float()[self._order].contiguous())
+        return self._bias[1]
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        raise TypeError("a gated packed weight gives silu(gate) * up only: call silu_and_mul")
+
+    def silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """silu(x @ gate^T + gate bias) * (x @ up^T + up bias) -> [..., I] bf16."""
+        x2 = self._rows(x)
+        rows = x2.shape[0]
+        out = torch.empty((rows, self.intermediate), dtype=torch.bfloat16, device="cpu")
+        if rows:
+            bias_ptr = None if bias is None else self._float_bias(bias).data_ptr()
+            _library.linear_silu_mul_bf16(x2.data_ptr(), rows, self.in_features, x2.stride(0),
+                                          self.panels.data_ptr(), self.intermediate, bias_ptr, out.data_ptr(),
+                                          self.intermediate, self.silu_table.data_ptr(), torch.get_num_threads())
+        return out.view(*x.shape[:-1], self.intermediate)
+
+
+def can_pack_gated(weight: torch.Tensor) -> bool:
+    """A gate/up weight [2I, K] whose I is a whole number of gated tiles (32 columns)."""
+    return can_pack(weight) and weight.shape[0] % (4 * LANES) == 0
 
 
 def can_pack(weight: torch.Tensor) -> bool:

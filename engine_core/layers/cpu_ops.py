@@ -58,6 +58,12 @@ def load():
     return library
 
 
+def silu_table() -> torch.Tensor | None:
+    """torch's silu of every bf16, indexed by its bits (+1 padding entry), for kernels that apply silu
+    themselves (cpu_gemm.GatedPanelWeight); None where the fused kernels are off."""
+    return _silu_table if load() is not None else None
+
+
 def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """norm.py's torch code (float32 statistics, bf16 rounding), the reference the kernel matches."""
     xf = x.float()

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from engine_core.distributed.parallel_state import all_reduce, partition_heads, split_evenly, tp_rank, tp_size
-from engine_core.layers import cpu_packing
+from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing
+from engine_core.layers.activation import silu_and_mul
 
 
 class ColumnParallelLinear(cpu_packing.PackableWeight, nn.Module):
@@ -45,6 +46,27 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         start, count = self.shards[shard_id]
         offset = sum(c for _, c in self.shards[:shard_id])
         param.data.narrow(0, offset, count).copy_(loaded.narrow(0, start, count))
+
+
+class GateUpSiluLinear(MergedColumnParallelLinear):
+    """A gated MLP's gate and up projections with silu(gate) * up applied: [T, in] -> [T, intermediate].
+    On AVX512-BF16 CPUs the product is formed in the matmul's epilogue (cpu_gemm.GatedPanelWeight), so
+    the [T, 2 * intermediate] projection output is never written out and read back."""
+
+    def __init__(self, in_features: int, intermediate: int, bias: bool = False):
+        super().__init__(in_features, [intermediate, intermediate], bias)
+
+    def pack_weight(self) -> None:
+        table = cpu_ops.silu_table()
+        if table is None or not cpu_gemm.can_pack_gated(self.weight):
+            return super().pack_weight()
+        self.packed_weight = cpu_gemm.GatedPanelWeight(self.weight, table)
+        self.weight.data = self.weight.data.new_empty(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.packed_weight, cpu_gemm.GatedPanelWeight):
+            return self.packed_weight.silu_and_mul(x, self.bias)
+        return silu_and_mul(self.matmul(x, self.bias))
 
 
 class QKVParallelLinear(ColumnParallelLinear):

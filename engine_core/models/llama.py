@@ -9,10 +9,9 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from engine_core.layers.activation import silu_and_mul
 from engine_core.layers.attention import PagedAttention
 from engine_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from engine_core.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from engine_core.layers.linear import GateUpSiluLinear, QKVParallelLinear, RowParallelLinear
 from engine_core.layers.norm import RMSNorm
 from engine_core.layers.rotary import RotaryEmbedding
 
@@ -60,11 +59,11 @@ class DecoderMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter])
+        self.gate_up_proj = GateUpSiluLinear(config.hidden_size, inter)
         self.down_proj = RowParallelLinear(inter, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):
