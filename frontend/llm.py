@@ -24,7 +24,7 @@ class LLM:
     for debugging); `LLM.connect(address)` uses a core that is already running."""
 
     def __init__(self, model: str | None = None, multiprocess: bool = True, **engine_args):
-        self.engine_args = EngineArgs(model=model, **engine_args)
+        self.engine_args = EngineArgs(model=model, **({"usage": "offline"} | engine_args))
         self.engine_args.validate()
         self.client = self._make_client(multiprocess)
         self._setup()

@@ -182,3 +182,14 @@ def test_bench_throughput_and_overhead_run_and_report(tiny_models, tmp_path):
     assert main(["bench", "overhead", tiny_models["llama"], *model, "--num-requests", "50", "--concurrency", "8",
                  "--output-json", str(out)]) == 0
     assert json.loads(out.read_text())["requests_per_s"] > 0
+
+
+def test_offline_steps_take_a_bigger_token_budget_than_serving(llm):
+    from common.config import EngineArgs
+    assert EngineArgs().token_budget("cpu") == 512  # serving: prompts of a burst start streaming sooner
+    assert EngineArgs(usage="offline").token_budget("cpu") == 2048
+    assert EngineArgs(usage="offline", max_num_batched_tokens=64).token_budget("cpu") == 64
+    assert EngineArgs().token_budget("cuda") == 2048
+    with pytest.raises(ValueError, match="usage must be server or offline"):
+        EngineArgs(usage="batch").validate()
+    assert llm.engine_args.usage == "offline"  # what the core's scheduler sizes its steps by

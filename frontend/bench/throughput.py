@@ -88,7 +88,7 @@ def run_nvllm(args, prompts, out_lens, mode: str) -> dict:
     from frontend.llm import LLM
 
     engine = engine_args_from(args)
-    kwargs = {k: getattr(engine, k) for k in engine.__struct_fields__ if k != "model"}
+    kwargs = {k: getattr(engine, k) for k in engine.__struct_fields__ if k not in ("model", "usage")}
     llm = LLM(engine.model, multiprocess=mode == "mp", **kwargs)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in out_lens]
     llm.generate(["warm up"], SamplingParams(max_tokens=4), use_tqdm=False)
