@@ -21,6 +21,7 @@ from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.forward_context import forward_context
 from engine_core.layers import cpu_ops, cpu_packing
 from engine_core.layers.attention import PagedAttention
+from engine_core.models.cpu_decoder import CpuDecoder
 from engine_core.models.registry import model_class
 from engine_core.request import Request
 from engine_core.sampler import Sampler
@@ -59,6 +60,9 @@ class ModelRunner:
             cpu_ops.load()  # likewise the fused norm / SiLU-and-mul / rotary kernels
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.backend = self._attention_backend()
+        if device.type == "cpu" and dtype == torch.bfloat16 and self.backend.name == "torch" and hasattr(
+                self.model, "cpu_decoder"):
+            self.model.cpu_decoder = CpuDecoder.for_model(self.model)
         self.sampler = Sampler(device, args.seed) if tp_rank() == 0 else None
         if tp_rank() == 0:
             logger.info("loaded %s (%s) on %s in %.1f s, attention backend %s",

@@ -66,7 +66,7 @@ class PanelWeight:
         library.pack_weight_bf16(weight.data_ptr(), self.out_features, self.in_features, self.in_features,
                                  self.panels.data_ptr())
 
-    def _float_bias(self, bias: torch.Tensor) -> torch.Tensor:
+    def float_bias(self, bias: torch.Tensor) -> torch.Tensor:
         if self._bias is None or self._bias[0] is not bias:  # a layer's bias is fixed once loaded: convert once
             self._bias = (bias, bias.detach().float().contiguous())
         return self._bias[1]
@@ -86,7 +86,7 @@ class PanelWeight:
         rows = x2.shape[0]
         out = torch.empty((rows, self.out_features), dtype=torch.bfloat16, device="cpu")
         if rows:
-            bias_ptr = None if bias is None else self._float_bias(bias).data_ptr()
+            bias_ptr = None if bias is None else self.float_bias(bias).data_ptr()
             _library.linear_bf16(x2.data_ptr(), rows, self.in_features, x2.stride(0), self.panels.data_ptr(),
                                  self.out_features, bias_ptr, out.data_ptr(), self.out_features,
                                  torch.get_num_threads())
@@ -111,7 +111,7 @@ class GatedPanelWeight(PanelWeight):
         library.pack_gated_weight_bf16(weight.data_ptr(), self.out_features // 2, self.in_features,
                                        self.in_features, self.panels.data_ptr())
 
-    def _float_bias(self, bias: torch.Tensor) -> torch.Tensor:
+    def float_bias(self, bias: torch.Tensor) -> torch.Tensor:
         if self._bias is None or self._bias[0] is not bias:
             self._bias = (bias, bias.detach().float()[self._order].contiguous())
         return self._bias[1]
@@ -125,7 +125,7 @@ class GatedPanelWeight(PanelWeight):
         rows = x2.shape[0]
         out = torch.empty((rows, self.intermediate), dtype=torch.bfloat16, device="cpu")
         if rows:
-            bias_ptr = None if bias is None else self._float_bias(bias).data_ptr()
+            bias_ptr = None if bias is None else self.float_bias(bias).data_ptr()
             _library.linear_silu_mul_bf16(x2.data_ptr(), rows, self.in_features, x2.stride(0),
                                           self.panels.data_ptr(), self.intermediate, bias_ptr, out.data_ptr(),
                                           self.intermediate, self.silu_table.data_ptr(), torch.get_num_threads())

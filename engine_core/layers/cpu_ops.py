@@ -58,6 +58,11 @@ def load():
     return library
 
 
+def norm_kernel_ok() -> bool:
+    """Whether the RMSNorm kernel runs (it reproduces this torch's sum order)."""
+    return load() is not None and _norm_ok
+
+
 def silu_table() -> torch.Tensor | None:
     """torch's silu of every bf16, indexed by its bits (+1 padding entry), for kernels that apply silu
     themselves (cpu_gemm.GatedPanelWeight); None where the fused kernels are off."""

@@ -1,0 +1,131 @@
+/* A Llama-family model's decoder layers for one step, in one call (bfloat16, AVX512-BF16 CPUs).
+ *
+ * The Python model runs each layer as about a dozen module calls, wrapper checks, tensor views and
+ * ctypes calls: ~0.25 ms of host work per layer, 15-20% of a batched decode step. This file runs the
+ * same kernels, in the same order, on the same buffers, from one loop: the results are the Python
+ * path's bit for bit (tested). It holds no arithmetic of its own: every kernel is a function of the
+ * other kernel libraries (cpu_gemm.c, cpu_ops.c, cpu_decode.c), passed in as a pointer.
+ *
+ * One layer, as llama.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k
+ * RMSNorm (Qwen3) and rotary, the new keys and values written to the paged cache, attention (the
+ * decode kernel for one-token sequences, the chunk kernel for the rest), o_proj, residual add +
+ * RMSNorm, gate/up matmul with silu(gate) * up, down_proj.
+ */
+#include <stdint.h>
+#include <string.h>
+
+typedef uint16_t bf16;
+
+typedef void (*LinearFn)(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N,
+                         const float *bias, bf16 *out, long out_stride, int threads);
+typedef void (*GatedFn)(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long I,
+                        const float *bias, bf16 *out, long out_stride, const bf16 *silu, int threads);
+typedef int (*NormFn)(const bf16 *x, long xs0, long xs1, bf16 *residual, long rs0, long rs1, bf16 *out, long os0,
+                      long os1, const bf16 *weight, long n0, long n1, long n, float eps, int threads);
+typedef int (*RotaryFn)(bf16 *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
+                        const float *cos, const float *sin, long max_position, int threads);
+typedef int (*DecodeFn)(const bf16 *q, long q_row, const bf16 *k_cache, const bf16 *v_cache,
+                        const int32_t *block_tables, long table_row, const int32_t *seq_lens, bf16 *out,
+                        long out_row, int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                        float scale, int threads);
+typedef int (*ChunkFn)(const bf16 *q, long q_row, const bf16 *k_cache, const bf16 *v_cache,
+                       const int32_t *block_tables, long table_row, const int32_t *seq_lens,
+                       const int32_t *query_start_loc, bf16 *out, long out_row, int num_seqs, int num_heads,
+                       int num_kv_heads, int head_dim, int block_size, float scale, int threads);
+
+typedef struct {
+    const bf16 *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL without per-head norms */
+    const bf16 *qkv, *o, *gate_up, *down;                  /* packed panels (gate_up: gated order) */
+    const float *qkv_bias, *gate_up_bias;                 /* fp32 in packed order, or NULL */
+    bf16 *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
+} Layer;
+
+typedef struct {
+    LinearFn linear;
+    GatedFn gated;
+    NormFn norm;
+    RotaryFn rotary;
+    DecodeFn decode;
+    ChunkFn chunk;
+    const bf16 *silu_table;
+    const float *cos, *sin;
+    long max_position, num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
+    float eps, qk_eps, scale;
+    const Layer *layers;
+} Model;
+
+typedef struct {
+    long tokens;
+    const int64_t *positions, *slot_mapping;
+    long num_seqs, num_decodes, table_row;
+    const int32_t *block_tables, *seq_lens, *query_start_loc;
+    /* buffers, rows contiguous: residual [T, hidden] holds the embeddings on entry and the residual
+     * stream on return; x [T, hidden] the last layer's output on return; the rest are scratch */
+    bf16 *residual, *x, *normed, *qkv, *attn, *act, *q_normed, *k_normed; /* q/k_normed: with q_norm only */
+    int threads;
+} Step;
+
+/* the new tokens' keys and values into their cache slots (slot = block * block_size + offset) */
+static void write_cache(const Layer *l, const Step *s, const bf16 *k, long k_row, const bf16 *v, long v_row,
+                        long kv_size) {
+#pragma omp parallel for num_threads(s->threads) if (s->tokens >= 256) schedule(static)
+    for (long t = 0; t < s->tokens; t++) {
+        memcpy(l->k_cache + s->slot_mapping[t] * kv_size, k + t * k_row, kv_size * sizeof(bf16));
+        memcpy(l->v_cache + s->slot_mapping[t] * kv_size, v + t * v_row, kv_size * sizeof(bf16));
+    }
+}
+
+/* The decoder layers for one step. 0 when done; -1 when a kernel declined its input (a position past
+ * the rotary table, an attention shape the kernels do not take) in layer 0, where nothing but scratch
+ * and the new tokens' own cache slots (rewritten alike by any retry) was written: the caller then
+ * runs its own code; -2 when a kernel failed in a later layer (the residual stream is then partly
+ * updated: the step cannot be run again). */
+int decoder_layers_bf16(const Model *m, const Step *s) {
+    const long T = s->tokens, H = m->hidden, D = m->head_dim, I = m->intermediate, th = s->threads;
+    const long q_size = m->num_heads * D, kv_size = m->num_kv_heads * D, qkv_width = q_size + 2 * kv_size;
+    for (long li = 0; li < m->num_layers; li++) {
+        const Layer *l = &m->layers[li];
+        const int failed = li == 0 ? -1 : -2;
+        /* input norm: of the embeddings (layer 0), else of x + residual (in place, as the module does) */
+        bf16 *normed = li == 0 ? s->normed : s->x;
+        if (li == 0 ? m->norm(s->residual, H, 0, NULL, 0, 0, s->normed, H, 0, l->input_norm, T, 1, H, m->eps, th)
+                    : m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->input_norm, T, 1, H, m->eps, th))
+            return failed;
+        m->linear(normed, T, H, H, l->qkv, qkv_width, l->qkv_bias, s->qkv, qkv_width, th);
+        const bf16 *q, *k, *v = s->qkv + q_size + kv_size;
+        long q_row, k_row;
+        if (l->q_norm) { /* Qwen3: per-head norms into their own buffers, then each rotated */
+            if (m->norm(s->qkv, qkv_width, D, NULL, 0, 0, s->q_normed, q_size, D, l->q_norm, T, m->num_heads, D,
+                        m->qk_eps, th) ||
+                m->norm(s->qkv + q_size, qkv_width, D, NULL, 0, 0, s->k_normed, kv_size, D, l->k_norm, T,
+                        m->num_kv_heads, D, m->qk_eps, th) ||
+                m->rotary(s->q_normed, q_size, D, T, m->num_heads, D, s->positions, m->cos, m->sin, m->max_position,
+                          th) ||
+                m->rotary(s->k_normed, kv_size, D, T, m->num_kv_heads, D, s->positions, m->cos, m->sin,
+                          m->max_position, th))
+                return failed;
+            q = s->q_normed, q_row = q_size, k = s->k_normed, k_row = kv_size;
+        } else { /* q and k side by side: rotated in one pass */
+            if (m->rotary(s->qkv, qkv_width, D, T, m->num_heads + m->num_kv_heads, D, s->positions, m->cos, m->sin,
+                          m->max_position, th))
+                return failed;
+            q = s->qkv, q_row = qkv_width, k = s->qkv + q_size, k_row = qkv_width;
+        }
+        write_cache(l, s, k, k_row, v, qkv_width, kv_size);
+        const long nd = s->num_decodes;
+        if (nd && m->decode(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens, s->attn,
+                            q_size, (int)nd, (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size,
+                            m->scale, th))
+            return failed;
+        if (nd < s->num_seqs &&
+            m->chunk(q, q_row, l->k_cache, l->v_cache, s->block_tables + nd * s->table_row, s->table_row,
+                     s->seq_lens + nd, s->query_start_loc + nd, s->attn, q_size, (int)(s->num_seqs - nd),
+                     (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, th))
+            return failed;
+        m->linear(s->attn, T, q_size, q_size, l->o, H, NULL, s->x, H, th);
+        if (m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th)) return -2;
+        m->gated(s->x, T, H, H, l->gate_up, I, l->gate_up_bias, s->act, I, m->silu_table, th);
+        m->linear(s->act, T, I, I, l->down, H, NULL, s->x, H, th);
+    }
+    return 0;
+}

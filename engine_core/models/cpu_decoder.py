@@ -1,0 +1,188 @@
+"""A Llama-family model's decoder layers in one C call per step (cpu_decoder.c), on bf16 CPUs.
+
+The module path spends ~0.25 ms of host work per layer (module calls, wrapper checks, views, a dozen
+ctypes calls): 15-20% of a batched decode step. Where every kernel it would call is nvllm's own
+(panel-packed linears with the fused gate/up, the fused norm and rotary kernels, the paged attention
+kernels), `CpuDecoder` runs the same kernels in the same order from C instead, bit-identical to the
+module path. Elsewhere (float32, oneDNN weights, tensor parallelism, biases after a row-parallel
+linear, other attention backends or shapes) `for_model` returns None and the modules run.
+NVLLM_CPU_DECODER=0 turns it off.
+"""
+
+import ctypes
+import logging
+import os
+
+import torch
+
+from engine_core.attention import cpu_decode_kernel
+from engine_core.cpu_kernels import load_library
+from engine_core.distributed.parallel_state import tp_size
+from engine_core.forward_context import get_forward_context
+from engine_core.layers import cpu_gemm, cpu_ops
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_decoder.c")
+_ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+
+logger = logging.getLogger("nvllm")
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _ptr) for name in ("input_norm", "post_norm", "q_norm", "k_norm", "qkv", "o", "gate_up",
+                                          "down", "qkv_bias", "gate_up_bias", "k_cache", "v_cache")]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = ([(name, _ptr) for name in ("linear", "gated", "norm", "rotary", "decode", "chunk", "silu_table",
+                                           "cos", "sin")]
+                + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
+                                              "head_dim", "intermediate", "block_size")]
+                + [(name, _float) for name in ("eps", "qk_eps", "scale")]
+                + [("layers", ctypes.POINTER(_Layer))])
+
+
+class _Step(ctypes.Structure):
+    _fields_ = ([("tokens", _long), ("positions", _ptr), ("slot_mapping", _ptr), ("num_seqs", _long),
+                 ("num_decodes", _long), ("table_row", _long), ("block_tables", _ptr), ("seq_lens", _ptr),
+                 ("query_start_loc", _ptr)]
+                + [(name, _ptr) for name in ("residual", "x", "normed", "qkv", "attn", "act", "q_normed",
+                                             "k_normed")]
+                + [("threads", ctypes.c_int)])
+
+
+_library = None
+_tried = False
+
+
+def load():
+    global _library, _tried
+    if not _tried:
+        _tried = True
+        if os.environ.get("NVLLM_CPU_DECODER", "1") != "0":
+            _library = load_library(SOURCE, (), "the CPU decoder loop (cpu_decoder.c)")
+            if _library is not None:
+                _library.decoder_layers_bf16.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
+                _library.decoder_layers_bf16.restype = ctypes.c_int
+    return _library
+
+
+def _address(library, name: str) -> int:
+    return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+
+
+def _why_not(model) -> str | None:
+    """Why the C loop cannot run this model's layers exactly as its modules would; None if it can."""
+    if tp_size() != 1:
+        return "tensor parallel"
+    if None in (load(), cpu_gemm.load(), cpu_ops.load(), cpu_decode_kernel.load()) or not cpu_ops.norm_kernel_ok():
+        return "a kernel library is missing"
+    first = model.layers[0].self_attn
+    heads, kv_heads, head_dim = first.num_heads, first.num_kv_heads, first.head_dim
+    if head_dim % 32 or head_dim > 256 or heads % kv_heads or heads // kv_heads > 8 or not first.attn.scale > 0:
+        return "an attention shape the kernels do not take"
+    for layer in model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if not (type(attn.qkv_proj.packed_weight) is cpu_gemm.PanelWeight
+                and type(attn.o_proj.packed_weight) is cpu_gemm.PanelWeight
+                and type(mlp.down_proj.packed_weight) is cpu_gemm.PanelWeight
+                and type(mlp.gate_up_proj.packed_weight) is cpu_gemm.GatedPanelWeight):
+            return "weights not in nvllm's panels"
+        if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
+            return "a bias after a row-parallel linear"
+        norms = [layer.input_layernorm, layer.post_attention_layernorm] + (
+            [attn.q_norm, attn.k_norm] if attn.q_norm is not None else [])
+        if any(n.weight.dtype is not torch.bfloat16 or not n.weight.is_contiguous() for n in norms):
+            return "a norm weight not in bf16"
+        if attn.rotary.cos.dtype is not torch.float32 or not attn.rotary.cos.is_contiguous():
+            return "rotary tables not in float32"
+    return None
+
+
+class CpuDecoder:
+    """Runs `model.layers` for one step from C; `run` returns None where the modules must run instead."""
+
+    def __init__(self, model):
+        self.model = model
+        first = model.layers[0]
+        self.heads, self.kv_heads = first.self_attn.num_heads, first.self_attn.num_kv_heads
+        self.head_dim = first.self_attn.head_dim
+        self.intermediate = first.mlp.gate_up_proj.packed_weight.intermediate
+        self.qk_norm = first.self_attn.q_norm is not None
+        self._struct: _Model | None = None
+        self._cache_ptr = None  # the layer 0 key cache the struct was built for
+
+    @classmethod
+    def for_model(cls, model) -> "CpuDecoder | None":
+        why = _why_not(model)
+        if why is not None:
+            logger.debug("decoder layers run as modules: %s", why)
+            return None
+        return cls(model)
+
+    def _build(self) -> _Model:
+        """The C view of the model: weights, norms, caches (rebuilt when the caches are rebound)."""
+        layers = []
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv_bias = attn.qkv_proj.bias
+            gate_up_bias = mlp.gate_up_proj.bias
+            layers.append(_Layer(
+                input_norm=layer.input_layernorm.weight.data_ptr(),
+                post_norm=layer.post_attention_layernorm.weight.data_ptr(),
+                q_norm=attn.q_norm.weight.data_ptr() if self.qk_norm else None,
+                k_norm=attn.k_norm.weight.data_ptr() if self.qk_norm else None,
+                qkv=attn.qkv_proj.packed_weight.panels.data_ptr(), o=attn.o_proj.packed_weight.panels.data_ptr(),
+                gate_up=mlp.gate_up_proj.packed_weight.panels.data_ptr(),
+                down=mlp.down_proj.packed_weight.panels.data_ptr(),
+                qkv_bias=None if qkv_bias is None else attn.qkv_proj.packed_weight.float_bias(qkv_bias).data_ptr(),
+                gate_up_bias=(None if gate_up_bias is None
+                              else mlp.gate_up_proj.packed_weight.float_bias(gate_up_bias).data_ptr()),
+                k_cache=attn.attn.k_cache.data_ptr(), v_cache=attn.attn.v_cache.data_ptr()))
+        self._layers = (_Layer * len(layers))(*layers)  # kept alive: the struct points into it
+        first = self.model.layers[0]
+        gemm, ops, attention = cpu_gemm.load(), cpu_ops.load(), cpu_decode_kernel.load()
+        rotary = first.self_attn.rotary
+        self._tables = (cpu_ops.silu_table(), rotary.cos, rotary.sin)
+        return _Model(
+            linear=_address(gemm, "linear_bf16"), gated=_address(gemm, "linear_silu_mul_bf16"),
+            norm=_address(ops, "rms_norm_bf16"), rotary=_address(ops, "rotary_bf16"),
+            decode=_address(attention, "paged_decode_attention"), chunk=_address(attention, "paged_attention"),
+            silu_table=self._tables[0].data_ptr(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(),
+            max_position=rotary.cos.shape[0], num_layers=len(self.model.layers),
+            hidden=first.input_layernorm.weight.shape[0], num_heads=self.heads, num_kv_heads=self.kv_heads,
+            head_dim=self.head_dim, intermediate=self.intermediate, block_size=first.self_attn.attn.k_cache.shape[1],
+            eps=first.input_layernorm.eps, qk_eps=first.self_attn.q_norm.eps if self.qk_norm else 0.0,
+            scale=first.self_attn.attn.scale, layers=self._layers)
+
+    def run(self, embeddings: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(the last layer's output, the residual stream) for the step's tokens, the residual being
+        `embeddings` updated in place, as the modules leave them; None (nothing but the new tokens' own
+        cache slots written) where a kernel declined the step."""
+        cache = self.model.layers[0].self_attn.attn.k_cache
+        if (cache.numel() == 0 or embeddings.dtype is not torch.bfloat16 or not embeddings.is_contiguous()
+                or positions.dtype is not torch.int64):
+            return None
+        if self._struct is None or self._cache_ptr != cache.data_ptr():
+            self._struct, self._cache_ptr = self._build(), cache.data_ptr()
+        meta = get_forward_context().meta
+        tokens, hidden = embeddings.shape
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        new = lambda width: torch.empty((tokens, width), dtype=torch.bfloat16, device="cpu")  # noqa: E731
+        x, normed, qkv, attn, act = new(hidden), new(hidden), new(q_size + 2 * kv_size), new(q_size), \
+            new(self.intermediate)
+        q_normed, k_normed = (new(q_size), new(kv_size)) if self.qk_norm else (None, None)
+        positions = positions.contiguous()
+        step = _Step(
+            tokens=tokens, positions=positions.data_ptr(), slot_mapping=meta.slot_mapping.data_ptr(),
+            num_seqs=meta.num_seqs, num_decodes=meta.num_decodes, table_row=meta.block_tables.stride(0),
+            block_tables=meta.block_tables.data_ptr(), seq_lens=meta.seq_lens.data_ptr(),
+            query_start_loc=meta.query_start_loc.data_ptr(), residual=embeddings.data_ptr(), x=x.data_ptr(),
+            normed=normed.data_ptr(), qkv=qkv.data_ptr(), attn=attn.data_ptr(), act=act.data_ptr(),
+            q_normed=None if q_normed is None else q_normed.data_ptr(),
+            k_normed=None if k_normed is None else k_normed.data_ptr(), threads=torch.get_num_threads())
+        status = _library.decoder_layers_bf16(ctypes.byref(self._struct), ctypes.byref(step))
+        if status == -1:
+            return None
+        if status:
+            raise RuntimeError("a CPU kernel failed in the middle of a step (out of memory?)")
+        return x, embeddings

@@ -1,0 +1,69 @@
+"""The decoder layers run from C (models/cpu_decoder.c): the same tokens and logprobs, to the bit, as
+the module path, over chunked prefills, prefix-cache hits, decodes and mixed steps; and the module
+path wherever the C loop would not compute exactly the same."""
+
+import pytest
+import torch
+
+from common.sampling_params import SamplingParams
+from conftest import build_tiny_model
+from engine_core.attention import cpu_decode_kernel
+from engine_core.layers import cpu_gemm, cpu_ops
+from engine_core.models import cpu_decoder
+
+pytestmark = pytest.mark.skipif(
+    None in (cpu_decoder.load(), cpu_gemm.load(), cpu_decode_kernel.load()) or not cpu_ops.norm_kernel_ok(),
+    reason="the C decoder's kernels do not run on this machine (no AVX512-BF16, or AMX: oneDNN linears)")
+
+
+def _model(llm):
+    return llm.client.core.executor.runner.model
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 90, (n,), generator=g).tolist()
+    prompts = [torch.randint(200, 40000, (k,), generator=g).tolist() for k in lengths]
+    return prompts + [prompts[0] + prompts[1]]  # its first blocks come from the prefix cache
+
+
+def _run(llm, prompts):
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def qwen2_head32(tmp_path_factory, default_model_dir):
+    # head_dim 32 (the kernels' smallest), biases on q, k, v
+    return build_tiny_model(str(tmp_path_factory.mktemp("qwen2h32")), "qwen2", default_model_dir, hidden_size=128)
+
+
+@pytest.mark.parametrize("arch", ["default", "qwen2", "qwen3"])
+def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny_models, qwen2_head32):
+    from frontend.llm import LLM
+    path = {"default": default_model_dir, "qwen2": qwen2_head32, "qwen3": tiny_models["qwen3"]}[arch]
+    # small steps: prompts are chunked, and chunks share steps with decodes
+    llm = LLM(path, multiprocess=False, dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=512,
+              max_num_batched_tokens=48)
+    try:
+        model = _model(llm)
+        assert isinstance(model.cpu_decoder, cpu_decoder.CpuDecoder)
+        prompts = _prompts(6, seed=1)
+        with_c = _run(llm, prompts)
+        llm.reset_prefix_cache()
+        model.cpu_decoder = None
+        assert _run(llm, prompts) == with_c
+    finally:
+        llm.shutdown()
+
+
+def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
+    from frontend.llm import LLM
+    for path, dtype in ((tiny_models["llama"], "bfloat16"),  # head_dim 16: no attention kernel for it
+                        (tiny_models["qwen3"], "float32")):
+        llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="16MiB", max_model_len=256)
+        try:
+            assert _model(llm).cpu_decoder is None
+            assert len(_run(llm, [[5, 6, 7]])[0][0]) == 12
+        finally:
+            llm.shutdown()
