@@ -54,7 +54,8 @@ def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_pro
     max_tokens = params.max_tokens if params.max_tokens is not None else (room or 0)
     cost = request_token_cost(params, max_tokens)
     if cost > limits.max_request_tokens:
-        raise ValueError(f"max_tokens: n ({params.n}) x max_tokens ({max_tokens}) x (1 + logprobs "
+        # the field first, as in every message here: the HTTP layer and the tests read the field from it
+        raise ValueError(f"max_tokens {max_tokens} x n ({params.n}) x (1 + logprobs "
                          f"({params.logprobs or 0})) is {cost}, more than one request may ask for "
                          f"({limits.max_request_tokens}, --max-request-tokens)")
 
