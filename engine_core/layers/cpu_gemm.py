@@ -52,6 +52,8 @@ def load():
 class PanelWeight:
     """A [N, K] bf16 weight (K even) packed into 16-column panels."""
 
+    _bias_order: torch.Tensor | None = None  # the output column of each packed column, where they differ
+
     def __init__(self, weight: torch.Tensor):
         library = load()
         assert library is not None and weight.dtype is torch.bfloat16 and weight.shape[1] % 2 == 0
@@ -67,30 +69,32 @@ class PanelWeight:
                                  self.panels.data_ptr())
 
     def float_bias(self, bias: torch.Tensor) -> torch.Tensor:
-        if self._bias is None or self._bias[0] is not bias:  # a layer's bias is fixed once loaded: convert once
-            self._bias = (bias, bias.detach().float().contiguous())
+        """The bias in float32, in the panels' column order (converted once: a layer's bias is fixed)."""
+        if self._bias is None or self._bias[0] is not bias:
+            converted = bias.detach().float()
+            if self._bias_order is not None:
+                converted = converted[self._bias_order]
+            self._bias = (bias, converted.contiguous())
         return self._bias[1]
 
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x as [rows, K] with contiguous rows, for the C side."""
+    def _run(self, kernel, x: torch.Tensor, bias: torch.Tensor | None, width: int, *extra) -> torch.Tensor:
+        """`kernel` (linear_bf16's arguments, then `extra`, then the threads) over x [..., K] -> [..., width]."""
         if x.dtype is not torch.bfloat16:
             raise TypeError(f"a packed bf16 linear got a {x.dtype} input")
         x2 = x.reshape(-1, self.in_features)
         if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < self.in_features):
             x2 = x2.contiguous()
-        return x2
+        rows = x2.shape[0]
+        out = torch.empty((rows, width), dtype=torch.bfloat16, device="cpu")
+        if rows:
+            bias_ptr = None if bias is None else self.float_bias(bias).data_ptr()
+            kernel(x2.data_ptr(), rows, self.in_features, x2.stride(0), self.panels.data_ptr(), width, bias_ptr,
+                   out.data_ptr(), width, *extra, torch.get_num_threads())
+        return out.view(*x.shape[:-1], width)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] bf16 @ W^T (+ bias, added in float32 before rounding) -> [..., N] bf16."""
-        x2 = self._rows(x)
-        rows = x2.shape[0]
-        out = torch.empty((rows, self.out_features), dtype=torch.bfloat16, device="cpu")
-        if rows:
-            bias_ptr = None if bias is None else self.float_bias(bias).data_ptr()
-            _library.linear_bf16(x2.data_ptr(), rows, self.in_features, x2.stride(0), self.panels.data_ptr(),
-                                 self.out_features, bias_ptr, out.data_ptr(), self.out_features,
-                                 torch.get_num_threads())
-        return out.view(*x.shape[:-1], self.out_features)
+        return self._run(_library.linear_bf16, x, bias, self.out_features)
 
 
 class GatedPanelWeight(PanelWeight):
@@ -103,33 +107,20 @@ class GatedPanelWeight(PanelWeight):
         self.silu_table = silu_table
         super().__init__(weight)
         self.intermediate = self.out_features // 2
-        # column n of the fused output sits at packed position order[n]: the bias follows the panels
+        # the gate and up columns of 32 outputs side by side, as the panels hold them
         n = torch.arange(self.out_features).view(-1, 2 * LANES)
-        self._order = torch.stack([n[: len(n) // 2], n[len(n) // 2:]], dim=1).flatten()
+        self._bias_order = torch.stack([n[: len(n) // 2], n[len(n) // 2:]], dim=1).flatten()
 
     def _pack(self, library, weight: torch.Tensor) -> None:
         library.pack_gated_weight_bf16(weight.data_ptr(), self.out_features // 2, self.in_features,
                                        self.in_features, self.panels.data_ptr())
-
-    def float_bias(self, bias: torch.Tensor) -> torch.Tensor:
-        if self._bias is None or self._bias[0] is not bias:
-            self._bias = (bias, bias.detach().float()[self._order].contiguous())
-        return self._bias[1]
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a gated packed weight gives silu(gate) * up only: call silu_and_mul")
 
     def silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """silu(x @ gate^T + gate bias) * (x @ up^T + up bias) -> [..., I] bf16."""
-        x2 = self._rows(x)
-        rows = x2.shape[0]
-        out = torch.empty((rows, self.intermediate), dtype=torch.bfloat16, device="cpu")
-        if rows:
-            bias_ptr = None if bias is None else self.float_bias(bias).data_ptr()
-            _library.linear_silu_mul_bf16(x2.data_ptr(), rows, self.in_features, x2.stride(0),
-                                          self.panels.data_ptr(), self.intermediate, bias_ptr, out.data_ptr(),
-                                          self.intermediate, self.silu_table.data_ptr(), torch.get_num_threads())
-        return out.view(*x.shape[:-1], self.intermediate)
+        return self._run(_library.linear_silu_mul_bf16, x, bias, self.intermediate, self.silu_table.data_ptr())
 
 
 def can_pack_gated(weight: torch.Tensor) -> bool:

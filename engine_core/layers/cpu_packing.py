@@ -50,9 +50,13 @@ class PackableWeight:
     keeps_weight = False  # True where another layer reads the weight too (a tied LM head's embedding)
 
     def pack_weight(self) -> None:
-        self.packed_weight = pack(self.weight)
+        self.packed_weight = self.packed_form(self.weight)
         if not self.keeps_weight:
             self.weight.data = self.weight.data.new_empty(0)
+
+    def packed_form(self, weight: torch.Tensor) -> cpu_gemm.PanelWeight | OneDnnWeight:
+        """The packed copy of `weight` this layer computes with (a layer may pick a special layout)."""
+        return pack(weight)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, self.weight, self.packed_weight, bias)

@@ -56,12 +56,11 @@ class GateUpSiluLinear(MergedColumnParallelLinear):
     def __init__(self, in_features: int, intermediate: int, bias: bool = False):
         super().__init__(in_features, [intermediate, intermediate], bias)
 
-    def pack_weight(self) -> None:
+    def packed_form(self, weight: torch.Tensor):
         table = cpu_ops.silu_table()
-        if table is None or not cpu_gemm.can_pack_gated(self.weight):
-            return super().pack_weight()
-        self.packed_weight = cpu_gemm.GatedPanelWeight(self.weight, table)
-        self.weight.data = self.weight.data.new_empty(0)
+        if table is None or not cpu_gemm.can_pack_gated(weight):
+            return super().packed_form(weight)
+        return cpu_gemm.GatedPanelWeight(weight, table)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self.packed_weight, cpu_gemm.GatedPanelWeight):

@@ -167,10 +167,10 @@ class CpuDecoder:
         meta = get_forward_context().meta
         tokens, hidden = embeddings.shape
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        new = lambda width: torch.empty((tokens, width), dtype=torch.bfloat16, device="cpu")  # noqa: E731
-        x, normed, qkv, attn, act = new(hidden), new(hidden), new(q_size + 2 * kv_size), new(q_size), \
-            new(self.intermediate)
-        q_normed, k_normed = (new(q_size), new(kv_size)) if self.qk_norm else (None, None)
+        widths = [hidden, hidden, q_size + 2 * kv_size, q_size, self.intermediate]
+        widths += [q_size, kv_size] if self.qk_norm else []
+        x, normed, qkv, attn, act, *qk = (torch.empty((tokens, w), dtype=torch.bfloat16, device="cpu") for w in widths)
+        q_normed, k_normed = qk if qk else (None, None)
         positions = positions.contiguous()
         step = _Step(
             tokens=tokens, positions=positions.data_ptr(), slot_mapping=meta.slot_mapping.data_ptr(),
