@@ -92,7 +92,8 @@ def test_a_row_is_bit_identical_however_it_is_batched_or_chunked(num_heads, num_
 
     whole = run(length, length, q)  # the whole prompt in one chunk
     # around the 16-key parts and the 64-key tiles: a row takes its own 64-key tile whole from position 63 on
-    for p in [0, 1, 15, 16, 17, 62, 63, 64, 100, 127, 128, 255, 256, 300, 511]:
+    # (and where a row's diagonal tile grows from 1 to 4 parts of 16 keys: 15/16, 31/32, 47/48)
+    for p in [0, 1, 15, 16, 17, 31, 32, 47, 48, 62, 63, 64, 100, 127, 128, 255, 256, 300, 511]:
         alone = run(1, p + 1, q[p:p + 1])  # as a decode would compute it
         assert torch.equal(whole[p], alone[0]), p
         for chunk in [2, 7, 33, 64]:  # the last row of a chunk whose first tokens came from the cache

@@ -284,8 +284,9 @@ int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cach
  *             kernel): one vdpbf16ps adds two keys' weighted values to 16 output dims.
  * A row that sees the whole tile takes it in one step: 4 vectors of scores, one horizontal max, one
  * rescale (only when its running max grows), exp as 2^x (degree-4 fit, scalef), no masks. A row whose
- * own position falls inside the tile takes the tile's 16-key parts one by one up to the part holding
- * its position, the last one masked. The softmax state is fp32 per row (lane-wise sums, running max).
+ * own position falls inside the tile takes the tile's 16-key parts up to the one holding its position
+ * in the same single step (the last part masked): one max, rescale and pass over the values however
+ * many parts (taking them one by one cost a third of the kernel's time on 200-400-token prompts). The softmax state is fp32 per row (lane-wise sums, running max).
  * Row independence: which tiles and parts a row takes, in what order and with what arithmetic depends
  * on its position alone, whatever other rows share its item or its register block, however its prompt
  * was chunked and whether its prefix came from the cache. A row's result is therefore bit-identical in
@@ -296,9 +297,7 @@ int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cach
 #ifndef ROWS
 #define ROWS 32 /* query rows per work item: each prepared tile serves ROWS x group query vectors */
 #endif
-#ifndef CT
-#define CT 64 /* keys per full tile: CT_PARTS vectors of 16 scores */
-#endif
+#define CT 64 /* keys per full tile: CT_PARTS vectors of 16 scores (diagonal_rows takes 1 to 4) */
 #define CT_PARTS (CT / 16)
 #define MAX_VECTORS 8 /* rows interleaved x query heads per KV head, at most (see CHUNK_INSTANCE) */
 
@@ -408,10 +407,10 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
         __m512 sum = *running_sum;
         for (int h = 0; h < NH; h++) sum = _mm512_add_ps(sum, p[h]);
         *running_sum = sum;
-        if (NH == 1)
-            _mm256_store_si256((__m256i *)probs[v], (__m256i)_mm512_cvtneps_pbh(p[0]));
         for (int h = 0; h + 1 < NH; h += 2)
             _mm512_store_si512((__m512i *)(probs[v] + 16 * h), (__m512i)_mm512_cvtne2ps_pbh(p[h + 1], p[h]));
+        if (NH % 2)
+            _mm256_store_si256((__m256i *)(probs[v] + 16 * (NH - 1)), (__m256i)_mm512_cvtneps_pbh(p[NH - 1]));
     }
     /* values: KS accumulators (16 output dims each) per row at a time, as many as the registers hold, the key
      * pairs in order, all rows interleaved; each probability pair is broadcast once per pass. Every
@@ -435,6 +434,19 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
             float *acc = st.acc + ((long)(r + v / G) * G + v % G) * D + k0 * 16;
             for (int x = 0; x < KS; x++) _mm512_store_ps(acc + 16 * x, a[v][x]);
         }
+    }
+}
+
+/* tile_rows over the first `parts` 16-key parts of a tile (parts a run-time value up to CT_PARTS) */
+static inline __attribute__((always_inline)) void diagonal_rows(const ChunkJob *j, const __m512bh *kT,
+                                                                const __m512bh *vP, const uint16_t *q, int r, int pos,
+                                                                int tile_start, RowState st, const int R, const int G,
+                                                                const int D, int parts) {
+    switch (parts) {
+    case 1: tile_rows(j, kT, vP, q, r, pos, tile_start, st, R, G, D, 1); break;
+    case 2: tile_rows(j, kT, vP, q, r, pos, tile_start, st, R, G, D, 2); break;
+    case 3: tile_rows(j, kT, vP, q, r, pos, tile_start, st, R, G, D, 3); break;
+    default: tile_rows(j, kT, vP, q, r, pos, tile_start, st, R, G, D, CT_PARTS); break;
     }
 }
 
@@ -489,20 +501,19 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
                 vP[k * (D / 16) + 2 * c] = (__m512bh)_mm512_unpacklo_epi16(x, y);
                 vP[k * (D / 16) + 2 * c + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
             }
-        /* rows that see the whole tile take it at once, unmasked; rows whose diagonal falls inside it take
-         * its 16-key parts up to the one holding their own position (masked there), one by one. Which way
-         * a row takes depends on its position alone. */
+        /* rows that see the whole tile take it at once, unmasked; a row whose diagonal falls inside it
+         * takes its 16-key parts up to the one holding its own position, in one pass (masked in that
+         * last part). Which way a row takes, and how many parts, depends on its position alone. */
         const int full = start + CT - 1 - pos0 > 0 ? start + CT - 1 - pos0 : 0; /* first row seeing it all */
         int r = full;
         for (; r + R <= rows; r += R) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, R, G, D, CT_PARTS);
         for (; r < rows; r++) tile_rows(j, kT, vP, q, r, pos0 + r, start, st, 1, G, D, CT_PARTS);
         const int diagonal_end = full < rows ? full : rows;
-        for (int n = 0; n < CT_PARTS; n++) {
-            const int sub = start + 16 * n;
-            const __m512bh *kTn = kT + n * (D / 2), *vPn = vP + n * 8 * (D / 16);
-            r = sub > pos0 ? sub - pos0 : 0;
-            for (; r + R <= diagonal_end; r += R) tile_rows(j, kTn, vPn, q, r, pos0 + r, sub, st, R, G, D, 1);
-            for (; r < diagonal_end; r++) tile_rows(j, kTn, vPn, q, r, pos0 + r, sub, st, 1, G, D, 1);
+        for (int n = 0; n < CT_PARTS; n++) { /* rows at positions start + 16n .. start + 16n + 15: n + 1 parts */
+            const int first = start + 16 * n - pos0, end = first + 16 < diagonal_end ? first + 16 : diagonal_end;
+            r = first > 0 ? first : 0;
+            for (; r + R <= end; r += R) diagonal_rows(j, kT, vP, q, r, pos0 + r, start, st, R, G, D, n + 1);
+            for (; r < end; r++) diagonal_rows(j, kT, vP, q, r, pos0 + r, start, st, 1, G, D, n + 1);
         }
     }
     for (int v = 0; v < rows * G; v++) {
