@@ -1,7 +1,7 @@
 """Build-and-load of small C kernels for the CPU, called through ctypes.
 
 A C source is compiled at first use with the system's C compiler (-O3 -march=native, OpenMP) into
-<cache>/kernels/NAME-<hash>.so, the hash covering the source, the flags and this CPU's features
+<cache>/kernels/NAME-<hash>.so, the hash covering the source (and the local files it includes), the flags and this CPU's features
 (-march=native code runs only where it was built). Several processes may start at once: the build
 holds a file lock and renames a finished temporary file into place. Where a library cannot be had
 (no compiler, a failed build, a load error) load_library returns None and logs why, once per source.
@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -50,6 +51,17 @@ def _build(source: str, flags: list[str], target: str) -> None:
                 os.remove(tmp)
 
 
+def _source_text(source: str) -> bytes:
+    """The source and the local files it #includes (one level): a change to either makes a new build."""
+    with open(source, "rb") as f:
+        text = f.read()
+    folder = os.path.dirname(source)
+    for name in re.findall(rb'^#include "([^"]+)"', text, re.MULTILINE):
+        with open(os.path.join(folder, name.decode()), "rb") as f:
+            text += f.read()
+    return text
+
+
 def load_library(source: str, extra_flags: tuple[str, ...] = (), what: str | None = None) -> ctypes.CDLL | None:
     """The ctypes library built from the C file `source`, or None where it cannot be had (logged once).
 
@@ -64,8 +76,7 @@ def load_library(source: str, extra_flags: tuple[str, ...] = (), what: str | Non
     what = what or name
     library = None
     try:
-        with open(source, "rb") as f:
-            digest = hashlib.sha256(f.read() + " ".join(flags + sorted(cpu_flags())).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(_source_text(source) + " ".join(flags + sorted(cpu_flags())).encode()).hexdigest()[:16]
         target = os.path.join(cache_dir(), "kernels", f"{name}-{digest}.so")
         if not os.path.exists(target):
             logger.info("building %s into %s", what, target)

@@ -107,9 +107,7 @@ class GatedPanelWeight(PanelWeight):
         self.silu_table = silu_table
         super().__init__(weight)
         self.intermediate = self.out_features // 2
-        # the gate and up columns of 32 outputs side by side, as the panels hold them
-        n = torch.arange(self.out_features).view(-1, 2 * LANES)
-        self._bias_order = torch.stack([n[: len(n) // 2], n[len(n) // 2:]], dim=1).flatten()
+        self._bias_order = gated_bias_order(self.out_features)
 
     def _pack(self, library, weight: torch.Tensor) -> None:
         library.pack_gated_weight_bf16(weight.data_ptr(), self.out_features // 2, self.in_features,
@@ -121,6 +119,13 @@ class GatedPanelWeight(PanelWeight):
     def silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """silu(x @ gate^T + gate bias) * (x @ up^T + up bias) -> [..., I] bf16."""
         return self._run(_library.linear_silu_mul_bf16, x, bias, self.intermediate, self.silu_table.data_ptr())
+
+
+def gated_bias_order(width: int) -> torch.Tensor:
+    """The column of a gate/up output [2I] at each place of the gated kernels' bias: the gate and up
+    columns of 32 outputs side by side, as the panels hold them."""
+    n = torch.arange(width).view(-1, 2 * LANES)
+    return torch.stack([n[: len(n) // 2], n[len(n) // 2:]], dim=1).flatten()
 
 
 def can_pack_gated(weight: torch.Tensor) -> bool:

@@ -1,0 +1,142 @@
+"""Linear layers whose weights stay quantized in memory (cpu_quant.c), through ctypes.
+
+A weight arrives as its GGUF rows (uint8 [N, row bytes], Q4_0, Q4_1 or Q8_0, blocks of 32 inputs) or as a
+bf16/float weight to quantize per channel to int8 (`--quantization int8`, kept as Q8_0 blocks whose scale
+is the channel's). It is packed once into panels of 16 columns and never dequantized as a whole: decode
+steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the same CPU as cpu_gemm.py
+(AVX512-BF16 and no AMX; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
+"""
+
+import ctypes
+import os
+
+import torch
+
+from engine_core.cpu_kernels import load_library
+from engine_core.layers import cpu_gemm
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_quant.c")
+BLOCK = 32  # inputs per quantized block
+
+# GGUF type ids (ggml.h) of the formats the kernels take -> (bytes per block, packed format in cpu_quant.c)
+GGUF_TYPES = {"q4_0": (2, 18, 0), "q4_1": (3, 20, 0), "q8_0": (8, 34, 1)}
+
+_library = None
+_tried = False
+
+
+def load():
+    """The kernel library, or None where cpu_gemm's panels do not apply (see cpu_gemm.load)."""
+    global _library, _tried
+    if _tried:
+        return _library
+    _tried = True
+    if cpu_gemm.load() is None:
+        return None
+    library = load_library(SOURCE, (), "the quantized linear kernel (cpu_quant.c)")
+    if library is None:
+        return None
+    ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    library.quant_packed_bytes.argtypes = [int_, long, long]
+    library.quant_packed_bytes.restype = long
+    library.quant_pack.argtypes = [ptr, long, int_, long, long, int_, ptr]
+    library.quant_pack.restype = int_
+    library.quant_linear_bf16.argtypes = [ptr, long, long, long, ptr, int_, long, ptr, ptr, long, int_]
+    library.quant_linear_bf16.restype = int_
+    library.quant_linear_silu_mul_bf16.argtypes = [ptr, long, long, long, ptr, int_, long, ptr, ptr, long, ptr,
+                                                   int_]
+    library.quant_linear_silu_mul_bf16.restype = int_
+    library.quant_rows_bf16.argtypes = [ptr, int_, long, ptr, long, ptr]
+    library.quant_rows_bf16.restype = None
+    _library = library
+    return library
+
+
+class QuantizedTensor:
+    """A weight [N, K] as GGUF rows: `rows` uint8 [N, K / 32 * block bytes] of type `qtype`."""
+
+    def __init__(self, rows: torch.Tensor, qtype: str, in_features: int):
+        if qtype not in GGUF_TYPES:
+            raise ValueError(f"quantization type {qtype!r} not supported (supported: {', '.join(GGUF_TYPES)})")
+        if in_features % BLOCK or rows.shape[1] != in_features // BLOCK * GGUF_TYPES[qtype][1]:
+            raise ValueError(f"a {qtype} weight of {in_features} inputs cannot have rows of {rows.shape[1]} bytes")
+        self.rows, self.qtype, self.in_features = rows, qtype, in_features
+        self.shape = (rows.shape[0], in_features)
+
+
+def quantize_int8(weight: torch.Tensor) -> QuantizedTensor:
+    """Per-channel symmetric int8 of a [N, K] weight (K a multiple of 32), as Q8_0 rows whose blocks all
+    carry the channel's scale (max |w| / 127, in fp16, the scale the integers are rounded with)."""
+    w = weight.detach().float()
+    n, k = w.shape
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=2.0 ** -24).half()
+    q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    blocks = torch.empty((n, k // BLOCK, 34), dtype=torch.uint8)
+    blocks[:, :, :2] = scale.view(torch.uint8).view(n, 1, 2)
+    blocks[:, :, 2:] = q.view(torch.uint8).view(n, k // BLOCK, BLOCK)
+    return QuantizedTensor(blocks.view(n, -1), "q8_0", k)
+
+
+def can_pack(weight) -> bool:
+    return isinstance(weight, QuantizedTensor) and load() is not None
+
+
+class QuantPanelWeight(cpu_gemm.PanelWeight):
+    """A quantized weight packed into cpu_quant.c's panels; `matmul` as cpu_gemm.PanelWeight's."""
+
+    gated = 0
+
+    def __init__(self, weight: QuantizedTensor):
+        library = load()
+        assert library is not None
+        type_id, _, self.format = GGUF_TYPES[weight.qtype]
+        self.qtype = weight.qtype
+        self.out_features, self.in_features = weight.shape
+        size = library.quant_packed_bytes(self.format, self.out_features, self.in_features)
+        self.panels = torch.empty(size, dtype=torch.uint8, device="cpu")
+        rows = weight.rows.contiguous()
+        status = library.quant_pack(rows.data_ptr(), rows.shape[1], type_id, self.out_features, self.in_features,
+                                    self.gated, self.panels.data_ptr())
+        assert status == 0
+        self._bias = None
+
+    def _kernel(self, function):
+        """`function` with the packed format filled in, taking cpu_gemm's kernel arguments; raises when the
+        kernel could not get its scratch memory."""
+
+        def call(x, rows, k, x_stride, panels, width, bias, out, out_stride, *rest):
+            if function(x, rows, k, x_stride, panels, self.format, width, bias, out, out_stride, *rest):
+                raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
+        return call
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self._run(self._kernel(_library.quant_linear_bf16), x, bias, self.out_features)
+
+    def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """Columns `ids` of W, dequantized to bf16 [len(ids), K] (the rows of an embedding)."""
+        ids = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty((ids.numel(), self.in_features), dtype=torch.bfloat16, device="cpu")
+        if ids.numel():
+            _library.quant_rows_bf16(self.panels.data_ptr(), self.format, self.in_features, ids.data_ptr(),
+                                     ids.numel(), out.data_ptr())
+        return out
+
+
+class GatedQuantPanelWeight(QuantPanelWeight):
+    """A quantized gate/up weight [2I, K] (I a multiple of 32); `silu_and_mul` as cpu_gemm.GatedPanelWeight's."""
+
+    gated = 1
+
+    def __init__(self, weight: QuantizedTensor, silu_table: torch.Tensor):
+        assert weight.shape[0] % (4 * cpu_gemm.LANES) == 0
+        super().__init__(weight)
+        self.silu_table = silu_table
+        self.intermediate = self.out_features // 2
+        self._bias_order = cpu_gemm.gated_bias_order(self.out_features)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        raise TypeError("a gated packed weight gives silu(gate) * up only: call silu_and_mul")
+
+    def silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self._run(self._kernel(_library.quant_linear_silu_mul_bf16), x, bias, self.intermediate,
+                         self.silu_table.data_ptr())
