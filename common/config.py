@@ -32,6 +32,7 @@ def parse_size(text: str | int) -> int:
 DEFAULT_TOKEN_BUDGET = {("cpu", "server"): 512, ("cpu", "offline"): 2048,
                         ("cuda", "server"): 2048, ("cuda", "offline"): 2048}
 USAGES = ("server", "offline")
+QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 
 
 class EngineArgs(msgspec.Struct, kw_only=True):
@@ -53,6 +54,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     master_port: int = 29511
     seed: int = 0
     attention_backend: str = "auto"  # auto | torch | triton | flash_attn
+    # weights kept quantized in memory (engine_core/weights/quantized.py): auto | none | gguf | int8
+    quantization: str = "auto"
     enforce_eager: bool = False
     cpu_threads: int | None = None  # CPU: torch threads of the core; None: sized to the CPUs other work leaves
     usage: str = "server"  # server | offline (set by `LLM`): picks defaults such as the token budget
@@ -92,6 +95,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
              f"must be at least 1, got {self.tensor_parallel_size}"),
             (self.cpu_threads is None or self.cpu_threads >= 1, "cpu_threads",
              f"must be at least 1, got {self.cpu_threads}"),
+            (self.quantization in QUANTIZATIONS, "quantization",
+             f"must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"),
             (self.usage in USAGES, "usage", f"must be server or offline, got {self.usage!r}"),
             (self.attention_backend in ("auto", "torch", "triton", "flash_attn"), "attention_backend",
              f"must be auto, torch, triton or flash_attn, got {self.attention_backend!r}"),

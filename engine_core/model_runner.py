@@ -26,6 +26,7 @@ from engine_core.models.registry import model_class
 from engine_core.request import Request
 from engine_core.sampler import Sampler
 from engine_core.step_input import StepInput
+from engine_core.weights import quantized
 from engine_core.weights.loader import load_safetensors_weights
 
 logger = logging.getLogger("nvllm")
@@ -53,6 +54,7 @@ class ModelRunner:
             torch.set_default_dtype(previous)
         self.model.load_weights(load_safetensors_weights(model_path))
         self.model.eval()
+        self.quantization = quantized.apply(self.model, model_path, args.quantization, device, dtype)
         if cpu_packing.can_pack(device, dtype):
             cpu_packing.pack_model(self.model)
         if device.type == "cpu" and dtype == torch.bfloat16:
@@ -65,9 +67,9 @@ class ModelRunner:
             self.model.cpu_decoder = CpuDecoder.for_model(self.model)
         self.sampler = Sampler(device, args.seed) if tp_rank() == 0 else None
         if tp_rank() == 0:
-            logger.info("loaded %s (%s) on %s in %.1f s, attention backend %s",
-                        hf_config.architectures[0], str(dtype).removeprefix("torch."), device,
-                        time.perf_counter() - start, self.backend.name)
+            logger.info("loaded %s (%s) on %s in %.1f s, attention backend %s, weights kept quantized: %s "
+                        "(%.0f MB of weights)", hf_config.architectures[0], str(dtype).removeprefix("torch."), device,
+                        time.perf_counter() - start, self.backend.name, self.quantization, weight_bytes(self.model) / 1e6)
 
     def _attention_backend(self):
         backend = get_attention_backend(self.args.attention_backend, self.device)
@@ -223,6 +225,18 @@ class ModelRunner:
             hidden = self.model(input_ids, positions)
         sample_rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[sample_rows])
+
+
+def weight_bytes(model) -> int:
+    """Bytes the model's weights take in memory: parameters, packed copies and quantized blocks."""
+    tensors = {id(p): p for p in model.parameters()}
+    for module in model.modules():
+        for packed in (getattr(module, "packed_weight", None), getattr(module, "quantized_rows", None)):
+            for name in ("panels", "packed"):
+                t = getattr(packed, name, None)
+                if isinstance(t, torch.Tensor):
+                    tensors[id(t)] = t
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def profile_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:

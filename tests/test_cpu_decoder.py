@@ -8,7 +8,7 @@ import torch
 from common.sampling_params import SamplingParams
 from conftest import build_tiny_model
 from engine_core.attention import cpu_decode_kernel
-from engine_core.layers import cpu_gemm, cpu_ops
+from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 from engine_core.models import cpu_decoder
 
 pytestmark = pytest.mark.skipif(
@@ -38,16 +38,21 @@ def qwen2_head32(tmp_path_factory, default_model_dir):
     return build_tiny_model(str(tmp_path_factory.mktemp("qwen2h32")), "qwen2", default_model_dir, hidden_size=128)
 
 
-@pytest.mark.parametrize("arch", ["default", "qwen2", "qwen3"])
+# default: the SmolLM2 GGUF's Q4_1 / Q8_0 weights kept quantized; -bf16: dequantized; -int8: per channel
+@pytest.mark.parametrize("arch", ["default", "default-bf16", "qwen2", "qwen2-int8", "qwen3"])
 def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny_models, qwen2_head32):
     from frontend.llm import LLM
-    path = {"default": default_model_dir, "qwen2": qwen2_head32, "qwen3": tiny_models["qwen3"]}[arch]
+    path = {"default": default_model_dir, "default-bf16": default_model_dir, "qwen2": qwen2_head32,
+            "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"]}[arch]
+    quantization = {"default-bf16": "none", "qwen2-int8": "int8"}.get(arch, "auto")
     # small steps: prompts are chunked, and chunks share steps with decodes
     llm = LLM(path, multiprocess=False, dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=512,
-              max_num_batched_tokens=48)
+              max_num_batched_tokens=48, quantization=quantization)
     try:
         model = _model(llm)
         assert isinstance(model.cpu_decoder, cpu_decoder.CpuDecoder)
+        kept = isinstance(model.layers[0].self_attn.qkv_proj.packed_weight, cpu_quant.QuantPanelWeight)
+        assert kept == (arch in ("default", "qwen2-int8"))
         prompts = _prompts(6, seed=1)
         with_c = _run(llm, prompts)
         llm.reset_prefix_cache()

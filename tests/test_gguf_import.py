@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine_core.weights import gguf_import, model_resolver
-from engine_core.weights.gguf_import import MARKER_FILE, import_gguf, permute_qk, unpermute_qk
+from engine_core.weights.gguf_import import MARKER_FILE, QUANTIZED_FILE, import_gguf, permute_qk, unpermute_qk
 from engine_core.weights.loader import load_safetensors_weights
 from engine_core.weights.model_resolver import ModelNotFoundError, resolve_model
 
@@ -270,6 +270,16 @@ def test_synthetic_llama_unpermutes(tmp_path):
     assert set(got) == set(expected)
     for name, w in expected.items():
         assert (got[name] - w).abs().max().item() <= 1e-6, name
+    # the Q8_0 q projections are also kept as blocks, whole rows un-permuted like the floats
+    from gguf import GGMLQuantizationType, quants
+    from safetensors import safe_open
+    with safe_open(os.path.join(folder, QUANTIZED_FILE), framework="pt", device="cpu") as f:
+        kept = {name: (f.get_tensor(name), f.metadata()[name]) for name in f.keys()}
+    assert sorted(kept) == [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(2)]
+    for name, (rows, qtype) in kept.items():
+        assert qtype == "q8_0"
+        values = quants.dequantize(rows.numpy(), GGMLQuantizationType.Q8_0)
+        assert torch.equal(torch.from_numpy(values.copy()), got[name]), name
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is False

@@ -10,7 +10,7 @@ weight (which is freed, except a tied LM head's, which the embedding still reads
 import torch
 import torch.nn.functional as F
 
-from engine_core.layers import cpu_gemm
+from engine_core.layers import cpu_gemm, cpu_quant
 
 BATCH_HINT = 32  # the row count oneDNN tunes its packed layout for; any row count works
 
@@ -44,13 +44,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: cpu_gemm.PanelWeight |
 
 class PackableWeight:
     """For layers whose `weight` [out, in] multiplies their input: `matmul` goes through the packed
-    copy once `pack_weight` has made it."""
+    copy once `pack_weight` has made it. A layer given a `quantized_weight` (weights/quantized.py) packs
+    that instead, and keeps it quantized."""
 
     packed_weight: cpu_gemm.PanelWeight | OneDnnWeight | None = None
+    quantized_weight: cpu_quant.QuantizedTensor | None = None
     keeps_weight = False  # True where another layer reads the weight too (a tied LM head's embedding)
 
     def pack_weight(self) -> None:
-        self.packed_weight = self.packed_form(self.weight)
+        if self.quantized_weight is not None and cpu_quant.can_pack(self.quantized_weight):
+            self.packed_weight = self.quantized_form(self.quantized_weight)
+        else:
+            self.packed_weight = self.packed_form(self.weight)
         if not self.keeps_weight:
             self.weight.data = self.weight.data.new_empty(0)
 
@@ -58,13 +63,26 @@ class PackableWeight:
         """The packed copy of `weight` this layer computes with (a layer may pick a special layout)."""
         return pack(weight)
 
+    def quantized_form(self, weight: cpu_quant.QuantizedTensor) -> cpu_quant.QuantPanelWeight:
+        return cpu_quant.QuantPanelWeight(weight)
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, self.weight, self.packed_weight, bias)
 
 
 def pack_model(model: torch.nn.Module) -> int:
-    """Packs every layer that can take it; returns how many."""
+    """Packs every layer that can take it; returns how many. An embedding with a quantized weight then
+    serves its rows from the packed blocks (those of its tied LM head where it has one)."""
     layers = [m for m in model.modules() if isinstance(m, PackableWeight)]
     for layer in layers:
         layer.pack_weight()
+    packed = {id(layer.quantized_weight): layer.packed_weight for layer in layers
+              if isinstance(layer.packed_weight, cpu_quant.QuantPanelWeight)}
+    for module in model.modules():
+        weight = getattr(module, "quantized_weight", None)
+        if isinstance(module, PackableWeight) or weight is None or not hasattr(module, "quantized_rows"):
+            continue
+        if id(weight) in packed or cpu_quant.can_pack(weight):
+            module.quantized_rows = packed.get(id(weight)) or cpu_quant.QuantPanelWeight(weight)
+            module.weight.data = module.weight.data.new_empty(0)  # a tied head's float copy goes too
     return len(layers)

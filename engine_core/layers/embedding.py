@@ -9,6 +9,9 @@ from engine_core.layers import cpu_packing
 
 
 class VocabParallelEmbedding(nn.Module):
+    # set by cpu_packing.pack_model where the weight is kept quantized: rows are dequantized as looked up
+    quantized_rows = None
+
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__()
         self.vocab_size = vocab_size
@@ -23,6 +26,8 @@ class VocabParallelEmbedding(nn.Module):
         param.data[: part.shape[0]].copy_(part)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized_rows is not None:
+            return self.quantized_rows.rows_of(input_ids).view(*input_ids.shape, -1)
         if tp_size() == 1:
             return F.embedding(input_ids, self.weight)
         mine = (input_ids >= self.start) & (input_ids < self.end)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from engine_core.distributed.parallel_state import all_reduce, partition_heads, split_evenly, tp_rank, tp_size
-from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing
+from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing, cpu_quant
 from engine_core.layers.activation import silu_and_mul
 
 
@@ -62,8 +62,14 @@ class GateUpSiluLinear(MergedColumnParallelLinear):
             return super().packed_form(weight)
         return cpu_gemm.GatedPanelWeight(weight, table)
 
+    def quantized_form(self, weight: cpu_quant.QuantizedTensor):
+        table = cpu_ops.silu_table()
+        if table is None or weight.shape[0] % (4 * cpu_gemm.LANES):
+            return super().quantized_form(weight)
+        return cpu_quant.GatedQuantPanelWeight(weight, table)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.packed_weight, cpu_gemm.GatedPanelWeight):
+        if isinstance(self.packed_weight, (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight)):
             return self.packed_weight.silu_and_mul(x, self.bias)
         return silu_and_mul(self.matmul(x, self.bias))
 

@@ -20,6 +20,10 @@ typedef void (*LinearFn)(const bf16 *x, long M, long K, long x_stride, const bf1
                          const float *bias, bf16 *out, long out_stride, int threads);
 typedef void (*GatedFn)(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long I,
                         const float *bias, bf16 *out, long out_stride, const bf16 *silu, int threads);
+typedef int (*QuantLinearFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int format, long N,
+                             const float *bias, bf16 *out, long out_stride, int threads);
+typedef int (*QuantGatedFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int format, long I,
+                            const float *bias, bf16 *out, long out_stride, const bf16 *silu, int threads);
 typedef int (*NormFn)(const bf16 *x, long xs0, long xs1, bf16 *residual, long rs0, long rs1, bf16 *out, long os0,
                       long os1, const bf16 *weight, long n0, long n1, long n, float eps, int threads);
 typedef int (*RotaryFn)(bf16 *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
@@ -35,14 +39,17 @@ typedef int (*ChunkFn)(const bf16 *q, long q_row, const bf16 *k_cache, const bf1
 
 typedef struct {
     const bf16 *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL without per-head norms */
-    const bf16 *qkv, *o, *gate_up, *down;                  /* packed panels (gate_up: gated order) */
+    const void *qkv, *o, *gate_up, *down;                  /* packed panels (gate_up: gated order) */
     const float *qkv_bias, *gate_up_bias;                 /* fp32 in packed order, or NULL */
     bf16 *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
+    long qkv_format, o_format, gate_up_format, down_format; /* -1: bf16 panels; else cpu_quant.c's format */
 } Layer;
 
 typedef struct {
     LinearFn linear;
     GatedFn gated;
+    QuantLinearFn quant_linear; /* cpu_quant.c's, for layers whose weights are kept quantized */
+    QuantGatedFn quant_gated;
     NormFn norm;
     RotaryFn rotary;
     DecodeFn decode;
@@ -75,10 +82,30 @@ static void write_cache(const Layer *l, const Step *s, const bf16 *k, long k_row
     }
 }
 
+/* a linear layer through the kernel its weights need; 0, or nonzero when a kernel ran out of memory */
+static int linear(const Model *m, const bf16 *x, long M, long K, const void *w, long format, long N,
+                  const float *bias, bf16 *out, int threads) {
+    if (format < 0) {
+        m->linear(x, M, K, K, w, N, bias, out, N, threads);
+        return 0;
+    }
+    return m->quant_linear(x, M, K, K, w, (int)format, N, bias, out, N, threads);
+}
+
+static int gated(const Model *m, const bf16 *x, long M, long K, const void *w, long format, long I,
+                 const float *bias, bf16 *out, int threads) {
+    if (format < 0) {
+        m->gated(x, M, K, K, w, I, bias, out, I, m->silu_table, threads);
+        return 0;
+    }
+    return m->quant_gated(x, M, K, K, w, (int)format, I, bias, out, I, m->silu_table, threads);
+}
+
 /* The decoder layers for one step. 0 when done; -1 when a kernel declined its input (a position past
- * the rotary table, an attention shape the kernels do not take) in layer 0, where nothing but scratch
+ * the rotary table, an attention shape the kernels do not take, no memory for a quantized kernel's scratch)
+ * in layer 0, where nothing but scratch
  * and the new tokens' own cache slots (rewritten alike by any retry) was written: the caller then
- * runs its own code; -2 when a kernel failed in a later layer (the residual stream is then partly
+ * runs its own code; -2 when a kernel failed later (the residual stream is then partly
  * updated: the step cannot be run again). */
 int decoder_layers_bf16(const Model *m, const Step *s) {
     const long T = s->tokens, H = m->hidden, D = m->head_dim, I = m->intermediate, th = s->threads;
@@ -91,7 +118,7 @@ int decoder_layers_bf16(const Model *m, const Step *s) {
         if (li == 0 ? m->norm(s->residual, H, 0, NULL, 0, 0, s->normed, H, 0, l->input_norm, T, 1, H, m->eps, th)
                     : m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->input_norm, T, 1, H, m->eps, th))
             return failed;
-        m->linear(normed, T, H, H, l->qkv, qkv_width, l->qkv_bias, s->qkv, qkv_width, th);
+        if (linear(m, normed, T, H, l->qkv, l->qkv_format, qkv_width, l->qkv_bias, s->qkv, th)) return failed;
         const bf16 *q, *k, *v = s->qkv + q_size + kv_size;
         long q_row, k_row;
         if (l->q_norm) { /* Qwen3: per-head norms into their own buffers, then each rotated */
@@ -122,10 +149,11 @@ int decoder_layers_bf16(const Model *m, const Step *s) {
                      s->seq_lens + nd, s->query_start_loc + nd, s->attn, q_size, (int)(s->num_seqs - nd),
                      (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, th))
             return failed;
-        m->linear(s->attn, T, q_size, q_size, l->o, H, NULL, s->x, H, th);
-        if (m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th)) return -2;
-        m->gated(s->x, T, H, H, l->gate_up, I, l->gate_up_bias, s->act, I, m->silu_table, th);
-        m->linear(s->act, T, I, I, l->down, H, NULL, s->x, H, th);
+        if (linear(m, s->attn, T, q_size, l->o, l->o_format, H, NULL, s->x, th) ||
+            m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
+            gated(m, s->x, T, H, l->gate_up, l->gate_up_format, I, l->gate_up_bias, s->act, th) ||
+            linear(m, s->act, T, I, l->down, l->down_format, H, NULL, s->x, th))
+            return -2;
     }
     return 0;
 }

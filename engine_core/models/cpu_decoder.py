@@ -19,7 +19,7 @@ from engine_core.attention import cpu_decode_kernel
 from engine_core.cpu_kernels import load_library
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.forward_context import get_forward_context
-from engine_core.layers import cpu_gemm, cpu_ops
+from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_decoder.c")
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -27,14 +27,18 @@ _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 logger = logging.getLogger("nvllm")
 
 
+_LINEARS = ("qkv", "o", "gate_up", "down")
+
+
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, _ptr) for name in ("input_norm", "post_norm", "q_norm", "k_norm", "qkv", "o", "gate_up",
-                                          "down", "qkv_bias", "gate_up_bias", "k_cache", "v_cache")]
+    _fields_ = ([(name, _ptr) for name in ("input_norm", "post_norm", "q_norm", "k_norm", *_LINEARS, "qkv_bias",
+                                           "gate_up_bias", "k_cache", "v_cache")]
+                + [(f"{name}_format", _long) for name in _LINEARS])
 
 
 class _Model(ctypes.Structure):
-    _fields_ = ([(name, _ptr) for name in ("linear", "gated", "norm", "rotary", "decode", "chunk", "silu_table",
-                                           "cos", "sin")]
+    _fields_ = ([(name, _ptr) for name in ("linear", "gated", "quant_linear", "quant_gated", "norm", "rotary",
+                                           "decode", "chunk", "silu_table", "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
                                               "head_dim", "intermediate", "block_size")]
                 + [(name, _float) for name in ("eps", "qk_eps", "scale")]
@@ -82,10 +86,10 @@ def _why_not(model) -> str | None:
         return "an attention shape the kernels do not take"
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if not (type(attn.qkv_proj.packed_weight) is cpu_gemm.PanelWeight
-                and type(attn.o_proj.packed_weight) is cpu_gemm.PanelWeight
-                and type(mlp.down_proj.packed_weight) is cpu_gemm.PanelWeight
-                and type(mlp.gate_up_proj.packed_weight) is cpu_gemm.GatedPanelWeight):
+        plain = (cpu_gemm.PanelWeight, cpu_quant.QuantPanelWeight)
+        if not (type(attn.qkv_proj.packed_weight) in plain and type(attn.o_proj.packed_weight) in plain
+                and type(mlp.down_proj.packed_weight) in plain
+                and type(mlp.gate_up_proj.packed_weight) in (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight)):
             return "weights not in nvllm's panels"
         if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
             return "a bias after a row-parallel linear"
@@ -126,7 +130,11 @@ class CpuDecoder:
             attn, mlp = layer.self_attn, layer.mlp
             qkv_bias = attn.qkv_proj.bias
             gate_up_bias = mlp.gate_up_proj.bias
+            packed = {"qkv": attn.qkv_proj.packed_weight, "o": attn.o_proj.packed_weight,
+                      "gate_up": mlp.gate_up_proj.packed_weight, "down": mlp.down_proj.packed_weight}
+            formats = {f"{name}_format": getattr(weight, "format", -1) for name, weight in packed.items()}
             layers.append(_Layer(
+                **formats,
                 input_norm=layer.input_layernorm.weight.data_ptr(),
                 post_norm=layer.post_attention_layernorm.weight.data_ptr(),
                 q_norm=attn.q_norm.weight.data_ptr() if self.qk_norm else None,
@@ -140,11 +148,13 @@ class CpuDecoder:
                 k_cache=attn.attn.k_cache.data_ptr(), v_cache=attn.attn.v_cache.data_ptr()))
         self._layers = (_Layer * len(layers))(*layers)  # kept alive: the struct points into it
         first = self.model.layers[0]
-        gemm, ops, attention = cpu_gemm.load(), cpu_ops.load(), cpu_decode_kernel.load()
+        gemm, ops, attention, quant = cpu_gemm.load(), cpu_ops.load(), cpu_decode_kernel.load(), cpu_quant.load()
         rotary = first.self_attn.rotary
         self._tables = (cpu_ops.silu_table(), rotary.cos, rotary.sin)
         return _Model(
             linear=_address(gemm, "linear_bf16"), gated=_address(gemm, "linear_silu_mul_bf16"),
+            quant_linear=quant and _address(quant, "quant_linear_bf16"),
+            quant_gated=quant and _address(quant, "quant_linear_silu_mul_bf16"),
             norm=_address(ops, "rms_norm_bf16"), rotary=_address(ops, "rotary_bf16"),
             decode=_address(attention, "paged_decode_attention"), chunk=_address(attention, "paged_attention"),
             silu_table=self._tables[0].data_ptr(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(),

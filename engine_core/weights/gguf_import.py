@@ -28,7 +28,12 @@ import torch
 logger = logging.getLogger("nvllm")
 
 MARKER_FILE = ".nvllm-import.json"  # written last: its presence means the folder is complete
-IMPORT_FORMAT = 1  # bump when the layout of imported folders changes, so old imports are redone
+IMPORT_FORMAT = 2  # bump when the layout of imported folders changes, so old imports are redone
+# the GGUF's quantized tensors as they are (uint8 rows of blocks, HF names, un-permuted like the floats), in
+# safetensors format, with {name: type} in its metadata: weights/quantized.py keeps them quantized in memory.
+# Not *.safetensors, so that HF-folder readers (ours, transformers) do not take it for weights.
+QUANTIZED_FILE = "weights.quantized"
+KEPT_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # the types cpu_quant.c takes
 FLOAT32_LIMIT_BYTES = 8 << 30
 SHARD_BYTES = 4 << 30
 
@@ -224,6 +229,8 @@ def _write_weights(reader, arch: str, n_heads: int, n_kv: int, out_dir: str, dty
     shards: list[dict[str, torch.Tensor]] = [{}]
     shard_bytes = 0
     count = 0
+    kept: dict[str, torch.Tensor] = {}
+    kept_types: dict[str, str] = {}
     for tensor in reader.tensors:
         if tensor.name in _SKIPPED:
             logger.warning("GGUF import: skipping %s (llama.cpp-only tensor)", tensor.name)
@@ -234,10 +241,14 @@ def _write_weights(reader, arch: str, n_heads: int, n_kv: int, out_dir: str, dty
                              "this GGUF is not supported")
         # a copy: F32/F16 tensors may come back as views of the read-only memory map
         w = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32, copy=True)
-        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = unpermute_qk(w, n_heads)
-        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = unpermute_qk(w, n_kv)
+        raw = np.array(tensor.data, copy=True) if tensor.tensor_type.name in KEPT_TYPES else None
+        heads = n_heads if name.endswith(("q_proj.weight", "q_proj.bias")) else n_kv
+        if permuted and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
+            w = unpermute_qk(w, heads)
+            raw = None if raw is None else unpermute_qk(raw, heads)  # whole rows of blocks move
+        if raw is not None:
+            kept[name] = torch.from_numpy(np.ascontiguousarray(raw))
+            kept_types[name] = KEPT_TYPES[tensor.tensor_type.name]
         t = torch.from_numpy(np.ascontiguousarray(w)).to(dtype)
         nbytes = t.numel() * t.element_size()
         if shards[-1] and shard_bytes + nbytes > SHARD_BYTES:
@@ -247,6 +258,8 @@ def _write_weights(reader, arch: str, n_heads: int, n_kv: int, out_dir: str, dty
         shard_bytes += nbytes
         count += 1
 
+    if kept:
+        save_file(kept, os.path.join(out_dir, QUANTIZED_FILE), metadata=kept_types)
     if len(shards) == 1:
         save_file(shards[0], os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
         return count

@@ -2,7 +2,7 @@
 
 import argparse
 
-from frontend.bench import cpu_suite
+from frontend.bench import cpu_suite, latency
 from frontend.cli.engine_args import add_engine_args
 from frontend.cli.keys_cmd import register_keys
 from frontend.cli.serve_cmd import register_bench_serve, register_engine_core, register_frontend, register_serve
@@ -59,6 +59,7 @@ def register_bench(sub) -> None:
     oh.set_defaults(func=run_oh)
     register_bench_serve(kinds)
     cpu_suite.register(kinds, FORMATTER)
+    latency.register(kinds, FORMATTER)
 
 
 REGISTRY = [register_serve, register_engine_core, register_frontend, register_bench, register_worker, register_keys]

@@ -2,7 +2,7 @@
 
 import argparse
 
-from common.config import EngineArgs, parse_size
+from common.config import QUANTIZATIONS, EngineArgs, parse_size
 from frontend.cli.arg_types import non_negative_int, positive_int
 
 
@@ -52,6 +52,10 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g.add_argument("--seed", type=int, default=d.seed, help="seed for requests that give none")
     g.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "torch", "triton", "flash_attn"],
                    help="attention kernels; auto: flash_attn, else triton on CUDA; torch on CPU")
+    g.add_argument("--quantization", "-q", default=d.quantization, choices=QUANTIZATIONS,
+                   help="weights kept quantized in memory (bf16 on AVX512-BF16 CPUs): gguf keeps a GGUF's Q4_0/Q4_1/Q8_0 "
+                        "tensors, int8 quantizes the linear layers per channel, none dequantizes; auto: gguf where "
+                        "the model has such tensors and the kernels run, else none")
     g.add_argument("--cpu-threads", type=positive_int, default=None,
                    help="CPU: threads the model runs on (default: as many as the CPUs other processes leave free, "
                         "checked every second)")

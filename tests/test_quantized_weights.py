@@ -1,0 +1,93 @@
+"""Weights kept quantized in memory (`--quantization`, engine_core/weights/quantized.py): the default
+model runs from its GGUF Q4_1 / Q8_0 blocks, its greedy tokens agree with the dequantized model's but
+for near-ties, HF folders take per-channel int8, and what cannot run says why."""
+
+import pytest
+
+from common.sampling_params import SamplingParams
+from engine_core.layers import cpu_gemm, cpu_quant
+
+pytestmark = pytest.mark.skipif(cpu_quant.load() is None, reason="no AVX512-BF16 (or AMX present)")
+
+PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis in one sentence.",
+           "List three prime numbers.", "Who wrote Hamlet?", "Translate 'good morning' into Spanish.",
+           "What is 12 times 12?", "Give me a tip for learning to code.", "Describe a cat in five words.",
+           "Why is the sky blue?", "Name a famous painter.", "Tell me a joke."]
+# the largest top-2 logprob gap at which two runs may pick different tokens: 2 bf16 ulps of a logit near 10-16
+NEAR_TIE = 0.25
+
+
+def _runner(llm):
+    return llm.client.core.executor.runner
+
+
+def _chat(quantization: str, default_model_dir: str):
+    from frontend.llm import LLM
+    llm = LLM(default_model_dir, multiprocess=False, quantization=quantization, enable_prefix_caching=False,
+              kv_cache_memory="256MiB")
+    try:
+        model = _runner(llm).model
+        layer = model.layers[0]
+        kinds = (type(layer.self_attn.qkv_proj.packed_weight), type(layer.mlp.gate_up_proj.packed_weight),
+                 type(model.lm_head.packed_weight), model.embed_tokens.quantized_rows is model.lm_head.packed_weight)
+        params = SamplingParams(temperature=0, max_tokens=40, logprobs=2)
+        outs = [o.outputs[0] for o in llm.chat([[{"role": "user", "content": p}] for p in PROMPTS], params,
+                                                use_tqdm=False)]
+        return kinds, outs, _runner(llm).quantization
+    finally:
+        llm.shutdown()
+
+
+def test_default_model_runs_from_its_quantized_blocks_and_agrees_but_for_near_ties(default_model_dir):
+    kinds, kept, what = _chat("auto", default_model_dir)
+    assert kinds == (cpu_quant.QuantPanelWeight, cpu_quant.GatedQuantPanelWeight, cpu_quant.QuantPanelWeight, True)
+    assert what == "120 layers q4_1, 1 layers q8_0"  # 30 layers x (qkv, o, gate_up, down); the tied head
+    kinds, plain, what = _chat("none", default_model_dir)
+    assert kinds[:3] == (cpu_gemm.PanelWeight, cpu_gemm.GatedPanelWeight, cpu_gemm.PanelWeight) and what == "none"
+    identical = 0
+    for a, b in zip(kept, plain):
+        first = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+        if first is None:
+            identical += 1
+            continue
+        # where they part, both runs rank the same two tokens first, a near-tie apart in each
+        for out in (a, b):
+            top = sorted(out.logprobs[first].values(), key=lambda lp: -lp.logprob)
+            assert {a.token_ids[first], b.token_ids[first]} <= set(out.logprobs[first])
+            assert top[0].logprob - top[1].logprob <= NEAR_TIE, (first, top)
+    assert identical >= len(PROMPTS) // 3  # measured: 6 of 12
+
+
+def test_int8_per_channel_on_an_hf_folder(tiny_models):
+    from frontend.llm import LLM
+    llm = LLM(tiny_models["qwen3"], multiprocess=False, quantization="int8", dtype="bfloat16",
+              kv_cache_memory="16MiB", max_model_len=256)
+    try:
+        runner = _runner(llm)
+        layer = runner.model.layers[0]
+        assert isinstance(layer.self_attn.qkv_proj.packed_weight, cpu_quant.QuantPanelWeight)
+        assert layer.self_attn.qkv_proj.packed_weight.qtype == "q8_0"
+        assert type(runner.model.lm_head.packed_weight) is cpu_gemm.PanelWeight  # the head stays bf16
+        out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 8
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("quantization,dtype,why", [("gguf", "bfloat16", "no GGUF Q4_0 / Q4_1 / Q8_0 tensors"),
+                                                    ("int8", "float32", "run in bfloat16 on the CPU")])
+def test_what_cannot_run_says_why(tiny_models, quantization, dtype, why):
+    from frontend.llm import LLM
+    with pytest.raises(Exception, match=why) as info:
+        LLM(tiny_models["qwen3"], multiprocess=False, quantization=quantization, dtype=dtype,
+            kv_cache_memory="16MiB", max_model_len=256)
+    assert f"quantization {quantization}" in str(info.value)
+
+
+def test_auto_dequantizes_where_the_kernels_do_not_run(default_model_dir):
+    from frontend.llm import LLM
+    llm = LLM(default_model_dir, multiprocess=False, dtype="float32", kv_cache_memory="64MiB", max_model_len=256)
+    try:
+        assert _runner(llm).quantization == "none"
+    finally:
+        llm.shutdown()
