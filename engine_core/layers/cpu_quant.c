@@ -39,10 +39,14 @@ enum { FORMAT_Q4 = 0, FORMAT_Q8 = 1 };
 #define Q4_BLOCK_BYTES 320
 #define Q8_BLOCK_BYTES 544
 #define SMALL_MR 4 /* rows per tile of the small-M path */
+#define SMALL_NR 8 /* panels per tile of one row (more streams of weights in flight) */
 #ifndef QUANT_LARGE_M
 #define QUANT_LARGE_M 16 /* from this many rows, dequantize to bf16 panels and run the bf16 kernel */
 #endif
 #define SLAB_BYTES (512 * 1024) /* bf16 panels one thread dequantizes at a time */
+#ifndef QUANT_PARALLEL_MIN_WORK
+#define QUANT_PARALLEL_MIN_WORK (1L << 16) /* M * N * K below this: one thread */
+#endif
 
 static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 static inline uint16_t float_to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
@@ -176,7 +180,7 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
                                                         long N, const bf16 *silu, const int mr, const int nr) {
     const long blocks = K / QBLOCK, bb = block_bytes(format), panel_bytes = blocks * bb;
     const int header = format == FORMAT_Q4 ? 64 : 32;
-    __m512 total[SMALL_MR][NR], blk[SMALL_MR][NR];
+    __m512 total[SMALL_MR][SMALL_NR], blk[SMALL_MR][SMALL_NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) total[i][j] = _mm512_setzero_ps();
     for (long b = 0; b < blocks; b++) {
@@ -185,11 +189,11 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
         const bf16 *xb = x + b * QBLOCK;
         if (format == FORMAT_Q4) {
             for (int g = 0; g < 4; g++) {
-                __m512i z[NR];
+                __m512i z[SMALL_NR];
                 for (int j = 0; j < nr; j++)
                     z[j] = _mm512_loadu_si512(panels + j * panel_bytes + b * bb + header + g * 64);
                 for (int s = 0; s < 4; s++) {
-                    __m512bh w[NR];
+                    __m512bh w[SMALL_NR];
                     for (int j = 0; j < nr; j++) w[j] = nibble(z[j], 4 * s, 0x4300);
                     for (int i = 0; i < mr; i++) {
                         const __m512bh a = broadcast_pair(xb + i * x_stride + 2 * (4 * g + s));
@@ -199,12 +203,12 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
             }
         } else {
             for (int g = 0; g < 8; g++) {
-                __m512i z[NR];
+                __m512i z[SMALL_NR];
                 for (int j = 0; j < nr; j++)
                     z[j] = _mm512_loadu_si512(panels + j * panel_bytes + b * bb + header + g * 64);
                 for (int h = 0; h < 2; h++) { /* the low byte: inputs of pair 2g; the high byte: pair 2g + 1 */
                     for (int part = 0; part < 2; part++) { /* low nibble (128 + l), high nibble (2048 + 16 h) */
-                        __m512bh w[NR];
+                        __m512bh w[SMALL_NR];
                         for (int j = 0; j < nr; j++) w[j] = nibble(z[j], 8 * h + 4 * part, part ? 0x4500 : 0x4300);
                         for (int i = 0; i < mr; i++) {
                             const __m512bh a = broadcast_pair(xb + i * x_stride + 2 * (2 * g + h));
@@ -241,7 +245,8 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
     qtile(x + m * x_stride, x_stride, sums + m * blocks, panels, K, format, bias, out + m * out_stride, out_stride, \
           n0, N, silu, MRV, NRV)
 
-/* panels [p_begin, p_end) for every row; panel tiles of 4 for up to 2 rows, of 2 for 3-4 rows (the
+/* panels [p_begin, p_end) for every row; panel tiles of 8 for one row (more weight streams in flight: 1.1x
+ * per decode step than 4), 4 for two, 2 for 3-4 rows (the
  * block sums and totals of mr x nr tiles live in registers) */
 static void small_columns(const bf16 *x, long M, long K, long x_stride, const float *sums, const uint8_t *packed,
                           int format, long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
@@ -249,23 +254,27 @@ static void small_columns(const bf16 *x, long M, long K, long x_stride, const fl
     const long blocks = K / QBLOCK, panel_bytes = blocks * block_bytes(format);
     for (long m = 0; m < M; m += SMALL_MR) {
         const long mr = M - m < SMALL_MR ? M - m : SMALL_MR;
-        const int width = mr <= 2 ? 4 : 2;
+        const int width = mr == 1 ? SMALL_NR : mr == 2 ? 4 : 2;
         for (long p = p_begin; p < p_end; p += width) {
             const int nr = p_end - p < width ? (int)(p_end - p) : width;
             const uint8_t *panels = packed + p * panel_bytes;
             const long n0 = p * LANES;
-            switch (mr * 8 + nr) {
-            case 8 + 1: QTILE(1, 1); break;
-            case 8 + 2: QTILE(1, 2); break;
-            case 8 + 3: QTILE(1, 3); break;
-            case 8 + 4: QTILE(1, 4); break;
-            case 16 + 1: QTILE(2, 1); break;
-            case 16 + 2: QTILE(2, 2); break;
-            case 16 + 3: QTILE(2, 3); break;
-            case 16 + 4: QTILE(2, 4); break;
-            case 24 + 1: QTILE(3, 1); break;
-            case 24 + 2: QTILE(3, 2); break;
-            case 32 + 1: QTILE(4, 1); break;
+            switch (mr * 16 + nr) {
+            case 16 + 1: QTILE(1, 1); break;
+            case 16 + 2: QTILE(1, 2); break;
+            case 16 + 3: QTILE(1, 3); break;
+            case 16 + 4: QTILE(1, 4); break;
+            case 16 + 5: QTILE(1, 5); break;
+            case 16 + 6: QTILE(1, 6); break;
+            case 16 + 7: QTILE(1, 7); break;
+            case 16 + 8: QTILE(1, 8); break;
+            case 32 + 1: QTILE(2, 1); break;
+            case 32 + 2: QTILE(2, 2); break;
+            case 32 + 3: QTILE(2, 3); break;
+            case 32 + 4: QTILE(2, 4); break;
+            case 48 + 1: QTILE(3, 1); break;
+            case 48 + 2: QTILE(3, 2); break;
+            case 64 + 1: QTILE(4, 1); break;
             default: QTILE(4, 2); break;
             }
         }
@@ -342,7 +351,7 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     }
     long slab = SLAB_BYTES / (K * LANES * (long)sizeof(bf16)) / NR * NR;
     if (slab < NR) slab = NR;
-    const int threads = num_threads < 2 || M * N * K < PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
+    const int threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
