@@ -2,8 +2,8 @@
 
 The module path spends ~0.25 ms of host work per layer (module calls, wrapper checks, views, a dozen
 ctypes calls): 15-20% of a batched decode step. Where every kernel it would call is nvllm's own
-(panel-packed linears with the fused gate/up, the fused norm and rotary kernels, the paged attention
-kernels), `CpuDecoder` runs the same kernels in the same order from C instead, bit-identical to the
+(panel-packed or kept-quantized linears with the fused gate/up, the fused norm and rotary kernels, the
+paged attention kernels), `CpuDecoder` runs the same kernels in the same order from C instead, bit-identical to the
 module path. Elsewhere (float32, oneDNN weights, tensor parallelism, biases after a row-parallel
 linear, other attention backends or shapes) `for_model` returns None and the modules run.
 NVLLM_CPU_DECODER=0 turns it off.

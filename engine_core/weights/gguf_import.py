@@ -13,6 +13,9 @@ dtype: float32 by default, which keeps the import exact (every dequantized Q4/Q8
 float32; most are not a bfloat16). SmolLM2-135M is 0.54 GB in float32 (0.27 GB in bfloat16), a fair price
 for exactness; the model code casts to its compute dtype at load. Models whose float32 copy would exceed
 FLOAT32_LIMIT_BYTES are written in bfloat16 instead, to halve the disk and load time.
+
+The Q4_0 / Q4_1 / Q8_0 tensors are also written as they are (QUANTIZED_FILE): weights/quantized.py keeps
+them quantized in memory where the CPU kernels run.
 """
 
 import json
