@@ -228,15 +228,11 @@ class ModelRunner:
 
 
 def weight_bytes(model) -> int:
-    """Bytes the model's weights take in memory: parameters, packed copies and quantized blocks."""
-    tensors = {id(p): p for p in model.parameters()}
-    for module in model.modules():
-        for packed in (getattr(module, "packed_weight", None), getattr(module, "quantized_rows", None)):
-            for name in ("panels", "packed"):
-                t = getattr(packed, name, None)
-                if isinstance(t, torch.Tensor):
-                    tensors[id(t)] = t
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    """Bytes the model's weights take in memory: parameters, packed copies and quantized blocks (a copy
+    two modules share counted once)."""
+    packed = {id(p): p.nbytes for m in model.modules()
+              for p in (getattr(m, "packed_weight", None), getattr(m, "quantized_rows", None)) if p is not None}
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(packed.values())
 
 
 def profile_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> list[int]:

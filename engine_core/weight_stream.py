@@ -42,10 +42,8 @@ def streamed_bytes(model) -> int:
     total = 0
     for module in model.modules():
         if isinstance(module, cpu_packing.PackableWeight):
-            packed = module.packed_weight
-            tensor = getattr(packed, "panels", None)
-            tensor = tensor if tensor is not None else getattr(packed, "packed", module.weight)
-            total += tensor.numel() * tensor.element_size()
+            packed, weight = module.packed_weight, module.weight
+            total += packed.nbytes if packed is not None else weight.numel() * weight.element_size()
         elif type(module).__name__ == "RMSNorm":
             total += module.weight.numel() * module.weight.element_size()
     return total

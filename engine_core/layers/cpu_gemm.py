@@ -68,6 +68,11 @@ class PanelWeight:
         library.pack_weight_bf16(weight.data_ptr(), self.out_features, self.in_features, self.in_features,
                                  self.panels.data_ptr())
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the packed weight takes (and a step that multiplies with it reads)."""
+        return self.panels.numel() * self.panels.element_size()
+
     def float_bias(self, bias: torch.Tensor) -> torch.Tensor:
         """The bias in float32, in the panels' column order (converted once: a layer's bias is fixed)."""
         if self._bias is None or self._bias[0] is not bias:

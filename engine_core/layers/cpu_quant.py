@@ -99,6 +99,7 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
                                     self.gated, self.panels.data_ptr())
         assert status == 0
         self._bias = None
+        self._linear = self._kernel(library.quant_linear_bf16)
 
     def _kernel(self, function):
         """`function` with the packed format filled in, taking cpu_gemm's kernel arguments; raises when the
@@ -110,7 +111,7 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         return call
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self._run(self._kernel(_library.quant_linear_bf16), x, bias, self.out_features)
+        return self._run(self._linear, x, bias, self.out_features)
 
     def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Columns `ids` of W, dequantized to bf16 [len(ids), K] (the rows of an embedding)."""
@@ -133,10 +134,10 @@ class GatedQuantPanelWeight(QuantPanelWeight):
         self.silu_table = silu_table
         self.intermediate = self.out_features // 2
         self._bias_order = cpu_gemm.gated_bias_order(self.out_features)
+        self._gated = self._kernel(_library.quant_linear_silu_mul_bf16)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a gated packed weight gives silu(gate) * up only: call silu_and_mul")
 
     def silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self._run(self._kernel(_library.quant_linear_silu_mul_bf16), x, bias, self.intermediate,
-                         self.silu_table.data_ptr())
+        return self._run(self._gated, x, bias, self.intermediate, self.silu_table.data_ptr())

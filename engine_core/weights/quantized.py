@@ -38,8 +38,8 @@ def _why_not(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def _read(folder: str) -> dict[str, cpu_quant.QuantizedTensor]:
-    """The folder's kept GGUF tensors by HF name (rows only; the input count is set per layer)."""
+def _read(folder: str) -> dict[str, tuple[torch.Tensor, str]]:
+    """The folder's kept GGUF tensors by HF name: (uint8 rows, type); the input count is set per layer."""
     path = os.path.join(folder, QUANTIZED_FILE)
     if not os.path.exists(path):
         return {}
