@@ -5,6 +5,7 @@ import re
 import msgspec
 
 from common.limits import FLAG_LIMITS, RequestLimits
+from common.speculative import SpeculativeConfig, parse_speculative_config
 
 _LIMITS = RequestLimits()
 
@@ -56,6 +57,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     attention_backend: str = "auto"  # auto | torch | triton | flash_attn
     # weights kept quantized in memory (engine_core/weights/quantized.py): auto | none | gguf | int8
     quantization: str = "auto"
+    # speculative decoding (common/speculative.py); a dict or JSON text is converted on construction
+    speculative_config: SpeculativeConfig | None = None
     enforce_eager: bool = False
     cpu_threads: int | None = None  # CPU: torch threads of the core; None: sized to the CPUs other work leaves
     usage: str = "server"  # server | offline (set by `LLM`): picks defaults such as the token budget
@@ -66,6 +69,9 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     max_stop_string_chars: int = _LIMITS.max_stop_string_chars
     max_stop_token_ids: int = _LIMITS.max_stop_token_ids
     max_request_tokens: int = _LIMITS.max_request_tokens
+
+    def __post_init__(self):
+        self.speculative_config = parse_speculative_config(self.speculative_config)
 
     def token_budget(self, device_type: str) -> int:
         """Tokens one step may compute: the flag, else the default for the device and the use."""
@@ -106,6 +112,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
         for ok, name, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}")
+        if self.speculative_config is not None:
+            self.speculative_config.validate()
         if self.kv_cache_memory is not None:
             try:
                 size = parse_size(self.kv_cache_memory)

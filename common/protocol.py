@@ -64,6 +64,12 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
     num_preemptions: int = 0  # cumulative
     num_prompt_tokens: int = 0  # computed this step
     num_generation_tokens: int = 0  # sampled this step
+    # speculative decoding, cumulative: verification steps of a request with proposals, tokens proposed,
+    # tokens kept, and how often the j-th proposal of a step was kept
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):

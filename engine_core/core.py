@@ -16,6 +16,7 @@ from engine_core.model_config import eos_token_ids, load_hf_config, read_tokeniz
 from engine_core.platform import pick_device, pick_dtype
 from engine_core.request import Request
 from engine_core.scheduler import Scheduler, SchedulerConfig
+from engine_core.spec_decode.proposer import speculator_for
 from engine_core.weights.model_resolver import resolve_model
 
 logger = logging.getLogger("nvllm")
@@ -52,7 +53,8 @@ class EngineCore:
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.token_budget(device.type),
             max_model_len=self.max_model_len, block_size=args.block_size,
-            enable_prefix_caching=args.enable_prefix_caching), self.kv_cache_manager)
+            enable_prefix_caching=args.enable_prefix_caching), self.kv_cache_manager,
+            speculator_for(args.speculative_config))
         self.num_blocks = num_blocks
         self.dtype = dtype
         self.limits = args.request_limits(self.hf_config.vocab_size, self.max_model_len)

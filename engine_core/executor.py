@@ -23,12 +23,9 @@ class UniprocExecutor:
         self.runner.allocate_kv_cache(num_blocks)
 
     def execute_model(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
-        step, sampled_reqs = build_step_input(out, self.block_size)
+        step, sampled_reqs, drafts = build_step_input(out, self.block_size)
         logits = self.runner.forward(step)
-        tokens, logprobs = self.runner.sampler(logits, sampled_reqs) if sampled_reqs else ([], [])
-        sampled = {r.request_id: [t] for r, t in zip(sampled_reqs, tokens)}
-        lps = {r.request_id: [lp] for r, lp in zip(sampled_reqs, logprobs) if lp is not None}
-        return sampled, lps
+        return self.runner.sample(logits, sampled_reqs, drafts)
 
     def forget_requests(self, request_ids) -> None:
         for rid in request_ids:

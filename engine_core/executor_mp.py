@@ -267,7 +267,7 @@ class MultiprocExecutor:
 
     def execute_model(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
         self._check()
-        step, sampled_reqs = build_step_input(out, self.block_size)
+        step, sampled_reqs, drafts = build_step_input(out, self.block_size)
         self.in_step = True
         try:
             with self.pub_lock:
@@ -278,10 +278,7 @@ class MultiprocExecutor:
         finally:
             self.in_step = False
         self._check()
-        tokens, logprobs = self.runner.sampler(logits, sampled_reqs) if sampled_reqs else ([], [])
-        sampled = {r.request_id: [t] for r, t in zip(sampled_reqs, tokens)}
-        lps = {r.request_id: [lp] for r, lp in zip(sampled_reqs, logprobs) if lp is not None}
-        return sampled, lps
+        return self.runner.sample(logits, sampled_reqs, drafts)
 
     def _step_failed(self, error: Exception) -> TensorParallelError:
         """A collective failed: give the monitor a moment to learn which rank is gone."""

@@ -94,9 +94,21 @@ class KVCacheManager:
         request.block_ids.extend(b.block_id for b in new_computed_blocks)
         if num_needed > 0:
             request.block_ids.extend(b.block_id for b in pool.get_new_blocks(num_needed))
-        if self.enable_caching:
-            self._cache_blocks(request, num_computed // bs, total // bs)
+        if self.enable_caching:  # proposed tokens are not known yet: their blocks wait for verification
+            self._cache_blocks(request, num_computed // bs, min(total, request.num_tokens) // bs)
         return True
+
+    def keep_verified(self, request: Request, num_computed_before: int) -> None:
+        """After a step that verified proposed tokens: free the blocks past the request's computed tokens
+        (they held only rejected proposals) and register the blocks that kept proposals filled."""
+        keep = -(-request.num_computed_tokens // self.block_size)
+        if len(request.block_ids) > keep:
+            blocks = self.block_pool.blocks
+            self.block_pool.free_blocks([blocks[i] for i in reversed(request.block_ids[keep:])])
+            del request.block_ids[keep:]
+        if self.enable_caching:
+            self._cache_blocks(request, num_computed_before // self.block_size,
+                               min(request.num_computed_tokens, request.num_tokens) // self.block_size)
 
     def _cache_blocks(self, request: Request, first: int, end: int) -> None:
         """Register blocks [first, end) of the request, which are full once this step has run.

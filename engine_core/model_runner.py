@@ -12,6 +12,7 @@ import time
 import torch
 
 from common.config import EngineArgs, parse_size
+from common.protocol import Logprobs
 from common.sampling_params import SamplingParams
 from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.metadata import AttentionMetadata
@@ -25,6 +26,7 @@ from engine_core.models.cpu_decoder import CpuDecoder
 from engine_core.models.registry import model_class
 from engine_core.request import Request
 from engine_core.sampler import Sampler
+from engine_core.spec_decode import rejection
 from engine_core.step_input import StepInput
 from engine_core.weights import quantized
 from engine_core.weights.loader import load_safetensors_weights
@@ -225,6 +227,20 @@ class ModelRunner:
             hidden = self.model(input_ids, positions)
         sample_rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[sample_rows])
+
+    def sample(self, logits: torch.Tensor, reqs: list[Request],
+               drafts: list[list[int]]) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
+        """Rank 0: each sampled request's new tokens (the proposals it keeps, then one more) and their
+        logprobs where asked. A step without proposals samples one token per request."""
+        if not reqs:
+            return {}, {}
+        if any(drafts):
+            tokens, logprobs = rejection.verify(self.sampler, logits, reqs, drafts)
+            return ({r.request_id: t for r, t in zip(reqs, tokens)},
+                    {r.request_id: lp for r, lp in zip(reqs, logprobs) if lp})
+        tokens, logprobs = self.sampler(logits, reqs)
+        return ({r.request_id: [t] for r, t in zip(reqs, tokens)},
+                {r.request_id: [lp] for r, lp in zip(reqs, logprobs) if lp is not None})
 
 
 def weight_bytes(model) -> int:

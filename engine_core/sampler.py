@@ -46,13 +46,13 @@ class Sampler:
         raw_logprobs = None
         if any(r.sampling_params.logprobs is not None for r in reqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._apply_penalties(logits, reqs)
+        logits = self.apply_penalties(logits, reqs)
         tokens = self._draw(logits, reqs)
         if raw_logprobs is None:
             return tokens.tolist(), [None] * len(reqs)
-        return _with_logprobs(tokens, raw_logprobs, reqs)
+        return with_logprobs(tokens, raw_logprobs, reqs)
 
-    def _apply_penalties(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    def apply_penalties(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         # (row, token) entries of each kind, gathered on the host; each kind is one indexed update
         rep_rows, rep_ids, rep_vals = [], [], []
         pen_rows, pen_ids, counts, freqs, presences = [], [], [], [], []
@@ -95,29 +95,46 @@ class Sampler:
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         tokens = logits.argmax(dim=-1) if any(p.greedy for p in params) else None
-        vocab = logits.shape[-1]
-        # one upload: greedy flag, temperature, top-k, top-p, min-p per row
-        table = self._upload([[float(p.greedy), 1.0 if p.greedy else p.temperature,
-                               min(p.top_k, vocab) if p.top_k > 0 else vocab, p.top_p, p.min_p] for p in params], torch.float32)
-        greedy, temps = table[:, 0] > 0, table[:, 1]
-        logits = logits.div_(temps[:, None])
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            logits = _top_k_top_p(logits, table[:, 2].to(torch.int64), table[:, 3])
-        probs = torch.softmax(logits, dim=-1)
-        if any(p.min_p > 0 for p in params):
-            min_p = table[:, 4]
-            probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
-        # inverse transform: one uniform per row, looked up in the row's cumulative distribution
-        # (about a fifth of the cost of a race over vocab-sized noise on CPU); right=True never lands
-        # on a token whose probability was cut to 0
+        probs = self.probabilities(logits, params)
+        # one uniform per row (unseeded rows from the sampler's generator, in one call)
         uniform = torch.rand(len(reqs), generator=self.generator, device=probs.device)
         for i, r in enumerate(reqs):
             if r.sampling_params.seed is not None and not r.sampling_params.greedy:
-                uniform[i] = torch.rand(1, generator=self._generator_for(r), device=probs.device)[0]
-        cdf = probs.cumsum(dim=-1)
-        target = uniform[:, None] * cdf[:, -1:]
-        sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=vocab - 1)
-        return sampled if tokens is None else torch.where(greedy, tokens, sampled)
+                uniform[i] = self.request_uniforms(r, 1)[0]
+        sampled = inverse_cdf(probs, uniform)
+        if tokens is None:
+            return sampled
+        greedy = self._upload([p.greedy for p in params], torch.bool)
+        return torch.where(greedy, tokens, sampled)
+
+    def request_uniforms(self, req: Request, count: int) -> torch.Tensor:
+        """count uniforms from a seeded request's own generator (its draws do not depend on the batch)."""
+        return torch.rand(count, generator=self._generator_for(req), device=self.device)
+
+    def probabilities(self, logits: torch.Tensor, params: list) -> torch.Tensor:
+        """The distribution each row samples from: temperature, top-k, top-p, then min-p, on penalized
+        logits (changed in place). Rows of greedy requests come out at temperature 1, unused."""
+        vocab = logits.shape[-1]
+        # one upload: temperature, top-k, top-p, min-p per row
+        table = self._upload([[1.0 if p.greedy else p.temperature, min(p.top_k, vocab) if p.top_k > 0 else vocab,
+                               p.top_p, p.min_p] for p in params], torch.float32)
+        logits = logits.div_(table[:, 0:1])
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+            logits = _top_k_top_p(logits, table[:, 1].to(torch.int64), table[:, 2])
+        probs = torch.softmax(logits, dim=-1)
+        if any(p.min_p > 0 for p in params):
+            min_p = table[:, 3]
+            probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
+        return probs
+
+
+def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row: the uniform looked up in the row's cumulative distribution (about a fifth of
+    the cost of a race over vocab-sized noise on CPU). The rows need not sum to 1; right=True never
+    lands on a token whose probability is 0."""
+    cdf = probs.cumsum(dim=-1)
+    target = uniform[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -133,7 +150,7 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def _with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor,
+def with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor,
                    reqs: list[Request]) -> tuple[list[int], list[Logprobs | None]]:
     """Token ids and the requested logprobs, computed for the whole batch on the device and brought
     back in one copy: per row the token id, its logprob and rank, then the top-n ids and logprobs."""

@@ -36,24 +36,26 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens computed this step
     num_computed_tokens_before: int  # tokens already in the KV cache (prefix hits included)
+    # proposed tokens computed after the request's last known one (counted in num_new_tokens), to verify
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def is_decode(self) -> bool:
-        # one query token: what the attention backends batch as a decode
-        return self.num_new_tokens == 1
+        # one known token to compute (and any proposals after it): each of its rows attends as a decode
+        return self.num_new_tokens - len(self.spec_token_ids) == 1
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)  # decodes first, then prefill chunks
-    num_decodes: int = 0  # the leading entries of `scheduled` with exactly one new token
+    num_decodes: int = 0  # the leading entries of `scheduled` that are decodes (one known token + proposals)
     total_num_scheduled_tokens: int = 0
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)  # finished since the last step; drop their state
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, proposer=None):
         if config.block_size != kv_cache_manager.block_size:
             raise ValueError(f"scheduler block_size {config.block_size} differs from the KV cache "
                              f"manager's {kv_cache_manager.block_size}")
@@ -66,6 +68,11 @@ class Scheduler:
         self.running: list[Request] = []  # oldest admission first
         self.finished_ids: list[str] = []  # for the next SchedulerOutput
         self.pending_outputs: list[EngineCoreOutput] = []  # errors raised outside update_from_output
+        self.proposer = proposer  # speculative decoding (engine_core/spec_decode/proposer.py), or None
+        # speculative decoding, cumulative: steps that verified proposals, proposed and kept tokens, and
+        # how often the j-th proposal of a step was kept
+        self.spec_num_drafts = self.spec_num_draft_tokens = self.spec_num_accepted_tokens = 0
+        self.spec_accepted_per_position = [0] * (proposer.num_speculative_tokens if proposer else 0)
         self.num_preemptions = 0
         self.step_prompt_tokens = 0
         self.step_generation_tokens = 0
@@ -137,6 +144,31 @@ class Scheduler:
         return (f"request needs {needed} KV cache blocks for its {request.num_tokens} tokens, but the whole "
                 f"cache has {self.kv.num_blocks}: raise the KV cache size or lower max_model_len")
 
+    def _allocate_or_preempt(self, request: Request, num_new: int, preempted_ids: list[str]) -> bool:
+        """Slots for num_new more tokens of a running request, preempting the newest running requests
+        until they fit. False when the request itself left `running` instead (preempted, or failed
+        because it would not fit even alone)."""
+        while not self.kv.allocate_slots(request, num_new):
+            if len(self.running) == 1:  # it holds every block in use and still does not fit
+                self.running.pop()
+                self._finish_with_error(request, self._no_room_error(request))
+                return False
+            victim = self.running.pop()  # never one already scheduled this step: those are older
+            self._preempt(victim)
+            preempted_ids.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _proposals(self, request: Request, room: int) -> list[int]:
+        """Proposed next tokens for a decoding request: no more than the budget's room, and none that
+        could take it past max_tokens or max_model_len (the step also adds one token of its own)."""
+        limit = min(self.proposer.num_speculative_tokens, room, self.config.max_model_len - request.num_tokens - 1)
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            limit = min(limit, max_tokens - request.num_output_tokens - 1)
+        return self.proposer.propose(request, limit) if limit > 0 else []
+
     # ---- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
@@ -144,25 +176,23 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted_ids: list[str] = []
 
-        # 1. running requests, oldest first: decodes, and prefills that continue their chunks
+        # 1. running requests, oldest first: decodes (with proposals to verify), and prefills that continue
+        speculate = self.proposer is not None and (
+            self.proposer.disable_by_batch_size is None or len(self.running) <= self.proposer.disable_by_batch_size)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(request, num_new):
-                if len(self.running) == 1:  # it holds every block in use and still does not fit
-                    self.running.pop()
-                    self._finish_with_error(request, self._no_room_error(request))
-                    break
-                victim = self.running.pop()  # never one already scheduled this step: those are older
-                self._preempt(victim)
-                preempted_ids.append(victim.request_id)
-                if victim is request:
-                    break
-            else:
-                scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
-                budget -= num_new
-                i += 1
+            decoding = request.num_tokens - request.num_computed_tokens == 1
+            drafts = self._proposals(request, budget - 1) if speculate and decoding else []
+            # proposals take free blocks only: they never cost another request its blocks
+            if not (drafts and self.kv.allocate_slots(request, 1 + len(drafts))):
+                drafts = []
+                if not self._allocate_or_preempt(request, num_new, preempted_ids):
+                    continue  # it left `running` (preempted or failed): the next one is at index i now
+            scheduled.append(ScheduledRequest(request, num_new + len(drafts), request.num_computed_tokens, drafts))
+            budget -= num_new + len(drafts)
+            i += 1
 
         # 2. waiting requests, FCFS; none after a preemption, since blocks are already short
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
@@ -208,35 +238,53 @@ class Scheduler:
             if self.requests.get(request.request_id) is not request or request.status != RequestStatus.RUNNING:
                 continue  # aborted (or finished) since schedule()
             before = request.num_computed_tokens
-            request.num_computed_tokens = before + s.num_new_tokens
+            num_drafts = len(s.spec_token_ids)
+            request.num_computed_tokens = before + s.num_new_tokens - num_drafts  # kept proposals add below
             self.step_prompt_tokens += max(0, min(request.num_computed_tokens, request.num_prompt_tokens) - before)
             if request.num_computed_tokens < request.num_tokens:
                 continue  # mid-prefill: nothing was sampled
             tokens = sampled.get(request.request_id)
-            if not tokens:
+            if not tokens or len(tokens) > num_drafts + 1:
                 self.running.remove(request)
                 self._finish(request, FinishReason.ERROR)
                 finished.add(id(request))
                 outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
                                                 finish_reason=FinishReason.ERROR,
-                                                error="the model runner returned no token for this request"))
+                                                error=f"the model runner returned {len(tokens or ())} tokens for this "
+                                                      f"request, which had {num_drafts} proposed"))
                 continue
-            token = tokens[0]
-            request.append_output_token(token)
-            self.step_generation_tokens += 1
-            reason, stop_reason = self._check_stop(request, token)
+            if num_drafts:
+                self._count_kept(num_drafts, len(tokens) - 1)
+                request.num_computed_tokens += len(tokens) - 1  # the kept proposals' K/V are valid
+            new_tokens, reason, stop_reason = [], None, None
+            for token in tokens:  # a stop condition among the kept proposals drops the rest
+                request.append_output_token(token)
+                new_tokens.append(token)
+                reason, stop_reason = self._check_stop(request, token)
+                if reason is not None:
+                    break
+            self.step_generation_tokens += len(new_tokens)
             if reason is not None:
                 self._finish(request, reason, stop_reason)
                 finished.add(id(request))
+            elif num_drafts:
+                self.kv.keep_verified(request, before)
             outputs.append(EngineCoreOutput(
-                request_id=request.request_id, new_token_ids=[token],
-                new_logprobs=(logprobs or {}).get(request.request_id, []),
+                request_id=request.request_id, new_token_ids=new_tokens,
+                new_logprobs=(logprobs or {}).get(request.request_id, [])[:len(new_tokens)],
                 finish_reason=reason, stop_reason=stop_reason,
                 num_cached_tokens=max(0, request.num_cached_tokens)))
         if finished:
             self.running = [r for r in self.running if id(r) not in finished]
         outputs, self.pending_outputs = self.pending_outputs + outputs, []
         return outputs
+
+    def _count_kept(self, num_drafts: int, num_kept: int) -> None:
+        self.spec_num_drafts += 1
+        self.spec_num_draft_tokens += num_drafts
+        self.spec_num_accepted_tokens += num_kept
+        for j in range(num_kept):
+            self.spec_accepted_per_position[j] += 1
 
     def fail_requests(self, requests: list[Request], error: str,
                       computed_before: dict[str, int] | None = None) -> list[EngineCoreOutput]:
@@ -286,4 +334,8 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             num_prompt_tokens=self.step_prompt_tokens,
             num_generation_tokens=self.step_generation_tokens,
+            spec_num_drafts=self.spec_num_drafts,
+            spec_num_draft_tokens=self.spec_num_draft_tokens,
+            spec_num_accepted_tokens=self.spec_num_accepted_tokens,
+            spec_accepted_per_position=list(self.spec_accepted_per_position),
         )

@@ -379,7 +379,7 @@ def test_no_host_sync_in_graph_decode_and_sampler(qwen3_shaped):
     torch.cuda.set_sync_debug_mode("error")
     try:
         logits = runner.forward(step)
-        tokens = runner.sampler._draw(runner.sampler._apply_penalties(logits.float(), reqs), reqs)
+        tokens = runner.sampler._draw(runner.sampler.apply_penalties(logits.float(), reqs), reqs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(tokens.tolist()) == 3  # the one sync
