@@ -21,6 +21,7 @@ class ThroughputLog:
         self.window_start = self.last_step = clock()
         self.prompt_tokens = self.generation_tokens = 0
         self.queries = self.hits = 0  # the cumulative prefix-cache counters at the window's start
+        self.spec = (0, 0, 0)  # and the speculative-decoding ones (drafts, proposed, kept)
 
     def record(self, stats: SchedulerStats) -> None:
         """One engine step's figures."""
@@ -39,9 +40,15 @@ class ThroughputLog:
                     "used; prefix cache hit rate %.1f%%", self.prompt_tokens / elapsed,
                     self.generation_tokens / elapsed, stats.num_running, stats.num_waiting,
                     100 * stats.kv_cache_usage, 100 * hits / queries if queries else 0.0)
+        drafts = stats.spec_num_drafts - self.spec[0]
+        if drafts:
+            proposed, kept = stats.spec_num_draft_tokens - self.spec[1], stats.spec_num_accepted_tokens - self.spec[2]
+            logger.info("speculative decoding: %.1f%% of proposed tokens kept (%d of %d), %.2f tokens per "
+                        "verifying step (kept + 1)", 100 * kept / proposed, kept, proposed, 1 + kept / drafts)
         self._restart(now, stats)
 
     def _restart(self, now: float, stats: SchedulerStats) -> None:
         self.window_start = now
         self.prompt_tokens = self.generation_tokens = 0
         self.queries, self.hits = stats.prefix_cache_queries, stats.prefix_cache_hits
+        self.spec = (stats.spec_num_drafts, stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens)

@@ -63,10 +63,27 @@ class EngineStatsCollector:
             ("nvllm:prefix_cache_hits", "prompt tokens found in the prefix cache", s.prefix_cache_hits),
             ("nvllm:num_preemptions", "requests preempted (KV cache full) and recomputed later", s.num_preemptions),
         ]
+        counters += [
+            ("nvllm:spec_decode_num_drafts", "speculative decoding: steps in which a request verified proposed tokens",
+             s.spec_num_drafts),
+            ("nvllm:spec_decode_num_draft_tokens", "speculative decoding: tokens proposed", s.spec_num_draft_tokens),
+            ("nvllm:spec_decode_num_accepted_tokens", "speculative decoding: proposed tokens the target model kept",
+             s.spec_num_accepted_tokens),
+        ]
         for name, doc, value in counters:
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(value))
             yield c
+        rate = GaugeMetricFamily("nvllm:spec_decode_acceptance_rate",
+                                 "speculative decoding: accepted / proposed tokens, since start")
+        rate.add_metric([], s.spec_num_accepted_tokens / s.spec_num_draft_tokens if s.spec_num_draft_tokens else 0.0)
+        yield rate
+        per_pos = CounterMetricFamily("nvllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "speculative decoding: how often the proposal at this position of a step was kept",
+                                      labels=["position"])
+        for position, value in enumerate(s.spec_accepted_per_position):
+            per_pos.add_metric([str(position)], float(value))
+        yield per_pos
 
 
 class Metrics:

@@ -3,12 +3,22 @@
 import argparse
 
 from common.config import QUANTIZATIONS, EngineArgs, parse_size
+from common.speculative import parse_speculative_config
 from frontend.cli.arg_types import non_negative_int, positive_int
 
 
 def _size(text: str) -> str:
     parse_size(text)  # raises ValueError -> argparse prints a one-line error
     return text
+
+
+def _speculative_config(text: str):
+    try:
+        config = parse_speculative_config(text)
+        config.validate()
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return config
 
 
 def _fraction(text: str) -> float:
@@ -56,6 +66,11 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                    help="weights kept quantized in memory (bf16 on AVX512-BF16 CPUs): gguf keeps a GGUF's Q4_0/Q4_1/Q8_0 "
                         "tensors, int8 quantizes the linear layers per channel, none dequantizes; auto: gguf where "
                         "the model has such tensors and the kernels run, else none")
+    g.add_argument("--speculative-config", type=_speculative_config, default=None,
+                   help='speculative decoding, as JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4}\' (prompt lookup) or \'{"model": PATH, "num_speculative_tokens": 4}\' '
+                        '(a draft model with the same vocabulary); greedy output is unchanged, sampled output keeps '
+                        'its distribution')
     g.add_argument("--cpu-threads", type=positive_int, default=None,
                    help="CPU: threads the model runs on (default: as many as the CPUs other processes leave free, "
                         "checked every second)")
