@@ -1,0 +1,114 @@
+"""Speculative decoding end to end: greedy tokens identical to decoding without it (tiny random models in
+float32 and bf16, and the default model), under batching, chunked prefill, prefix caching and preemption;
+seeded sampling repeatable; logprobs of the kept tokens equal to plain decoding's."""
+
+import pytest
+import torch
+
+from common.sampling_params import SamplingParams
+
+HEAD_DIM = {"llama": 16, "qwen3": 32}  # of the tiny models (tests/conftest.py)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+
+
+@pytest.fixture(scope="module")
+def loopy_models(tmp_path_factory, default_model_dir):
+    """Tiny random models with tied embeddings and weights a little larger than usual: their greedy
+    output falls into loops often but not always, so n-gram proposals are both kept and rejected."""
+    from conftest import build_tiny_model
+    root = tmp_path_factory.mktemp("loopy")
+    return {arch: build_tiny_model(str(root / arch), arch, default_model_dir, tie_word_embeddings=True,
+                                   initializer_range=0.11) for arch in ("llama", "qwen3")}
+
+
+def _copy_heavy_prompts(num: int, seed: int) -> list[list[int]]:
+    """Random ids repeated with edits, so the n-gram lookup has something to propose from the start."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = []
+    for i in range(num):
+        base = torch.randint(3, 49152, (12 + 5 * i,), generator=g).tolist()
+        edited = list(base)
+        edited[len(base) // 2] = 7
+        prompts.append(base + edited + base[: len(base) // 2])
+    return prompts
+
+
+def _run(model, prompts, params, **engine_args):
+    from frontend.llm import LLM
+    llm = LLM(model, multiprocess=False, **engine_args)
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return outputs, llm.client.get_stats()
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_greedy_tokens_identical_under_batching_chunking_and_preemption(loopy_models, arch):
+    prompts = _copy_heavy_prompts(6, seed=1)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2)
+    # 14 blocks of 16 tokens for six requests of up to 120 tokens: some are preempted and recomputed;
+    # a budget of 48 tokens chunks the prefills and splits proposals across steps
+    engine = dict(dtype="float32", max_model_len=160, max_num_batched_tokens=48,
+                  kv_cache_memory=14 * 2 * 2 * 16 * 2 * HEAD_DIM[arch] * 4)
+    plain, _ = _run(loopy_models[arch], prompts, params, **engine)
+    spec, stats = _run(loopy_models[arch], prompts, params, speculative_config=NGRAM, **engine)
+    kept, rejected = stats.spec_num_accepted_tokens, stats.spec_num_draft_tokens - stats.spec_num_accepted_tokens
+    assert kept > 10 and rejected > 10 and stats.num_preemptions > 0
+    for a, b in zip(plain, spec):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        # equal up to the float32 rounding that a step's shape changes here (a preempted request
+        # recomputes its cache as a prefill): bit-equality across shapes is the batch-invariance issue's
+        assert _logprobs(b) == pytest.approx(_logprobs(a), rel=1e-4, abs=1e-4)
+
+
+def test_bf16_verification_rows_are_the_decode_rows_bit_for_bit(loopy_models):
+    """In bf16 on the C kernels every verified row is computed as the plain decode of that token: with
+    the same prefill (one step for all prompts) tokens and logprobs are bit-identical."""
+    prompts = _copy_heavy_prompts(6, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2)
+    plain, _ = _run(loopy_models["qwen3"], prompts, params, dtype="bfloat16")
+    spec, stats = _run(loopy_models["qwen3"], prompts, params, dtype="bfloat16", speculative_config=NGRAM)
+    assert stats.spec_num_accepted_tokens > 10
+    for a, b in zip(plain, spec):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids and _logprobs(b) == _logprobs(a)
+
+
+def _logprobs(output) -> list[float]:
+    return [lp[t].logprob for lp, t in zip(output.outputs[0].logprobs, output.outputs[0].token_ids)]
+
+
+def test_default_model_greedy_identical_with_ngram_speculation(default_model_dir):
+    from frontend.llm import LLM
+    llm = LLM(multiprocess=False)
+    tok = llm.get_tokenizer()
+    text = ("def area(width, height):\n    return width * height\n\n"
+            "def perimeter(width, height):\n    return 2 * (width + height)\n")
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Rename width to w in this code:\n\n{text}"}],
+                                       tokenize=False, add_generation_prompt=True),
+               "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the",
+               "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"]
+    params = SamplingParams(temperature=0, max_tokens=48)
+    try:
+        plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    spec, stats = _run(None, prompts, params, speculative_config=NGRAM)
+    assert [o.outputs[0].token_ids for o in spec] == plain
+    assert stats.spec_num_accepted_tokens > 30
+
+
+def test_seeded_sampling_repeats_alone_and_in_a_batch(loopy_models):
+    from frontend.llm import LLM
+    prompts = _copy_heavy_prompts(4, seed=2)
+    seeded = SamplingParams(temperature=0.05, top_k=40, seed=11, max_tokens=30, ignore_eos=True)
+    other = SamplingParams(temperature=1.0, max_tokens=25, ignore_eos=True)
+    llm = LLM(loopy_models["llama"], multiprocess=False, dtype="float32", speculative_config=NGRAM)
+    try:
+        alone = llm.generate([prompts[0]], seeded, use_tqdm=False)[0].outputs[0].token_ids
+        again = llm.generate([prompts[0]], seeded, use_tqdm=False)[0].outputs[0].token_ids
+        batch = llm.generate(prompts[1:3] + [prompts[0]] + prompts[3:], [other, other, seeded, other], use_tqdm=False)
+        assert alone == again == batch[2].outputs[0].token_ids and len(alone) == 30
+        assert llm.client.get_stats().spec_num_accepted_tokens > 0
+    finally:
+        llm.shutdown()
