@@ -74,7 +74,7 @@ def test_a_row_does_not_depend_on_the_other_rows_or_threads(qtype):
     x = _x(60, 576, seed=12)
     threads = torch.get_num_threads()
     try:
-        for rows in ((0, 1), (0, 3), (5, 15), (0, 16), (3, 40), (0, 60)):  # within each path
+        for rows in ((0, 1), (0, 3), (0, 5), (2, 9), (5, 15), (0, 16), (3, 40), (0, 60)):  # within each path
             batch = packed.matmul(x[rows[0]:rows[1]])
             first = packed.matmul(x[rows[0]:rows[0] + (1 if rows[1] - rows[0] < LARGE_M else LARGE_M)])
             assert torch.equal(batch[:first.shape[0]], first), rows

@@ -38,7 +38,7 @@ enum { FORMAT_Q4 = 0, FORMAT_Q8 = 1 };
 #define QBLOCK 32
 #define Q4_BLOCK_BYTES 320
 #define Q8_BLOCK_BYTES 544
-#define SMALL_MR 4 /* rows per tile of the small-M path */
+#define SMALL_MR 6 /* rows per tile of the small-M path */
 #define SMALL_NR 8 /* panels per tile of one row (more streams of weights in flight) */
 #ifndef QUANT_LARGE_M
 #define QUANT_LARGE_M 16 /* from this many rows, dequantize to bf16 panels and run the bf16 kernel */
@@ -246,8 +246,10 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
           n0, N, silu, MRV, NRV)
 
 /* panels [p_begin, p_end) for every row; panel tiles of 8 for one row (more weight streams in flight: 1.1x
- * per decode step than 4), 4 for two, 2 for 3-4 rows (the
- * block sums and totals of mr x nr tiles live in registers) */
+ * per decode step than 4), 4 for two, 2 for 3-6 rows (the block sums and totals of mr x nr tiles live in
+ * registers). Up to 6 rows share one pass over the weights, so a step verifying 4 proposed tokens (5 rows)
+ * unpacks each weight once: its matmuls took 0.77x the time of a 4 + 1 row split. A row's sums run in the
+ * same order whatever the tile: its result does not depend on M. */
 static void small_columns(const bf16 *x, long M, long K, long x_stride, const float *sums, const uint8_t *packed,
                           int format, long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                           long p_begin, long p_end) {
@@ -275,7 +277,11 @@ static void small_columns(const bf16 *x, long M, long K, long x_stride, const fl
             case 48 + 1: QTILE(3, 1); break;
             case 48 + 2: QTILE(3, 2); break;
             case 64 + 1: QTILE(4, 1); break;
-            default: QTILE(4, 2); break;
+            case 64 + 2: QTILE(4, 2); break;
+            case 80 + 1: QTILE(5, 1); break;
+            case 80 + 2: QTILE(5, 2); break;
+            case 96 + 1: QTILE(6, 1); break;
+            default: QTILE(6, 2); break;
             }
         }
     }
