@@ -114,6 +114,9 @@ class EngineArgs(msgspec.Struct, kw_only=True):
                 raise ValueError(f"{name} {why}")
         if self.speculative_config is not None:
             self.speculative_config.validate()
+            if self.speculative_config.method == "draft_model" and (self.tensor_parallel_size > 1 or self.nnodes > 1):
+                raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 on one node "
+                                 "only; use method ngram with tensor parallelism")
         if self.kv_cache_memory is not None:
             try:
                 size = parse_size(self.kv_cache_memory)

@@ -6,6 +6,7 @@ import torch
 from common.protocol import Logprobs
 from engine_core.model_runner import ModelRunner
 from engine_core.scheduler import SchedulerOutput
+from engine_core.spec_decode.draft_model import DraftModel
 from engine_core.step_input import build_step_input
 
 
@@ -13,16 +14,22 @@ class UniprocExecutor:
     def __init__(self, args, model_path: str, hf_config, device: torch.device, dtype: torch.dtype):
         self.runner = ModelRunner(args, model_path, hf_config, device, dtype)
         self.block_size = args.block_size
+        spec = args.speculative_config
+        self.drafter = DraftModel(args, hf_config, device, dtype) if spec and spec.method == "draft_model" else None
 
     def num_blocks_for_budget(self) -> tuple[int, int]:
-        """(blocks that fit the memory budget, bytes per block)."""
-        per_block = self.runner.kv_bytes_per_block()
+        """(blocks that fit the memory budget, bytes per block: a draft model's cache takes its share)."""
+        per_block = self.runner.kv_bytes_per_block() + (self.drafter.kv_bytes_per_block() if self.drafter else 0)
         return max(0, self.runner.kv_cache_budget() // per_block), per_block
 
     def initialize_cache(self, num_blocks: int) -> None:
         self.runner.allocate_kv_cache(num_blocks)
+        if self.drafter:
+            self.drafter.allocate_kv_cache(num_blocks)
 
     def execute_model(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
+        if self.drafter:
+            self.drafter.propose(out.scheduled)
         step, sampled_reqs, drafts = build_step_input(out, self.block_size)
         logits = self.runner.forward(step)
         return self.runner.sample(logits, sampled_reqs, drafts)
@@ -30,6 +37,8 @@ class UniprocExecutor:
     def forget_requests(self, request_ids) -> None:
         for rid in request_ids:
             self.runner.sampler.forget(rid)
+            if self.drafter:
+                self.drafter.forget(rid)
 
     def shutdown(self) -> None:
         pass

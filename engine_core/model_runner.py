@@ -37,7 +37,8 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, args: EngineArgs, model_path: str, hf_config, device: torch.device, dtype: torch.dtype):
+    def __init__(self, args: EngineArgs, model_path: str, hf_config, device: torch.device, dtype: torch.dtype,
+                 role: str = "model"):
         self.args = args
         self.device = device
         self.dtype = dtype
@@ -69,8 +70,8 @@ class ModelRunner:
             self.model.cpu_decoder = CpuDecoder.for_model(self.model)
         self.sampler = Sampler(device, args.seed) if tp_rank() == 0 else None
         if tp_rank() == 0:
-            logger.info("loaded %s (%s) on %s in %.1f s, attention backend %s, weights kept quantized: %s "
-                        "(%.0f MB of weights)", hf_config.architectures[0], str(dtype).removeprefix("torch."), device,
+            logger.info("loaded %s %s (%s) on %s in %.1f s, attention backend %s, weights kept quantized: %s "
+                        "(%.0f MB of weights)", role, hf_config.architectures[0], str(dtype).removeprefix("torch."), device,
                         time.perf_counter() - start, self.backend.name, self.quantization, weight_bytes(self.model) / 1e6)
 
     def _attention_backend(self):

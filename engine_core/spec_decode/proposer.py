@@ -17,9 +17,21 @@ class NgramSpeculator:
         return self.ngram.propose(request.all_token_ids, limit)
 
 
+class DraftModelSpeculator:
+    """Proposals from a draft model: the scheduler reserves their slots (placeholders), and the executor's
+    DraftModel (draft_model.py) fills them in before the target runs."""
+
+    PLACEHOLDER = -1
+
+    def __init__(self, config: SpeculativeConfig):
+        self.num_speculative_tokens = config.num_speculative_tokens
+        self.disable_by_batch_size = config.disable_by_batch_size
+
+    def propose(self, request: Request, limit: int) -> list[int]:
+        return [self.PLACEHOLDER] * limit
+
+
 def speculator_for(config: SpeculativeConfig | None):
     if config is None:
         return None
-    if config.method == "ngram":
-        return NgramSpeculator(config)
-    raise ValueError(f"speculative_config.method {config.method!r} is not available yet")
+    return NgramSpeculator(config) if config.method == "ngram" else DraftModelSpeculator(config)
