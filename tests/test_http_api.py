@@ -20,7 +20,9 @@ def server(tmp_path_factory, default_model_dir):
     """(base url, Proc) of `nvllm serve` on the default model; stopped with SIGTERM at the end, which
     must stop its engine core child too."""
     port = free_port()
+    # with n-gram speculation: every API test below also checks that it changes nothing a client sees
     proc = Proc(["serve", "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
+                 "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
                  *SMALL_ENGINE], str(tmp_path_factory.mktemp("serve") / "serve.log"))
     base = f"http://127.0.0.1:{port}"
     try:
@@ -446,7 +448,9 @@ def test_64_concurrent_streams_complete(server):
             await client.close()
 
     results = asyncio.run(main())
-    assert [r for r in results] == [(6 + i % 3, 6 + i % 3, "length") for i in range(64)]
+    # a step that keeps proposed tokens streams them in one event (the server speculates)
+    assert [r[1:] for r in results] == [(6 + i % 3, "length") for i in range(64)]
+    assert all(1 <= events <= usage for events, usage, _ in results)
     wait_idle(server)
 
 
@@ -469,6 +473,19 @@ def test_metrics_names(server, client):
     client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=1)
     after = metric(httpx.get(server[0] + "/metrics").text, "nvllm:prefix_cache_hits_total")
     assert after - before >= 32
+
+
+def test_speculative_decoding_metrics(server, client):
+    text = "one two three four five six seven eight nine ten eleven twelve"
+    before = httpx.get(server[0] + "/metrics").text
+    out = client.completions.create(model=MODEL, prompt=f"{text}\n{text}\n{text}\none two", max_tokens=24, temperature=0)
+    assert out.choices[0].text.startswith(" three four five")
+    after = httpx.get(server[0] + "/metrics").text
+    for name in ("nvllm:spec_decode_num_drafts_total", "nvllm:spec_decode_num_draft_tokens_total",
+                 "nvllm:spec_decode_num_accepted_tokens_total"):
+        assert metric(after, name) > metric(before, name), name
+    assert 0 < metric(after, "nvllm:spec_decode_acceptance_rate") <= 1
+    assert 'nvllm:spec_decode_num_accepted_tokens_per_pos_total{position="2"}' in after
 
 
 def test_bench_serve_against_the_server(server, tmp_path):

@@ -112,3 +112,34 @@ def test_seeded_sampling_repeats_alone_and_in_a_batch(loopy_models):
         assert llm.client.get_stats().spec_num_accepted_tokens > 0
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("draft", ["same", "other"])
+def test_draft_model_greedy_identical_under_preemption(loopy_models, tiny_models, draft):
+    """A draft model proposes; with the target as its own draft nearly every proposal is kept, with
+    another model most are rejected: either way the target's greedy tokens are those of plain decoding."""
+    prompts = _copy_heavy_prompts(5, seed=4)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    target = loopy_models["llama"]
+    per_block = 2 * 2 * 16 * 2 * HEAD_DIM["llama"] * 4
+    engine = dict(dtype="float32", max_model_len=128, max_num_batched_tokens=64)
+    plain, _ = _run(target, prompts, params, kv_cache_memory=12 * per_block, **engine)
+    spec_config = {"model": target if draft == "same" else tiny_models["llama"], "num_speculative_tokens": 3}
+    # 12 blocks again: each block holds the draft model's keys and values too
+    spec, stats = _run(target, prompts, params, speculative_config=spec_config, kv_cache_memory=24 * per_block, **engine)
+    assert stats.num_preemptions > 0 and stats.spec_num_draft_tokens > 50
+    kept = stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens
+    assert kept > 0.9 if draft == "same" else kept < 0.5
+    assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
+
+
+def test_draft_model_errors_name_the_field(tiny_models, tmp_path):
+    from conftest import build_tiny_model
+    from frontend.llm import LLM
+    small_vocab = build_tiny_model(str(tmp_path / "v"), "llama", tiny_models["llama"], vocab_size=1000)
+    with pytest.raises(ValueError, match="speculative_config.model has a vocabulary of 1000 tokens"):
+        LLM(tiny_models["llama"], multiprocess=False, dtype="float32",
+            speculative_config={"model": small_vocab, "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="a draft model runs with tensor_parallel_size 1"):
+        LLM(tiny_models["llama"], tensor_parallel_size=2, speculative_config={"model": small_vocab,
+                                                                             "num_speculative_tokens": 2})
