@@ -101,8 +101,12 @@ async def one_request(client: httpx.AsyncClient, url: str, headers: dict, model:
 
 
 async def pick_model(client: httpx.AsyncClient, base_url: str, headers: dict) -> str:
-    response = await client.get(f"{base_url}/v1/models", headers=headers)
-    response.raise_for_status()
+    try:
+        response = await client.get(f"{base_url}/v1/models", headers=headers)
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot reach the server at {base_url}: {type(e).__name__}: {e}") from None
+    if response.status_code != 200:  # e.g. 503 while its engine is still loading: a message, not a traceback
+        raise ValueError(f"{base_url}/v1/models answered {response.status_code}: {response.text[:300]}")
     return response.json()["data"][0]["id"]
 
 
