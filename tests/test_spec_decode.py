@@ -143,3 +143,19 @@ def test_draft_model_errors_name_the_field(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="a draft model runs with tensor_parallel_size 1"):
         LLM(tiny_models["llama"], tensor_parallel_size=2, speculative_config={"model": small_vocab,
                                                                              "num_speculative_tokens": 2})
+
+
+def test_bench_latency_with_speculation_reports_both_engines(loopy_models, tmp_path):
+    """README: `nvllm bench latency --prompt copy-edit --speculative-config ...`, scaled down."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "latency.json"
+    subprocess.run([sys.executable, "-m", "frontend.cli.main", "bench", "latency", loopy_models["llama"],
+                    "--dtype", "float32", "--prompt", "copy-edit", "--output-len", "12", "--num-iters", "2",
+                    "--speculative-config", json.dumps(NGRAM), "--output-json", str(out)], check=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["prompt"] == "copy-edit" and result["input_len"] > 100 and len(result["tpot_ms_each"]) == 2
+    spec = result["speculative"]
+    assert spec["config"]["num_speculative_tokens"] == 4 and spec["ms_per_output_token_without"] > 0
+    assert spec["speedup"] > 0 and 0 <= spec["proposals_kept"] <= 1 and spec["tokens_per_verifying_step"] >= 1
