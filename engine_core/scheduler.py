@@ -4,11 +4,15 @@ One token budget per step (max_num_batched_tokens) is shared by decodes and pref
 requests go first, oldest first; then waiting requests are admitted FCFS. A prompt longer than the
 budget is prefilled in chunks over several steps. When KV blocks run out, the newest running request
 is preempted: its blocks are freed and it recomputes everything later, from the front of the queue.
+With speculative decoding, a decoding request also computes the tokens a proposer guessed after its
+last one (spec_token_ids); their slots come from free blocks only, and update_from_output keeps the
+ones verification kept and gives back the blocks of the rest.
 
 Why this never spins forever:
 - blocks are held only by running requests, and a victim is always the newest running request, so the
   oldest running request is never preempted by another; it gets tokens every step (the budget is at
   least 1 and it is served first), so it finishes in a bounded number of steps;
+- proposed tokens never preempt: without free blocks for them, the request decodes one token;
 - a request that cannot get its blocks while nothing else holds any (it is alone in `running`, or
   nothing runs and it heads the queue) needs more blocks than the whole pool has, now or later, since
   its tokens only grow: it finishes with FinishReason.ERROR instead of being retried.
@@ -16,10 +20,14 @@ Why this never spins forever:
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from common.protocol import EngineCoreOutput, FinishReason, Logprobs, SchedulerStats
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from engine_core.spec_decode.proposer import Speculator
 
 
 @dataclass
@@ -55,7 +63,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, proposer=None):
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 proposer: "Speculator | None" = None):
         if config.block_size != kv_cache_manager.block_size:
             raise ValueError(f"scheduler block_size {config.block_size} differs from the KV cache "
                              f"manager's {kv_cache_manager.block_size}")

@@ -1,8 +1,18 @@
 """What the scheduler asks for proposed tokens: how many at most, and which (common/speculative.py)."""
 
+from typing import Protocol
+
 from common.speculative import SpeculativeConfig
 from engine_core.request import Request
 from engine_core.spec_decode.ngram import NgramProposer
+
+
+class Speculator(Protocol):
+    num_speculative_tokens: int
+    disable_by_batch_size: int | None
+
+    def propose(self, request: Request, limit: int) -> list[int]:
+        """At most `limit` proposed tokens to follow the request's last one."""
 
 
 class NgramSpeculator:
@@ -31,7 +41,7 @@ class DraftModelSpeculator:
         return [self.PLACEHOLDER] * limit
 
 
-def speculator_for(config: SpeculativeConfig | None):
+def speculator_for(config: SpeculativeConfig | None) -> Speculator | None:
     if config is None:
         return None
     return NgramSpeculator(config) if config.method == "ngram" else DraftModelSpeculator(config)
