@@ -101,6 +101,24 @@ def test_tp2_chunked_prefill_mixed_batches(models):
     assert generate(models["llama-kv2"], long_prompts, tensor_parallel_size=2, max_num_batched_tokens=16) == expected
 
 
+def test_tp2_with_ngram_speculation_equals_tp1(models, tmp_path):
+    """Proposed tokens travel in the step broadcast like any others; rank 0 verifies. The model has tied
+    embeddings and larger weights, so its greedy output loops and the lookup finds proposals."""
+    from frontend.llm import LLM
+    model = build_tiny_model(str(tmp_path / "loopy"), "llama", models["default"], num_kv_heads=2, num_heads=4,
+                             tie_word_embeddings=True, initializer_range=0.11)
+    prompts = PROMPTS + [" ".join(["tensor parallel"] * 30)]
+    expected = reference(model, prompts)
+    llm = LLM(model, tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+              **ENGINE)
+    try:
+        got = [(o.outputs[0].token_ids, o.outputs[0].text) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+        assert llm.client.get_stats().spec_num_accepted_tokens > 0
+    finally:
+        llm.shutdown()
+    assert got == expected
+
+
 def test_two_nodes_on_loopback(models):
     """The core with --nnodes 2 and `nvllm worker --nnodes 2 --node-rank 1` as a second "node"."""
     model = models["qwen3-kv1"]
