@@ -27,7 +27,7 @@ from engine_core.models.registry import model_class
 from engine_core.request import Request
 from engine_core.sampler import Sampler
 from engine_core.spec_decode import rejection
-from engine_core.step_input import StepInput
+from engine_core.step_input import StepBuilder, StepInput
 from engine_core.weights import quantized
 from engine_core.weights.loader import load_safetensors_weights
 
@@ -267,16 +267,10 @@ def profile_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> l
 def dummy_step(lens: list[int], block_size: int) -> tuple[StepInput, int]:
     """A step of fresh sequences of these lengths (token id 0) over blocks 0, 1, ... in order, every
     sequence sampled; and the number of blocks it uses."""
-    input_ids, positions, slots, starts, tables, rows = [], [], [], [0], [], []
+    builder = StepBuilder(block_size)
     next_block = 0
     for n in lens:
         blocks = list(range(next_block, next_block + -(-n // block_size)))
         next_block += len(blocks)
-        input_ids += [0] * n
-        positions += range(n)
-        slots += [blocks[p // block_size] * block_size + p % block_size for p in range(n)]
-        starts.append(starts[-1] + n)
-        tables.append(blocks)
-        rows.append(starts[-1] - 1)
-    num_decodes = next((i for i, n in enumerate(lens) if n != 1), len(lens))
-    return StepInput(input_ids, positions, slots, starts, list(lens), tables, num_decodes, rows), next_block
+        builder.add(blocks, [0] * n, 0, sample=True)
+    return builder.build(), next_block

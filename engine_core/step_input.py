@@ -21,6 +21,35 @@ class StepInput(msgspec.Struct, array_like=True):
     sample_rows: list[int]  # rows of the flat batch whose logits are sampled
 
 
+class StepBuilder:
+    """Lays sequences one after another into a StepInput. Callers add one-token sequences (decodes)
+    first: the leading run of them is what the attention backends batch as decodes."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.input_ids, self.positions, self.slots = [], [], []
+        self.query_start_loc, self.seq_lens, self.tables, self.sample_rows = [0], [], [], []
+
+    def add(self, block_ids: list[int], token_ids: list[int], start: int, sample: bool) -> None:
+        """token_ids at positions start.. of the sequence whose blocks are block_ids; sample: its last row's
+        logits are wanted."""
+        bs, end = self.block_size, start + len(token_ids)
+        self.input_ids.extend(token_ids)
+        self.positions.extend(range(start, end))
+        self.slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
+        self.query_start_loc.append(self.query_start_loc[-1] + len(token_ids))
+        self.seq_lens.append(end)
+        self.tables.append(block_ids)
+        if sample:
+            self.sample_rows.append(self.query_start_loc[-1] - 1)
+
+    def build(self) -> StepInput:
+        lengths = [b - a for a, b in zip(self.query_start_loc, self.query_start_loc[1:])]
+        num_decodes = next((i for i, n in enumerate(lengths) if n != 1), len(lengths))
+        return StepInput(self.input_ids, self.positions, self.slots, self.query_start_loc, self.seq_lens,
+                         self.tables, num_decodes, self.sample_rows)
+
+
 def build_step_input(out: "SchedulerOutput", block_size: int) -> tuple[StepInput, list[Request], list[list[int]]]:
     """The flat batch for `out`; the requests sampled this step (in sample_rows order) and the proposed
     tokens each one verifies.
@@ -29,33 +58,18 @@ def build_step_input(out: "SchedulerOutput", block_size: int) -> tuple[StepInput
     token, then each proposal, the j-th seeing the cache up to its own position (every layer writes the
     step's K/V before it attends). Every row is then computed exactly as the plain decode of that token
     would be, by the same decode kernels (CUDA graphs included), so verified tokens equal decoding's."""
-    input_ids, positions, slots = [], [], []
-    query_start_loc, seq_lens, tables, sample_rows, sampled, drafts = [0], [], [], [], [], []
-    num_decodes, leading = 0, True
-
-    def sequence(req: Request, token_ids: list[int], start: int) -> None:
-        end = start + len(token_ids)
-        input_ids.extend(token_ids)
-        positions.extend(range(start, end))
-        blocks = req.block_ids
-        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(start, end))
-        query_start_loc.append(query_start_loc[-1] + len(token_ids))
-        seq_lens.append(end)
-        tables.append(blocks)
-
+    builder = StepBuilder(block_size)
+    sampled, drafts = [], []
     for s in out.scheduled:
         req, start = s.request, s.num_computed_tokens_before
         known_end = start + s.num_new_tokens - len(s.spec_token_ids)
+        sample = known_end == req.num_tokens  # the chunk reached the last known token: sample the next
         if s.spec_token_ids:
             for j, token in enumerate([req.all_token_ids[start]] + s.spec_token_ids):
-                sequence(req, [token], start + j)
+                builder.add(req.block_ids, [token], start + j, sample)
         else:
-            sequence(req, req.all_token_ids[start:known_end], start)
-        leading = leading and s.is_decode
-        num_decodes += leading * (1 + len(s.spec_token_ids))
-        if known_end == req.num_tokens:  # the chunk reached the last known token: sample the next
-            sample_rows.extend(range(query_start_loc[-1] - 1 - len(s.spec_token_ids), query_start_loc[-1]))
+            builder.add(req.block_ids, req.all_token_ids[start:known_end], start, sample)
+        if sample:
             sampled.append(req)
             drafts.append(s.spec_token_ids)
-    step = StepInput(input_ids, positions, slots, query_start_loc, seq_lens, tables, num_decodes, sample_rows)
-    return step, sampled, drafts
+    return builder.build(), sampled, drafts

@@ -176,10 +176,16 @@ def test_rotary_falls_back():
     assert not cpu_ops.rotary(positions, q32, rotary.cos, rotary.sin)
 
 
-def test_disabled_by_environment(monkeypatch):
+@pytest.fixture
+def fused_ops_off(monkeypatch):
     monkeypatch.setenv("NVLLM_CPU_FUSED_OPS", "0")
-    monkeypatch.setattr(cpu_ops, "_tried", False)
-    monkeypatch.setattr(cpu_ops, "_library", None)
+    cpu_ops.load.cache_clear()
+    yield
+    monkeypatch.undo()
+    cpu_ops.load.cache_clear()  # later tests load the kernels again
+
+
+def test_disabled_by_environment(fused_ops_off):
     assert cpu_ops.load() is None
     norm = _norm_module(576)
     x, residual = _rand(3, 576, seed=14), _rand(3, 576, seed=15)
@@ -216,5 +222,5 @@ def test_bf16_model_logits_equal_the_torch_path(arch, monkeypatch, default_model
     path = default_model_dir if arch == "default" else tiny_models[arch]
     lens = [1, 1, 1, 37, 5]
     with_kernels = _bf16_logits(path, lens)
-    monkeypatch.setattr(cpu_ops, "_library", None)
+    monkeypatch.setattr(cpu_ops, "load", lambda: None)
     assert torch.equal(_bf16_logits(path, lens), with_kernels)

@@ -10,6 +10,7 @@ SDPA instead. NVLLM_CPU_DECODE_KERNEL=0 turns it off.
 """
 
 import ctypes
+import functools
 import os
 
 import torch
@@ -22,16 +23,9 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_decode.c"
 # row's result does not depend on which of the kernel's instances computed it
 EXTRA_FLAGS = ("-ffp-contract=off",)
 
-_library = None
-_tried = False
-
-
+@functools.cache
 def load():
     """The kernel library, or None where it cannot be had (logged once)."""
-    global _library, _tried
-    if _tried:
-        return _library
-    _tried = True
     if os.environ.get("NVLLM_CPU_DECODE_KERNEL", "1") == "0" or "avx512_bf16" not in cpu_flags():
         return None
     library = load_library(SOURCE, EXTRA_FLAGS, "the CPU attention kernels (cpu_decode.c)")
@@ -46,8 +40,7 @@ def load():
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
                    + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int])
-    _library = library
-    return _library
+    return library
 
 
 def _takes(q, k_cache, v_cache, out, *int32_vectors) -> bool:

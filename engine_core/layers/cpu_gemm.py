@@ -9,6 +9,7 @@ NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
 """
 
 import ctypes
+import functools
 import os
 
 import torch
@@ -19,17 +20,10 @@ from engine_core.platform import cpu_flags
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_gemm.c")
 LANES = 16  # output columns per packed panel (cpu_gemm.c)
 
-_library = None
-_tried = False
-
-
+@functools.cache
 def load():
     """The kernel library, or None where it does not apply (no AVX512-BF16, AMX present, turned off,
     no compiler)."""
-    global _library, _tried
-    if _tried:
-        return _library
-    _tried = True
     flags = cpu_flags()
     if os.environ.get("NVLLM_CPU_GEMM", "nvllm") == "onednn" or "avx512_bf16" not in flags or "amx_bf16" in flags:
         return None
@@ -45,7 +39,6 @@ def load():
     library.pack_gated_weight_bf16.restype = None
     library.linear_silu_mul_bf16.argtypes = [ptr, long, long, long, ptr, long, ptr, ptr, long, ptr, ctypes.c_int]
     library.linear_silu_mul_bf16.restype = None
-    _library = library
     return library
 
 
@@ -99,7 +92,7 @@ class PanelWeight:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] bf16 @ W^T (+ bias, added in float32 before rounding) -> [..., N] bf16."""
-        return self._run(_library.linear_bf16, x, bias, self.out_features)
+        return self._run(load().linear_bf16, x, bias, self.out_features)
 
 
 class GatedPanelWeight(PanelWeight):
@@ -123,7 +116,7 @@ class GatedPanelWeight(PanelWeight):
 
     def silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """silu(x @ gate^T + gate bias) * (x @ up^T + up bias) -> [..., I] bf16."""
-        return self._run(_library.linear_silu_mul_bf16, x, bias, self.intermediate, self.silu_table.data_ptr())
+        return self._run(load().linear_silu_mul_bf16, x, bias, self.intermediate, self.silu_table.data_ptr())
 
 
 def gated_bias_order(width: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ kernel on this machine); the caller then runs its torch code. NVLLM_CPU_FUSED_OP
 """
 
 import ctypes
+import functools
 import logging
 import os
 
@@ -21,18 +22,14 @@ _CPU_FEATURES = {"avx512f", "avx512bw", "avx512vl"}
 
 logger = logging.getLogger("nvllm")
 
-_library = None
-_tried = False
 _norm_ok = False  # the norm kernel matched torch's sum order at load
 _silu_table = None  # kept alive: the C side reads it
 
 
+@functools.cache
 def load():
     """The kernel library, or None where it cannot be had (disabled, another CPU, no compiler)."""
-    global _library, _tried, _norm_ok, _silu_table
-    if _tried:
-        return _library
-    _tried = True
+    global _norm_ok, _silu_table
     if os.environ.get("NVLLM_CPU_FUSED_OPS", "1") == "0" or not _CPU_FEATURES <= cpu_flags():
         return None
     # no fused multiply-adds: torch rounds every product before adding
@@ -53,7 +50,6 @@ def load():
     inputs = torch.arange(65536, dtype=torch.int32, device="cpu").to(torch.int16).view(torch.bfloat16)
     _silu_table = torch.cat([torch.nn.functional.silu(inputs), torch.zeros(1, dtype=torch.bfloat16, device="cpu")])
     library.set_silu_table(_silu_table.data_ptr())
-    _library = library
     _norm_ok = _pick_sum_lanes(library)
     return library
 
@@ -100,7 +96,7 @@ def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     untouched) where the kernel does not apply."""
     if x.dtype is not torch.bfloat16 or not x.is_cpu or weight.dtype is not torch.bfloat16 or not weight.is_cpu:
         return None
-    library = _library if _tried else load()
+    library = load()
     if library is None or not _norm_ok:
         return None
     if residual is not None and (residual.dtype is not torch.bfloat16 or not residual.is_cpu
@@ -138,7 +134,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     the kernel does not apply."""
     if x.dtype is not torch.bfloat16 or not x.is_cpu or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] % 2:
         return None
-    library = _library if _tried else load()
+    library = load()
     if library is None:
         return None
     rows, n = x.shape[0], x.shape[1] // 2
@@ -153,7 +149,7 @@ def rotary(positions: torch.Tensor, heads: torch.Tensor, cos: torch.Tensor, sin:
     float32 tables cos/sin [max_position, D]. False, heads untouched, where the kernel does not apply."""
     if heads.dtype is not torch.bfloat16 or not heads.is_cpu or heads.dim() != 3 or positions.dtype is not torch.int64:
         return False
-    library = _library if _tried else load()
+    library = load()
     tokens, num_heads, d = heads.shape
     if (library is None or heads.stride(2) != 1 or heads.stride(1) != d or d % 2 or not positions.is_contiguous()
             or positions.shape != (tokens,) or not positions.is_cpu or cos.dtype is not torch.float32

@@ -8,6 +8,7 @@ steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the sa
 """
 
 import ctypes
+import functools
 import os
 
 import torch
@@ -21,16 +22,9 @@ BLOCK = 32  # inputs per quantized block
 # GGUF type ids (ggml.h) of the formats the kernels take -> (bytes per block, packed format in cpu_quant.c)
 GGUF_TYPES = {"q4_0": (2, 18, 0), "q4_1": (3, 20, 0), "q8_0": (8, 34, 1)}
 
-_library = None
-_tried = False
-
-
+@functools.cache
 def load():
     """The kernel library, or None where cpu_gemm's panels do not apply (see cpu_gemm.load)."""
-    global _library, _tried
-    if _tried:
-        return _library
-    _tried = True
     if cpu_gemm.load() is None:
         return None
     library = load_library(SOURCE, (), "the quantized linear kernel (cpu_quant.c)")
@@ -48,7 +42,6 @@ def load():
     library.quant_linear_silu_mul_bf16.restype = int_
     library.quant_rows_bf16.argtypes = [ptr, int_, long, ptr, long, ptr]
     library.quant_rows_bf16.restype = None
-    _library = library
     return library
 
 
@@ -118,7 +111,7 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         ids = ids.reshape(-1).to(torch.int64).contiguous()
         out = torch.empty((ids.numel(), self.in_features), dtype=torch.bfloat16, device="cpu")
         if ids.numel():
-            _library.quant_rows_bf16(self.panels.data_ptr(), self.format, self.in_features, ids.data_ptr(),
+            load().quant_rows_bf16(self.panels.data_ptr(), self.format, self.in_features, ids.data_ptr(),
                                      ids.numel(), out.data_ptr())
         return out
 
@@ -134,7 +127,7 @@ class GatedQuantPanelWeight(QuantPanelWeight):
         self.silu_table = silu_table
         self.intermediate = self.out_features // 2
         self._bias_order = cpu_gemm.gated_bias_order(self.out_features)
-        self._gated = self._kernel(_library.quant_linear_silu_mul_bf16)
+        self._gated = self._kernel(load().quant_linear_silu_mul_bf16)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a gated packed weight gives silu(gate) * up only: call silu_and_mul")

@@ -10,6 +10,7 @@ NVLLM_CPU_DECODER=0 turns it off.
 """
 
 import ctypes
+import functools
 import logging
 import os
 
@@ -54,20 +55,15 @@ class _Step(ctypes.Structure):
                 + [("threads", ctypes.c_int)])
 
 
-_library = None
-_tried = False
-
-
+@functools.cache
 def load():
-    global _library, _tried
-    if not _tried:
-        _tried = True
-        if os.environ.get("NVLLM_CPU_DECODER", "1") != "0":
-            _library = load_library(SOURCE, (), "the CPU decoder loop (cpu_decoder.c)")
-            if _library is not None:
-                _library.decoder_layers_bf16.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
-                _library.decoder_layers_bf16.restype = ctypes.c_int
-    return _library
+    if os.environ.get("NVLLM_CPU_DECODER", "1") == "0":
+        return None
+    library = load_library(SOURCE, (), "the CPU decoder loop (cpu_decoder.c)")
+    if library is not None:
+        library.decoder_layers_bf16.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
+        library.decoder_layers_bf16.restype = ctypes.c_int
+    return library
 
 
 def _address(library, name: str) -> int:
@@ -190,7 +186,7 @@ class CpuDecoder:
             normed=normed.data_ptr(), qkv=qkv.data_ptr(), attn=attn.data_ptr(), act=act.data_ptr(),
             q_normed=None if q_normed is None else q_normed.data_ptr(),
             k_normed=None if k_normed is None else k_normed.data_ptr(), threads=torch.get_num_threads())
-        status = _library.decoder_layers_bf16(ctypes.byref(self._struct), ctypes.byref(step))
+        status = load().decoder_layers_bf16(ctypes.byref(self._struct), ctypes.byref(step))
         if status == -1:
             return None
         if status:

@@ -17,7 +17,7 @@ import torch
 from common.config import EngineArgs
 from engine_core.model_config import load_hf_config
 from engine_core.request import Request
-from engine_core.step_input import StepInput
+from engine_core.step_input import StepBuilder
 from engine_core.weights.model_resolver import resolve_model
 
 
@@ -85,20 +85,11 @@ class DraftModel:
         """One forward of the draft model over (request, tokens, first position) sequences: the argmax
         after each sequence's last token, in the order given."""
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][1]) != 1)  # one-token sequences first
-        bs = self.block_size
-        input_ids, positions, slots, starts, seq_lens, tables, rows = [], [], [], [0], [], [], []
+        builder = StepBuilder(self.block_size)
         for i in order:
             request, tokens, start = seqs[i]
-            blocks = request.block_ids
-            input_ids += tokens
-            positions += range(start, start + len(tokens))
-            slots += [blocks[p // bs] * bs + p % bs for p in range(start, start + len(tokens))]
-            starts.append(starts[-1] + len(tokens))
-            seq_lens.append(start + len(tokens))
-            tables.append(blocks)
-            rows.append(starts[-1] - 1)
-        num_decodes = next((n for n, i in enumerate(order) if len(seqs[i][1]) != 1), len(order))
-        step = StepInput(input_ids, positions, slots, starts, seq_lens, tables, num_decodes, rows)
+            builder.add(request.block_ids, tokens, start, sample=True)
+        step = builder.build()
         tokens = self.runner.forward(step).argmax(dim=-1).tolist()
         result = [0] * len(seqs)
         for n, i in enumerate(order):

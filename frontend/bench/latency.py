@@ -28,7 +28,7 @@ from common.sampling_params import RequestOutputKind, SamplingParams
 
 def weight_stream_bound(args) -> dict | None:
     """The child's figures, or None on devices it does not measure (a GPU)."""
-    from frontend.bench.cpu_suite import ROOT, _run_child
+    from frontend.bench.cpu_suite import _run_child
 
     if args.device == "cuda":
         return None
