@@ -1,8 +1,9 @@
 """How the frontend reaches an engine core. The in-process client runs the core in this process
-(debugging, `LLM(multiprocess=False)`); it is the only frontend code that imports the core."""
+(debugging, `LLM(multiprocess=False)`), through the frontend's seam (engine_seam.py)."""
 
 from common.config import EngineArgs
 from common.protocol import EngineCoreOutputs, EngineCoreRequest
+from frontend import engine_seam
 
 
 class EngineDeadError(RuntimeError):
@@ -11,8 +12,7 @@ class EngineDeadError(RuntimeError):
 
 class InprocClient:
     def __init__(self, args: EngineArgs):
-        from engine_core.core import EngineCore  # torch enters the process only here
-        self.core = EngineCore(args)
+        self.core = engine_seam.start_inproc_core(args)
         self.model_info = self.core.model_info()
 
     def add_request(self, request: EngineCoreRequest) -> None:

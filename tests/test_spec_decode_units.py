@@ -71,7 +71,7 @@ def test_speculative_config_forms_and_errors():
 
 
 def test_cli_flag_rejects_a_bad_config_with_the_field_named():
-    from frontend.cli.engine_args import add_engine_args, engine_args_from
+    from common.cli.engine_args import add_engine_args, engine_args_from
     parser = argparse.ArgumentParser(exit_on_error=False)
     add_engine_args(parser)
     ns = parser.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'])

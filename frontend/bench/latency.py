@@ -87,7 +87,7 @@ async def _measure(engines_args: list, args) -> tuple[list[list[tuple[float, flo
 
 
 def run_latency(args) -> int:
-    from frontend.cli.engine_args import engine_args_from
+    from common.cli.engine_args import engine_args_from
 
     bound = weight_stream_bound(args)
     engine_args = engine_args_from(args)
@@ -131,7 +131,7 @@ def run_latency(args) -> int:
 
 
 def register(kinds, formatter) -> None:
-    from frontend.cli.engine_args import add_engine_args
+    from common.cli.engine_args import add_engine_args
 
     p = kinds.add_parser("latency", help="ms per output token of one request at a time", formatter_class=formatter)
     add_engine_args(p)

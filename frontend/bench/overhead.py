@@ -14,7 +14,7 @@ from common.sampling_params import RequestOutputKind, SamplingParams
 
 async def _measure(args) -> dict:
     from frontend.async_llm import AsyncLLM
-    from frontend.cli.engine_args import engine_args_from
+    from common.cli.engine_args import engine_args_from
 
     engine = await AsyncLLM.create(engine_args_from(args))
     params = SamplingParams(max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)

@@ -13,66 +13,11 @@ up to 49151; the random prompts use ids below 10000). nano-vllm's bench.py workl
 """
 
 import json
-import os
 import random
-import shutil
-import tempfile
 import time
 
 from common.sampling_params import SamplingParams
-
-# transformers config fields of the models --random-model can build
-RANDOM_MODELS = {
-    "qwen3-0.6b": dict(architecture="Qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
-                       tie_word_embeddings=True, max_position_embeddings=40960, rope_theta=1000000.0,
-                       rms_norm_eps=1e-6),
-}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-
-
-def random_model_folder(name: str, root: str | None = None, **overrides) -> str:
-    """An HF folder with a random-weight model of RANDOM_MODELS[name] (fields replaced by overrides),
-    bfloat16, seed 0, and the default model's tokenizer. Written once (to a temporary folder that is
-    then renamed), reused after."""
-    from engine_core.weights.model_resolver import cache_dir
-
-    fields = RANDOM_MODELS[name] | overrides
-    suffix = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
-    folder = os.path.join(root or os.path.join(cache_dir(), "models"), f"random-{name}{suffix}")
-    if os.path.exists(os.path.join(folder, "config.json")):
-        return folder
-    os.makedirs(os.path.dirname(folder), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".random-{name}-", dir=os.path.dirname(folder))
-    try:
-        _write_random_model(tmp, fields)
-        os.replace(tmp, folder)
-    except OSError:
-        if not os.path.exists(os.path.join(folder, "config.json")):  # not another process winning the race
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
-
-
-def _write_random_model(folder: str, fields: dict) -> None:
-    import torch
-    import transformers
-
-    from engine_core.weights.model_resolver import resolve_model
-
-    fields = dict(fields)
-    arch = fields.pop("architecture")
-    config = getattr(transformers, f"{arch}Config")(bos_token_id=1, eos_token_id=2, **fields)
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{arch}ForCausalLM")(config).to(torch.bfloat16)
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer_dir = resolve_model(None)
-    for file in TOKENIZER_FILES:
-        if os.path.exists(os.path.join(tokenizer_dir, file)):
-            shutil.copy(os.path.join(tokenizer_dir, file), folder)
-    with open(os.path.join(folder, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": 1, "eos_token_id": 2}, f)
+from frontend import engine_seam
 
 
 def make_workload(args):
@@ -84,7 +29,7 @@ def make_workload(args):
 
 
 def run_nvllm(args, prompts, out_lens, mode: str) -> dict:
-    from frontend.cli.engine_args import engine_args_from
+    from common.cli.engine_args import engine_args_from
     from frontend.llm import LLM
 
     engine = engine_args_from(args)
@@ -102,28 +47,7 @@ def run_nvllm(args, prompts, out_lens, mode: str) -> dict:
 
 
 def run_hf(args, prompts, out_lens, dtype: str) -> dict:
-    import torch
-    import transformers
-
-    from engine_core.weights.model_resolver import resolve_model
-
-    folder = resolve_model(args.model)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    device = "cuda" if args.device != "cpu" and torch.cuda.is_available() else "cpu"
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch_dtype).to(device).eval()
-    width = max(map(len, prompts))
-    pad = 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    longest = max(out_lens)
-    with torch.inference_mode():
-        model.generate(ids[:1, -8:], attention_mask=mask[:1, -8:], max_new_tokens=2, do_sample=False)
-        start = time.perf_counter()
-        model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
-                       do_sample=True, temperature=0.6, top_k=0, pad_token_id=pad)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
+    elapsed = engine_seam.hf_generate_seconds(args.model, args.device, prompts, out_lens, dtype)
     # the workload asked for sum(out_lens) tokens; one batch must run every row to the longest
     return _figures("hf", elapsed, prompts, sum(out_lens))
 
@@ -139,7 +63,7 @@ def run_throughput(args) -> int:
     if getattr(args, "random_model", None):
         if args.model:
             raise SystemExit("pass either a model or --random-model, not both")
-        args.model = random_model_folder(args.random_model)
+        args.model = engine_seam.random_model_folder(args.random_model)
     prompts, out_lens = make_workload(args)
     modes = ["inproc", "mp"] if args.engine_mode == "both" else [args.engine_mode]
     results = [run_nvllm(args, prompts, out_lens, mode) for mode in modes]

@@ -2,17 +2,14 @@
 
 import argparse
 
+from common.cli.arg_types import add_log_level
+from common.cli.engine_args import add_engine_args
+from frontend import engine_seam
 from frontend.bench import cpu_suite, latency
-from frontend.cli.engine_args import add_engine_args
 from frontend.cli.keys_cmd import register_keys
-from frontend.cli.serve_cmd import register_bench_serve, register_engine_core, register_frontend, register_serve
-from frontend.cli.worker_cmd import register_worker
+from frontend.cli.serve_cmd import register_bench_serve, register_frontend, register_serve
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
-
-
-def _log_level(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging level")
 
 
 def register_bench(sub) -> None:
@@ -20,7 +17,7 @@ def register_bench(sub) -> None:
     kinds = bench.add_subparsers(dest="bench_command", required=True)
     tp = kinds.add_parser("throughput", help="offline throughput on random prompts", formatter_class=FORMATTER)
     add_engine_args(tp)
-    _log_level(tp)
+    add_log_level(tp)
     tp.add_argument("--num-prompts", type=int, default=32, help="requests in the workload")
     tp.add_argument("--min-input-len", type=int, default=64, help="shortest prompt (tokens)")
     tp.add_argument("--max-input-len", type=int, default=512, help="longest prompt (tokens)")
@@ -47,7 +44,7 @@ def register_bench(sub) -> None:
     oh = kinds.add_parser("overhead", help="tiny requests per second through frontend and core",
                           formatter_class=FORMATTER)
     add_engine_args(oh)
-    _log_level(oh)
+    add_log_level(oh)
     oh.add_argument("--num-requests", type=int, default=2000, help="requests to send")
     oh.add_argument("--concurrency", type=int, default=64, help="requests in flight at once")
     oh.add_argument("--output-json", default=None, help="write the figures here")
@@ -62,4 +59,8 @@ def register_bench(sub) -> None:
     latency.register(kinds, FORMATTER)
 
 
-REGISTRY = [register_serve, register_engine_core, register_frontend, register_bench, register_worker, register_keys]
+def register_core_commands(sub) -> None:
+    engine_seam.register_core_commands(sub, FORMATTER)
+
+
+REGISTRY = [register_serve, register_core_commands, register_frontend, register_bench, register_keys]

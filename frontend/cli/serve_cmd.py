@@ -1,23 +1,21 @@
-"""`nvllm serve`, `nvllm engine-core` and `nvllm frontend`.
+"""`nvllm serve` and `nvllm frontend` (`nvllm engine-core` is the core's own: engine_core/cli/).
 
 - serve [MODEL]: the HTTP frontend in this process and an engine core child process (ipc://), restarted
   (with a growing delay) when it dies after it was up; one that fails at its first start ends serve.
-- engine-core [MODEL] --listen ADDR: only the core, for frontends that connect to ADDR.
 - frontend --engine ADDR: only the HTTP frontend, on the core at ADDR (it needs no model files:
   the core sends the tokenizer at handshake); --engine again for more cores (least-loaded routing).
-CURVE key flags, `--allow-insecure` and `engine-core --check` are in keys_cmd.py.
+CURVE key flags are in common/cli/curve_args.py.
 """
 
 import argparse
 import os
 
-from frontend.cli.arg_types import non_negative_float, non_negative_int, number, positive_int
-from frontend.cli.engine_args import add_engine_args, engine_args_from
-from frontend.cli.keys_cmd import add_core_curve_args, add_frontend_curve_args
+from common.cli.arg_types import (DEFAULT_CORE_ADDRESS, add_log_level, non_negative_float, non_negative_int, number,
+                                  positive_int, zmq_address)
+from common.cli.curve_args import add_frontend_curve_args
+from common.cli.engine_args import add_engine_args, engine_args_from
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
-DEFAULT_CORE_ADDRESS = "tcp://127.0.0.1:5555"
-LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 
 def _port(text: str) -> int:
@@ -25,16 +23,6 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
     return value
-
-
-def _zmq_address(text: str) -> str:
-    if not text.startswith(("tcp://", "ipc://")):
-        raise argparse.ArgumentTypeError(f"must be tcp://HOST:PORT or ipc://PATH, got {text!r}")
-    return text
-
-
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="logging level")
 
 
 def _add_http_args(p: argparse.ArgumentParser) -> None:
@@ -110,51 +98,26 @@ def run_frontend(ns: argparse.Namespace) -> int:
                        ns.served_model_name)
 
 
-def run_engine_core_cmd(ns: argparse.Namespace) -> int:
-    from common.curve import check_listen_security
-    from frontend.cli.keys_cmd import core_keys, run_check
-
-    if ns.check:
-        return run_check(ns)
-    curve = core_keys(ns)  # bad keys or an insecure address fail here, before any model loads
-    check_listen_security(ns.listen, curve, ns.allow_insecure)
-    args = engine_args_from(ns)
-    args.validate()
-    from engine_core.core_proc import run_engine_core  # torch enters here, not in the frontend
-    return run_engine_core(args, ns.listen, curve=curve)
-
-
 def register_serve(sub) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible API (frontend + engine core child process)",
                        description="Serve MODEL (default: the embedded SmolLM2-135M-Instruct) over an "
                                    "OpenAI-compatible HTTP API.", formatter_class=FORMATTER)
     add_engine_args(p)
     _add_http_args(p)
-    _add_common(p)
+    add_log_level(p)
     p.set_defaults(func=run_serve)
-
-
-def register_engine_core(sub) -> None:
-    p = sub.add_parser("engine-core", help="run only the engine core, for `nvllm frontend` to connect to",
-                       formatter_class=FORMATTER)
-    add_engine_args(p)
-    p.add_argument("--listen", type=_zmq_address, default=DEFAULT_CORE_ADDRESS,
-                   help="ZeroMQ address to bind (tcp://HOST:PORT or ipc://PATH)")
-    add_core_curve_args(p)
-    _add_common(p)
-    p.set_defaults(func=run_engine_core_cmd)
 
 
 def register_frontend(sub) -> None:
     p = sub.add_parser("frontend", help="run only the HTTP frontend, on an engine core started elsewhere",
                        formatter_class=FORMATTER)
-    p.add_argument("--engine", type=_zmq_address, action="append", default=argparse.SUPPRESS, metavar="ADDR",
+    p.add_argument("--engine", type=zmq_address, action="append", default=argparse.SUPPRESS, metavar="ADDR",
                    help="ZeroMQ address of the engine core (`nvllm engine-core --listen`); repeat for several cores: "
                         f"each request goes to the least-loaded live one (default: {DEFAULT_CORE_ADDRESS})")
     p.add_argument("--served-model-name", default=None, help="model name the API reports (default: the core's)")
     _add_http_args(p)
     add_frontend_curve_args(p)
-    _add_common(p)
+    add_log_level(p)
     p.set_defaults(func=run_frontend)
 
 
@@ -180,7 +143,7 @@ def register_bench_serve(kinds) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random workload")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--output-json", default=None, help="also write the figures here as JSON")
-    _add_common(p)
+    add_log_level(p)
 
     def run(ns):
         from frontend.bench.serve import run_bench_serve

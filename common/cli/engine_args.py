@@ -4,7 +4,7 @@ import argparse
 
 from common.config import QUANTIZATIONS, EngineArgs, parse_size
 from common.speculative import parse_speculative_config
-from frontend.cli.arg_types import non_negative_int, positive_int
+from common.cli.arg_types import non_negative_int, positive_int
 
 
 def _size(text: str) -> str:

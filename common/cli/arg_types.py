@@ -29,3 +29,17 @@ def at_least(minimum, kind=int):
 positive_int = at_least(1)
 non_negative_int = at_least(0)
 non_negative_float = at_least(0, float)
+
+
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+DEFAULT_CORE_ADDRESS = "tcp://127.0.0.1:5555"  # where `nvllm engine-core` listens and `nvllm frontend` looks
+
+
+def add_log_level(p) -> None:
+    p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="logging level")
+
+
+def zmq_address(text: str) -> str:
+    if not text.startswith(("tcp://", "ipc://")):
+        raise argparse.ArgumentTypeError(f"must be tcp://HOST:PORT or ipc://PATH, got {text!r}")
+    return text

@@ -10,9 +10,7 @@ differs from node 0's.
 
 import argparse
 
-from frontend.cli.arg_types import positive_int
-
-FORMATTER = argparse.ArgumentDefaultsHelpFormatter
+from common.cli.arg_types import add_log_level, positive_int
 
 
 def run_worker_cmd(ns: argparse.Namespace) -> int:
@@ -27,16 +25,16 @@ def run_worker_cmd(ns: argparse.Namespace) -> int:
         return 1
 
 
-def register_worker(sub) -> None:
+def register_worker(sub, formatter) -> None:
     from common.config import EngineArgs
 
     d = EngineArgs()
     p = sub.add_parser("worker", help="run this node's tensor-parallel ranks for an engine core on node 0",
-                       formatter_class=FORMATTER)
+                       formatter_class=formatter)
     p.add_argument("--nnodes", type=positive_int, required=True, help="hosts the tensor-parallel ranks span")
     p.add_argument("--node-rank", type=int, required=True, help="this host's rank among --nnodes (1 and up)")
     p.add_argument("--master-addr", default=d.master_addr, help="address of node 0 (the engine core)")
     p.add_argument("--master-port", type=int, default=d.master_port, help="rendezvous port on node 0")
     p.add_argument("--model", default=None, help="this host's copy of the model (default: node 0's path)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_log_level(p)
     p.set_defaults(func=run_worker_cmd)
