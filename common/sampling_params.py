@@ -5,6 +5,7 @@ from enum import IntEnum
 
 import msgspec
 
+from common.errors import invalid
 
 _INT32_MAX = 2**31 - 1
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -48,11 +49,11 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
         return self.temperature < 1e-5 or self.top_k == 1
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad field and its limit. These are the limits every model
-        shares; common/validation.py adds the ones the engine core sets (vocabulary, counts, budget)."""
+        """Raise InvalidParameter (a ValueError) naming the first bad field and its limit. These are the
+        limits every model shares; common/validation.py adds the ones the engine core sets (vocabulary, counts, budget)."""
         for name in _FLOAT_FIELDS:
             if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+                raise invalid(name, f"must be a finite number, got {getattr(self, name)}")
         checks = [
             (self.n >= 1, "n", f"must be at least 1, got {self.n}"),
             (self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}"),
@@ -80,4 +81,4 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
         ]
         for ok, name, why in checks:
             if not ok:
-                raise ValueError(f"{name} {why}")
+                raise invalid(name, why)

@@ -2,11 +2,13 @@
 is a 400 naming it) and by the engine core on every ADD it decodes (an ERROR output naming it), so
 the busy loop never sees a request it could fail on.
 
-Every message starts with the field it is about, which the HTTP layer reports as `error.param`.
+Every error is an InvalidParameter (common/errors.py): its `param` is the field, which the HTTP layer
+reports as `error.param`, and its message starts with it.
 """
 
 import math
 
+from common.errors import InvalidParameter, invalid
 from common.limits import RequestLimits
 from common.protocol import EngineCoreRequest
 from common.sampling_params import SamplingParams
@@ -24,7 +26,7 @@ def check_token_ids(field: str, ids, limits: RequestLimits) -> None:
     top = limits.vocab_size if limits.vocab_size > 0 else 2**31
     if low < 0 or high >= top:
         bad = low if low < 0 else high
-        raise ValueError(f"{field} holds token id {bad}, outside the vocabulary [0, {top})")
+        raise invalid(field, f"holds token id {bad}, outside the vocabulary [0, {top})")
 
 
 def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_prompt_tokens: int) -> None:
@@ -49,39 +51,38 @@ def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_pro
     ]
     for ok, name, why in checks:
         if not ok:
-            raise ValueError(f"{name} {why}")
+            raise invalid(name, why)
     check_token_ids("stop_token_ids", params.stop_token_ids, limits)
     max_tokens = params.max_tokens if params.max_tokens is not None else (room or 0)
     cost = request_token_cost(params, max_tokens)
     if cost > limits.max_request_tokens:
-        # the field first, as in every message here: the HTTP layer and the tests read the field from it
-        raise ValueError(f"max_tokens {max_tokens} x n ({params.n}) x (1 + logprobs "
+        raise InvalidParameter("max_tokens", f"max_tokens {max_tokens} x n ({params.n}) x (1 + logprobs "
                          f"({params.logprobs or 0})) is {cost}, more than one request may ask for "
                          f"({limits.max_request_tokens}, --max-request-tokens)")
 
 
 def check_prompt(ids: list[int], limits: RequestLimits) -> None:
     if not ids:
-        raise ValueError("prompt must not be empty (it has 0 tokens)")
+        raise invalid("prompt", "must not be empty (it has 0 tokens)")
     if limits.max_model_len > 0 and len(ids) >= limits.max_model_len:
-        raise ValueError(f"prompt has {len(ids)} tokens, which leaves no room to generate within "
+        raise InvalidParameter("prompt", f"prompt has {len(ids)} tokens, which leaves no room to generate within "
                          f"max_model_len {limits.max_model_len}")
     check_token_ids("prompt", ids, limits)
 
 
 def check_request(request: EngineCoreRequest, limits: RequestLimits) -> None:
-    """Raises ValueError naming the first bad field of the request and its limit."""
+    """Raises InvalidParameter naming the first bad field of the request and its limit."""
     if not request.request_id or len(request.request_id) > limits.max_request_id_chars:
-        raise ValueError(f"request_id must be 1 to {limits.max_request_id_chars} characters, got "
+        raise InvalidParameter("request_id", f"request_id must be 1 to {limits.max_request_id_chars} characters, got "
                          f"{len(request.request_id)}")
     check_prompt(request.prompt_token_ids, limits)
     check_sampling_params(request.sampling_params, limits, len(request.prompt_token_ids))
     if len(request.eos_token_ids) > limits.max_stop_token_ids:
-        raise ValueError(f"eos_token_ids holds {len(request.eos_token_ids)} ids; at most "
+        raise InvalidParameter("eos_token_ids", f"eos_token_ids holds {len(request.eos_token_ids)} ids; at most "
                          f"{limits.max_stop_token_ids} are allowed")
     check_token_ids("eos_token_ids", request.eos_token_ids, limits)
     if not math.isfinite(request.arrival_time):
-        raise ValueError(f"arrival_time must be a finite number, got {request.arrival_time}")
+        raise InvalidParameter("arrival_time", f"arrival_time must be a finite number, got {request.arrival_time}")
     if request.cache_salt is not None and len(request.cache_salt) > limits.max_cache_salt_chars:
-        raise ValueError(f"cache_salt must be at most {limits.max_cache_salt_chars} characters, got "
+        raise InvalidParameter("cache_salt", f"cache_salt must be at most {limits.max_cache_salt_chars} characters, got "
                          f"{len(request.cache_salt)}")

@@ -1,7 +1,8 @@
 """AsyncLLM: the engine as the HTTP server sees it.
 
 `async for out in engine.generate(prompt, params, request_id)` yields RequestOutputs as tokens
-arrive. The core's output batches are detokenized by one OutputProcessor and handed to each
+arrive; `engine.process(...)` then `engine.stream(processed)` does the same in two steps, so the
+HTTP layer validates a request (a 400) before any stream starts and sends that same object. The core's output batches are detokenized by one OutputProcessor and handed to each
 request through its own asyncio queue. Cancelling a consumer aborts its request.
 
 The engine is one core (a child process, or a core given by address) or several cores given by
@@ -24,8 +25,8 @@ from frontend.core_client_mp import STARTUP_TIMEOUT_SECONDS, AsyncMPClient
 from frontend.engine_router import CoreLink, EngineRouter, sum_stats
 from frontend.output_processor import OutputProcessor
 from frontend.outputs import RequestOutput
-from frontend.processor import Processor, child_request
-from frontend.tokenizer import tokenizer_from_files
+from frontend.processor import ProcessedRequest
+from frontend.served_model import ServedModel
 
 logger = logging.getLogger("nvllm")
 
@@ -33,24 +34,18 @@ logger = logging.getLogger("nvllm")
 class AsyncLLM:
     def __init__(self, clients: AsyncMPClient | list[AsyncMPClient]):
         clients = [clients] if isinstance(clients, AsyncMPClient) else list(clients)
-        self.router = EngineRouter(clients, self._core_up, self._core_down, self._core_outputs)
-        self.tokenizer = None
-        self.processor: Processor | None = None
-        self.output_processor: OutputProcessor | None = None
-        self.model_info = None
-        self.fingerprint: str | None = None
+        self.router = EngineRouter(clients, self)
+        self.model: ServedModel | None = None  # what the live cores serve (set at the first READY)
         self.stats = SchedulerStats()
         self.stats_listeners: list[Callable[[SchedulerStats], None]] = []
-        self._routes: dict[str, CoreLink] = {}  # request id -> the core running it
-        self._started = False
 
     @classmethod
     async def create(cls, args: EngineArgs | None = None, address: str | list[str] | None = None,
                      socket_setup=None, restart_core: bool = True) -> "AsyncLLM":
         """Starts a core child process for `args` (restarted when it dies, if restart_core), or connects
-        to the core(s) at `address`."""
+        to the core(s) at `address` (socket_setup: the CURVE client keys)."""
         if address is None:
-            clients = [AsyncMPClient(args, None, socket_setup, restart_core=restart_core)]
+            clients = [AsyncMPClient(args, None, restart_core=restart_core)]
         else:
             addresses = [address] if isinstance(address, str) else list(address)
             if not addresses or len(set(addresses)) != len(addresses):
@@ -65,76 +60,89 @@ class AsyncLLM:
                 raise
         engine = cls(clients)
         try:
-            await engine.start()
+            await engine.router.start(STARTUP_TIMEOUT_SECONDS)
         except BaseException:  # failed or cancelled: stop the core child (if ours) and close the sockets
             engine.shutdown()
             raise
         return engine
-
-    async def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
-        await self.router.start(timeout)
-        self._started = True
 
     @property
     def client(self) -> AsyncMPClient:
         """The first core's client."""
         return self.router.links[0].client
 
-    # ---- cores coming and going (called by the router on the event loop) ------------------------
+    # ---- the served model -------------------------------------------------------------------
 
-    def _setup_model(self, info, fingerprint: str) -> None:
-        if self.model_info is not None:
-            logger.info("the engine now serves %s (was %s)", info.model_name, self.model_info.model_name)
-        self.tokenizer = tokenizer_from_files(info.tokenizer_files)
-        self.processor = Processor.for_model(self.tokenizer, info)
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self.model_info, self.fingerprint = info, fingerprint
+    @property
+    def model_info(self):
+        return self.model.info if self.model else None
 
-    def _choose_model(self) -> None:
-        """Keeps the current model while a live core serves it; else follows a live core's model."""
-        if self.fingerprint is not None and self.router.live(self.fingerprint):
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer if self.model else None
+
+    @property
+    def processor(self):
+        return self.model.processor if self.model else None
+
+    @property
+    def output_processor(self) -> OutputProcessor | None:
+        return self.model.output_processor if self.model else None
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.model.fingerprint if self.model else None
+
+    def _follow_model(self) -> None:
+        """Keeps the current model while a live core serves it; else takes a live core's model (a core
+        given by address may come back serving another one)."""
+        if self.model is not None and self.router.live(self.model.fingerprint):
             return
         for link in self.router.links:
             if link.up and link.client.dead_reason is None:
-                self._setup_model(link.client.model_info, link.fingerprint)
+                if self.model is not None:
+                    logger.info("the engine now serves %s (was %s)", link.client.model_info.model_name,
+                                self.model.name)
+                self.model = ServedModel.from_ready(link.client.model_info)
                 return
 
-    def _core_up(self, link: CoreLink) -> None:
-        self._choose_model()
+    # ---- RouterEvents: cores coming and going, outputs (on the event loop) --------------------
+
+    def core_up(self, link: CoreLink) -> None:
+        self._follow_model()
         if link.fingerprint != self.fingerprint:
             logger.error("engine core at %s serves %s, not %s like the others: no requests go there while they are up",
-                         link.address, link.client.model_info.model_name, self.model_info.model_name)
+                         link.address, link.client.model_info.model_name, self.model.name)
         self._publish_stats()
 
-    def _core_down(self, link: CoreLink, error: EngineDeadError) -> None:
-        for request_id in list(link.requests):
-            self._routes.pop(request_id, None)
-            parent = self.output_processor.parents.get(request_id)
+    def core_down(self, link: CoreLink, error: EngineDeadError, lost: list[str]) -> None:
+        outputs = self.output_processor
+        for request_id in lost:
+            parent = outputs.parents.get(request_id)
             if parent is not None:
                 if parent.queue is not None:
                     parent.queue.put_nowait(error)
-                self.output_processor.abort_request(request_id)
-        link.requests.clear()
-        self._choose_model()
+                outputs.abort_request(request_id)
+        self._follow_model()
         self._publish_stats()
 
-    def _core_outputs(self, link: CoreLink, outputs) -> None:
+    def core_outputs(self, link: CoreLink, outputs) -> None:
         if outputs.scheduler_stats is not None:
-            link.note_stats(outputs.scheduler_stats)
             self._publish_stats()
         if not outputs.outputs or link.fingerprint != self.fingerprint:
             return
+        processor = self.output_processor
         # only outputs of requests this core runs for us (not the last words of one moved elsewhere)
-        parents = self.output_processor.child_to_parent
-        mine = [o for o in outputs.outputs if self._routes.get(parents.get(o.request_id)) is link]
+        parents = processor.child_to_parent
+        mine = [o for o in outputs.outputs if self.router.core_of(parents.get(o.request_id)) is link]
         if len(mine) != len(outputs.outputs):
             outputs.outputs = mine
-        results, to_abort = self.output_processor.process_outputs(outputs)
+        results, to_abort = processor.process_outputs(outputs)
         for parent, ro in results:
             if parent.queue is not None:
                 parent.queue.put_nowait(ro)
             if ro.finished:
-                self._unroute(parent.request_id)
+                self.router.finish(parent.request_id)
         if to_abort:
             asyncio.get_running_loop().create_task(link.client.abort_requests(to_abort))
 
@@ -161,85 +169,92 @@ class AsyncLLM:
     def num_unfinished_requests(self) -> int:
         """Requests this frontend holds state for: registered for outputs, or placed on a core."""
         held = set(self.output_processor.parents) if self.output_processor is not None else set()
-        return len(held | set(self._routes))
-
-    @property
-    def is_running(self) -> bool:
-        return self._started and self.dead is None
+        return len(held | self.router.routed_requests)
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def _unroute(self, request_id: str) -> CoreLink | None:
-        link = self._routes.pop(request_id, None)
-        if link is not None:
-            link.requests.discard(request_id)
-        return link
+    def process(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams,
+                prompt_token_ids: list[int] | None = None, cache_salt: str | None = None) -> ProcessedRequest:
+        """Validates and tokenizes one request for the served model (InvalidParameter names a bad field)."""
+        dead = self.dead
+        if dead is not None:
+            raise dead
+        return self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt)
 
     async def generate(self, prompt: str | list[int] | None, sampling_params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None,
                        cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        request = self.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt)
+        async for out in self.stream(request):
+            yield out
+
+    async def stream(self, request: ProcessedRequest) -> AsyncIterator[RequestOutput]:
+        """Runs a processed request on a core and yields its outputs; cancelling the consumer aborts it."""
         dead = self.dead
         if dead is not None:
             raise dead
-        # tokenized for this model: it may go only to cores serving it
-        fingerprint, outputs = self.fingerprint, self.output_processor
-        text, request = self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt)
-        queue: asyncio.Queue = asyncio.Queue()
-        tried: list[CoreLink] = []
+        if request.model_fingerprint != self.fingerprint:
+            raise EngineDeadError("the engine core changed its model since this request was checked; send it again")
+        outputs, queue, tried = self.output_processor, asyncio.Queue(), []
         finished = produced = False
-
-        def another_core() -> bool:
-            return any(link not in tried for link in self.router.live(fingerprint))
-
         try:
             while True:
-                link = self.router.pick(fingerprint, exclude=tried)
-                if link is None:
-                    raise self.dead or EngineDeadError("the engine core changed its model while this request was "
-                                                       "being placed; send it again")
-                tried.append(link)
-                children = outputs.add_request(request_id, text if text is not None else prompt,
-                                               request.prompt_token_ids, request.sampling_params, queue)
-                self._routes[request_id] = link
-                link.requests.add(request_id)
-                link.sent_since_stats += len(children)
-                try:
-                    for i, cid in enumerate(children):
-                        await link.client.add_request(child_request(request, cid, i))
-                except EngineDeadError:  # the core went away under us (its reader will say so too)
-                    self._unroute(request_id)
-                    outputs.abort_request(request_id)
-                    if not another_core():
-                        raise
-                    continue
-                moved = False
+                link = await self._place(request, outputs, queue, tried)
                 while not finished:
                     item = await queue.get()
-                    if isinstance(item, EngineDeadError) and not produced and another_core():
-                        logger.info("request %s moves to another engine core: %s", request_id, item)
-                        moved = True
+                    if self._moves_on(item, produced, request, tried):
+                        logger.info("request %s moves to another engine core: %s", request.request_id, item)
                         break
                     if isinstance(item, BaseException):
                         raise item
                     finished, produced = item.finished, True
                     yield item
-                if not moved:
+                if finished:
                     return
         finally:
             if not finished:
-                self._abort_now(request_id, outputs)
-            self._unroute(request_id)
+                self._abort_now(request.request_id, outputs)
+            self.router.finish(request.request_id)
+
+    async def _place(self, request: ProcessedRequest, outputs: OutputProcessor, queue: asyncio.Queue,
+                     tried: list[CoreLink]) -> CoreLink:
+        """Registers the request and sends its core requests to the least-loaded live core not tried yet;
+        a core that dies while they are sent is passed over for the next."""
+        while True:
+            link = self.router.submit(request.request_id, request.model_fingerprint, len(request.core_requests),
+                                      exclude=tried)
+            if link is None:
+                raise self.dead or EngineDeadError("the engine core changed its model while this request was "
+                                                   "being placed; send it again")
+            tried.append(link)
+            try:
+                for core_request in outputs.add_request(request, queue):
+                    await link.client.add_request(core_request)
+                return link
+            except EngineDeadError:  # the core went away under us (its reader will say so too)
+                self.router.finish(request.request_id)
+                outputs.abort_request(request.request_id)
+                if not self._another_core(request, tried):
+                    raise
+
+    def _moves_on(self, item, produced: bool, request: ProcessedRequest, tried: list[CoreLink]) -> bool:
+        """A request whose core was lost moves to another live core if it has produced nothing yet (its
+        client has seen nothing, so running it afresh elsewhere changes nothing for it)."""
+        return isinstance(item, EngineDeadError) and not produced and self._another_core(request, tried)
+
+    def _another_core(self, request: ProcessedRequest, tried: list[CoreLink]) -> bool:
+        return any(link not in tried for link in self.router.live(request.model_fingerprint))
 
     def _abort_now(self, request_id: str, outputs: OutputProcessor | None = None) -> None:
         ids = (outputs or self.output_processor).abort_request(request_id)
-        link = self._unroute(request_id)
+        link = self.router.finish(request_id)
         if ids and link is not None and link.up:
             # the consumer may be unwinding a cancellation: send from a task of its own
             asyncio.get_running_loop().create_task(link.client.abort_requests(ids))
 
     async def abort(self, request_id: str) -> None:
         ids = self.output_processor.abort_request(request_id)
-        link = self._unroute(request_id)
+        link = self.router.finish(request_id)
         if link is not None:
             await link.client.abort_requests(ids)
 

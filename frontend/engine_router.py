@@ -8,30 +8,24 @@ the new child the client starts (with a growing delay). A child core that fails 
 is a start error. The router picks, per request, the live core with the least load: running + waiting
 requests from the core's latest stats (every output batch and heartbeat carries them), plus the
 requests this frontend sent it since those stats; ties go round-robin.
+
+The router alone keeps which core runs which request (`submit`, `finish`, `core_of`): when a core is
+lost it forgets that core's requests and hands their ids to the listener. It tells its listener
+(RouterEvents, AsyncLLM) about cores and outputs; the listener never edits a link.
 """
 
 import asyncio
-import hashlib
 import logging
-from typing import Callable
+from typing import Protocol
 
-import msgspec
-
-from common import protocol as P
-from common.protocol import SchedulerStats
+from common.protocol import EngineCoreOutputs, SchedulerStats
 from frontend.core_client import EngineDeadError
 from frontend.core_client_mp import AsyncMPClient
+from frontend.processor import model_fingerprint
 
 logger = logging.getLogger("nvllm")
 
 FAILED_HANDSHAKE_PAUSE_SECONDS = 5.0  # before trying again a core that refused this frontend
-
-
-def model_fingerprint(info: P.Ready) -> str:
-    """Equal for cores a frontend can use interchangeably: same model, limits and tokenizer."""
-    blob = msgspec.msgpack.encode([info.model_name, info.max_model_len, info.vocab_size, sorted(info.eos_token_ids),
-                                   sorted(info.tokenizer_files.items())])
-    return hashlib.sha256(blob).hexdigest()
 
 
 class CoreLink:
@@ -42,7 +36,6 @@ class CoreLink:
         self.fingerprint: str | None = None
         self.stats = SchedulerStats()
         self.sent_since_stats = 0  # core requests sent after the latest stats
-        self.requests: set[str] = set()  # request ids (parents) this frontend has running there
         self.task: asyncio.Task | None = None
 
     @property
@@ -63,13 +56,26 @@ class CoreLink:
         return self.client.dead_reason or self.client.waiting_reason()
 
 
-class EngineRouter:
-    """Runs the links; calls on_up(link) after each READY, on_down(link, error) when a core is lost
-    and on_outputs(link, outputs) for each batch, all on the event loop."""
+class RouterEvents(Protocol):
+    """What the router tells its listener, on the event loop."""
 
-    def __init__(self, clients: list[AsyncMPClient], on_up: Callable, on_down: Callable, on_outputs: Callable):
+    def core_up(self, link: CoreLink) -> None:
+        """After each READY."""
+
+    def core_down(self, link: CoreLink, error: EngineDeadError, lost: list[str]) -> None:
+        """A core was lost; `lost` are the requests it ran, which the router has already forgotten."""
+
+    def core_outputs(self, link: CoreLink, outputs: EngineCoreOutputs) -> None:
+        """Each batch a core sends (its stats already noted)."""
+
+
+class EngineRouter:
+    """Runs the links and keeps which core runs each request."""
+
+    def __init__(self, clients: list[AsyncMPClient], events: RouterEvents):
         self.links = [CoreLink(c, i) for i, c in enumerate(clients)]
-        self.on_up, self.on_down, self.on_outputs = on_up, on_down, on_outputs
+        self.events = events
+        self._routes: dict[str, CoreLink] = {}  # request id -> the core running it
         self._first_up: asyncio.Event | None = None
         self._start_error: BaseException | None = None
         self._next = 0  # round-robin start among equally loaded cores
@@ -118,12 +124,15 @@ class EngineRouter:
             link.up = True
             link.fingerprint = model_fingerprint(client.model_info)
             link.note_stats(SchedulerStats())
-            self.on_up(link)
+            self.events.core_up(link)
             if self._first_up is not None:
                 self._first_up.set()
             try:
                 while True:
-                    self.on_outputs(link, await client.get_output())
+                    outputs = await client.get_output()
+                    if outputs.scheduler_stats is not None:
+                        link.note_stats(outputs.scheduler_stats)
+                    self.events.core_outputs(link, outputs)
             except EngineDeadError as e:
                 error = e
             except asyncio.CancelledError:
@@ -135,7 +144,10 @@ class EngineRouter:
                     client.dead_reason = str(error)
             link.up = False
             client.fail_pending_calls(error)
-            self.on_down(link, error)
+            lost = [rid for rid, where in self._routes.items() if where is link]
+            for rid in lost:
+                del self._routes[rid]
+            self.events.core_down(link, error, lost)
             if not client.reconnects:
                 return
 
@@ -152,6 +164,27 @@ class EngineRouter:
         best = min(candidates, key=lambda link: (link.load, (link.index - self._next) % n))
         self._next = (best.index + 1) % n
         return best
+
+    def submit(self, request_id: str, fingerprint: str | None, num_core_requests: int,
+               exclude=()) -> CoreLink | None:
+        """Places a request on the least-loaded live core serving `fingerprint` (not in `exclude`) and
+        counts its core requests there; None if there is no such core."""
+        link = self.pick(fingerprint, exclude)
+        if link is not None:
+            self._routes[request_id] = link
+            link.sent_since_stats += num_core_requests
+        return link
+
+    def finish(self, request_id: str) -> CoreLink | None:
+        """Forgets where a request ran (finished, aborted or about to move); returns that core."""
+        return self._routes.pop(request_id, None)
+
+    def core_of(self, request_id: str | None) -> CoreLink | None:
+        return self._routes.get(request_id)
+
+    @property
+    def routed_requests(self) -> set[str]:
+        return set(self._routes)
 
     def describe(self) -> str:
         return "; ".join(f"{link.address}: {link.status()}" for link in self.links)

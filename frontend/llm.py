@@ -11,10 +11,9 @@ from common.config import EngineArgs
 from common.sampling_params import RequestOutputKind, SamplingParams
 from frontend.chat_template import render_chat
 from frontend.core_client import InprocClient
-from frontend.output_processor import OutputProcessor
 from frontend.outputs import RequestOutput
-from frontend.processor import Processor, child_request
-from frontend.tokenizer import tokenizer_from_files
+from frontend.processor import ProcessedRequest
+from frontend.served_model import ServedModel
 
 PromptType = str | list[int]
 
@@ -40,11 +39,9 @@ class LLM:
         return llm
 
     def _setup(self) -> None:
-        info = self.client.model_info
-        self.model_info = info
-        self.tokenizer = tokenizer_from_files(info.tokenizer_files)
-        self.processor = Processor.for_model(self.tokenizer, info)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        model = ServedModel.from_ready(self.client.model_info)
+        self.model_info, self.tokenizer = model.info, model.tokenizer
+        self.processor, self.output_processor = model.processor, model.output_processor
         self._ids = itertools.count()
 
     def _make_client(self, multiprocess: bool):
@@ -69,8 +66,11 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"sampling_params has {len(sampling_params)} entries for {len(prompts)} prompts")
         # validate every prompt before the first reaches the core, so a bad one leaves nothing behind
-        prepared = [self._prepare(prompt, params) for prompt, params in zip(prompts, sampling_params)]
-        return self._run([self._submit(*p) for p in prepared], use_tqdm)
+        processed = [self._process(prompt, params) for prompt, params in zip(prompts, sampling_params)]
+        for request in processed:
+            for core_request in self.output_processor.add_request(request):
+                self.client.add_request(core_request)
+        return self._run([request.request_id for request in processed], use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
@@ -83,18 +83,10 @@ class LLM:
             out.prompt = text
         return outs
 
-    def _prepare(self, prompt: PromptType, params: SamplingParams):
-        request_id = str(next(self._ids))
+    def _process(self, prompt: PromptType, params: SamplingParams) -> ProcessedRequest:
         # the offline API returns only finished requests: skip the per-token outputs
         params = msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
-        return request_id, *self.processor.process(request_id, prompt, params)
-
-    def _submit(self, request_id: str, text: str | None, request) -> str:
-        children = self.output_processor.add_request(request_id, text, request.prompt_token_ids,
-                                                     request.sampling_params)
-        for i, cid in enumerate(children):
-            self.client.add_request(child_request(request, cid, i))
-        return request_id
+        return self.processor.process(str(next(self._ids)), prompt, params)
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

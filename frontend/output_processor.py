@@ -2,20 +2,18 @@
 
 Per sequence: incremental detokenization, stop strings (which the core cannot see, so the
 frontend asks it to abort), logprobs in vLLM's shape. A request with n > 1 is n core requests
-("{i}_{request_id}") gathered back under one parent.
+(its ProcessedRequest's samples) gathered back under one parent.
 """
 
 import time
 from dataclasses import dataclass, field
 
-from common.protocol import EngineCoreOutputs, FinishReason, Logprobs
+from common.errors import InvalidParameter
+from common.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason, Logprobs
 from common.sampling_params import RequestOutputKind, SamplingParams
 from frontend.detokenizer import IncrementalDetokenizer
 from frontend.outputs import CompletionOutput, Logprob, RequestOutput
-
-
-def child_request_id(parent_id: str, index: int, n: int) -> str:
-    return parent_id if n == 1 else f"{index}_{parent_id}"
+from frontend.processor import ProcessedRequest
 
 
 @dataclass
@@ -56,21 +54,23 @@ class OutputProcessor:
         self.parents: dict[str, ParentState] = {}
         self.child_to_parent: dict[str, str] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, queue=None) -> list[str]:
-        """Registers a request; returns the core request ids for its n sequences."""
-        if request_id in self.parents:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+    def add_request(self, request: ProcessedRequest, queue=None) -> list[EngineCoreRequest]:
+        """Registers a request; returns its core requests (one per sample), to send to a core."""
+        request_id, params = request.request_id, request.params
+        core_ids = [r.request_id for r in request.core_requests]
+        taken = [rid for rid in [request_id, *core_ids] if rid in self.parents or rid in self.child_to_parent]
+        if taken:
+            raise InvalidParameter("request_id", f"request_id {taken[0]!r} is already in use")
         children = {}
-        for i in range(params.n):
-            cid = child_request_id(request_id, i, params.n)
-            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop,
+        for i, cid in enumerate(core_ids):
+            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop,
                                            params.include_stop_str_in_output, params.skip_special_tokens)
             children[cid] = SequenceState(i, detok, logprobs=[] if params.logprobs is not None else None,
                                           cumulative_logprob=0.0 if params.logprobs is not None else None)
             self.child_to_parent[cid] = request_id
-        self.parents[request_id] = ParentState(request_id, prompt, prompt_token_ids, params, children, queue)
-        return list(children)
+        self.parents[request_id] = ParentState(request_id, request.prompt, request.prompt_token_ids, params,
+                                               children, queue)
+        return request.core_requests
 
     def abort_request(self, request_id: str) -> list[str]:
         """Forgets a parent request; returns its unfinished core request ids (to abort in the core)."""
@@ -80,9 +80,6 @@ class OutputProcessor:
         for cid in parent.children:
             self.child_to_parent.pop(cid, None)
         return [cid for cid, c in parent.children.items() if c.finish_reason is None]
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.parents)
 
     def process_outputs(self, outputs: EngineCoreOutputs) -> tuple[list[tuple[ParentState, RequestOutput]], list[str]]:
         """(RequestOutputs to deliver, with their parent state; core request ids to abort)."""

@@ -202,7 +202,7 @@ assert ns.command == "frontend"
 assert main(["keys", "generate", %(keys)r]) == 0
 files = {n: open(%(model)r + "/" + n).read() for n in ("tokenizer.json", "tokenizer_config.json")}
 tok = tokenizer_from_files(files)
-text, request = Processor(tok, RequestLimits(vocab_size=49152, max_model_len=2048), [2]).process("r", "Hello there", SamplingParams(max_tokens=4))
+request = Processor(tok, RequestLimits(vocab_size=49152, max_model_len=2048), [2]).process("r", "Hello there", SamplingParams(max_tokens=4))
 chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
 print(json.dumps({"ids": request.prompt_token_ids, "chat": chat}))
 """

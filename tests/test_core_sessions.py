@@ -173,8 +173,8 @@ def test_idle_frontend_hears_the_core_while_another_streams(core):
     async def idle_b():
         engine = await AsyncLLM.create(address=address)
         downs = []  # B reconnects at once after losing the core: count the losses, not the state
-        core_down = engine.router.on_down
-        engine.router.on_down = lambda link, error: (downs.append(str(error)), core_down(link, error))
+        core_down = engine.core_down
+        engine.core_down = lambda link, error, lost: (downs.append(str(error)), core_down(link, error, lost))
         thread = threading.Thread(target=stream)
         thread.start()
         try:

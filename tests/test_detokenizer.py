@@ -4,7 +4,9 @@ import pytest
 
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from common.sampling_params import RequestOutputKind, SamplingParams
+from common.limits import RequestLimits
 from frontend.output_processor import OutputProcessor
+from frontend.processor import Processor
 from frontend.tokenizer import tokenizer_from_folder
 
 TEXTS = ["Hello, world! Ça va? 日本語のテキスト 🙂🚀 naïve café — done.",
@@ -19,7 +21,8 @@ def tokenizer(default_model_dir):
 
 def _stream(tokenizer, token_ids, params, prompt_ids=(1, 2, 3)):
     proc = OutputProcessor(tokenizer)
-    proc.add_request("r", None, list(prompt_ids), params)
+    processor = Processor(tokenizer, RequestLimits(vocab_size=len(tokenizer), max_model_len=4096), [])
+    proc.add_request(processor.process("r", list(prompt_ids), params))
     pieces, final = [], None
     for i, tid in enumerate(token_ids):
         last = i == len(token_ids) - 1

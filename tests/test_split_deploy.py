@@ -422,7 +422,7 @@ def test_router_picks_least_loaded_core():
     from frontend.engine_router import EngineRouter, sum_stats
 
     clients = [SimpleNamespace(dead_reason=None, address=f"tcp://h{i}:5555") for i in range(3)]
-    router = EngineRouter(clients, None, None, None)
+    router = EngineRouter(clients, None)
     for link in router.links:
         link.up, link.fingerprint = True, "m"
     router.links[0].note_stats(SchedulerStats(num_running=4, num_waiting=2))

@@ -1,30 +1,22 @@
 """Every failure leaves the server as OpenAI's error body: {"error": {message, type, param, code}}.
 
-400: a bad value or type, malformed JSON (pydantic's errors and the engine's ValueErrors, which
-     begin with the field they are about); 401: API key; 404: unknown model or route;
+400: a bad value or type, malformed JSON (pydantic's errors and the engine's InvalidParameter, which
+     carries the field it is about); 401: API key; 404: unknown model or route;
 413: the body is over --max-request-body-bytes; 503: the engine core is not ready or dead, or
 the server is overloaded (with Retry-After); 500: a bug (logged with its traceback).
 """
 
 import logging
-import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.errors import InvalidParameter
 from frontend.api.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger("nvllm")
-
-# fields an engine-side ValueError may name in its first word
-_PARAMS = {
-    "prompt", "messages", "tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens",
-    "min_tokens", "stop", "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty",
-    "frequency_penalty", "logprobs", "top_logprobs", "prompt_logprobs", "max_completion_tokens", "model",
-}
-
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
@@ -61,13 +53,11 @@ def error_type(status: int) -> str:
     return "invalid_request_error"
 
 
-def bad_request(error: ValueError, param: str | None = None) -> APIError:
-    """A 400 from an engine ValueError; its first word names the parameter."""
-    message = str(error)
-    if param is None:
-        m = re.match(r"[A-Za-z_]+", message)
-        param = m.group(0) if m and m.group(0) in _PARAMS else None
-    return APIError(400, message, param=param)
+def bad_request(error: InvalidParameter, rename: dict[str, str] | None = None) -> APIError:
+    """A 400 naming the field the error carries (`rename`: what this endpoint calls a field, such as
+    `messages` for the prompt of a chat)."""
+    param = error.param
+    return APIError(400, str(error), param=(rename or {}).get(param, param))
 
 
 def model_not_found(name: str, served: str) -> APIError:

@@ -1,5 +1,5 @@
-"""Running one HTTP request's prompts through the engine: validation up front (so a bad request is
-a 400 before any stream starts), one engine request per prompt, merged delta outputs, and the
+"""Running one HTTP request's prompts through the engine: each prompt processed once up front (so a bad
+request is a 400 before any stream starts) and that same ProcessedRequest streamed, merged delta outputs, and the
 per-choice accumulation a non-streaming response needs.
 
 The engine is always asked for DELTA outputs: streaming sends them on, non-streaming joins them,
@@ -10,8 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-import msgspec
-
+from common.errors import InvalidParameter
+from common.request_ids import part_id
 from common.sampling_params import SamplingParams
 from common.validation import request_token_cost
 from frontend.api import offload
@@ -20,17 +20,10 @@ from frontend.api.errors import APIError, bad_request, engine_unavailable
 from frontend.api.protocol import UsageInfo
 from frontend.api.state import MAX_SEQUENCES_PER_REQUEST, ServerState
 from frontend.api.streams import merge
+from frontend.async_llm import AsyncLLM
 from frontend.core_client import EngineDeadError
 from frontend.outputs import CompletionOutput, Logprob, RequestOutput
-
-
-_encoder = msgspec.msgpack.Encoder()
-
-
-@dataclass
-class Prompt:
-    text: str | None  # None for a prompt given as token ids
-    token_ids: list[int]
+from frontend.processor import ProcessedRequest
 
 
 @dataclass
@@ -53,6 +46,7 @@ class Choice:
 
 
 def new_request_id(prefix: str) -> str:
+    """The id of one HTTP request; its prompts are its parts (common/request_ids.py)."""
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
@@ -62,47 +56,43 @@ def check_sequences(prompts: list, params: SamplingParams, param: str = "prompt"
                        f"{MAX_SEQUENCES_PER_REQUEST} fit in one request", param=param)
 
 
-async def validate_prompts(state: ServerState, engine, request_id: str, prompts: list[str | list[int]],
-                           params: SamplingParams, param: str = "prompt", cache_salt: str | None = None) -> list[Prompt]:
-    """Tokenizes and checks every prompt with the parameters; a problem is a 400 naming the field.
-    Characters are counted first; big prompts are tokenized off the event loop."""
+async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str, prompts: list[str | list[int]],
+                          params: SamplingParams, param: str = "prompt", cache_salt: str | None = None,
+                          prompt_token_ids: list[list[int]] | None = None) -> list[ProcessedRequest]:
+    """One ProcessedRequest per prompt (tokenized and checked once; the same objects are then streamed),
+    or a 400 naming the field (`param` is what this endpoint calls the prompt). Characters are counted
+    first; big prompts are tokenized off the event loop."""
     check_sequences(prompts, params, param)
     for prompt in prompts:
         if isinstance(prompt, str):
             state.check_chars(len(prompt), param)
 
-    def work() -> list[Prompt]:
-        checked, cost = [], 0
+    def work() -> list[ProcessedRequest]:
+        processed, cost = [], 0
         for i, prompt in enumerate(prompts):
+            rid = request_id if len(prompts) == 1 else part_id(request_id, i)
+            ids = prompt_token_ids[i] if prompt_token_ids is not None else None
             try:
-                text, request = engine.processor.process(f"{request_id}-{i}", prompt, params, cache_salt=cache_salt)
-            except ValueError as e:
-                raise bad_request(e, param if str(e).startswith("prompt") else None) from None
-            try:  # what cannot go on the wire must fail here, as a 400, not once a stream has begun
-                _encoder.encode(request)
-            except (OverflowError, UnicodeError, msgspec.EncodeError) as e:
-                raise APIError(400, f"a parameter is out of range or not valid UTF-8: {e}") from None
-            checked.append(Prompt(text, request.prompt_token_ids))
-            cost += request_token_cost(request.sampling_params, request.sampling_params.max_tokens)
+                request = engine.process(rid, prompt, params, prompt_token_ids=ids, cache_salt=cache_salt)
+            except InvalidParameter as e:
+                raise bad_request(e, rename={"prompt": param}) from None
+            processed.append(request)
+            cost += request_token_cost(request.params, request.params.max_tokens)
         limit = engine.processor.limits.max_request_tokens
         if cost > limit:
             raise APIError(400, f"max_tokens: the request's prompts ask for n x max_tokens x (1 + logprobs) = "
                            f"{cost} in all, more than one request may ({limit}, --max-request-tokens)",
                            param="max_tokens")
-        return checked
+        return processed
 
     return await offload.run(work, sum(len(p) for p in prompts))
 
 
-def generate(state: ServerState, engine, request_id: str, prompts: list[Prompt], params: SamplingParams,
-             ticket: Ticket, cache_salt: str | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
+def generate(state: ServerState, engine: AsyncLLM, requests: list[ProcessedRequest],
+             ticket: Ticket) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, delta RequestOutput) for every prompt's engine request, as they come; the
     ticket lets each sequence go from the admission count at its first token."""
-    streams = [state.metrics.track(ticket.track(engine.generate(p.text, params, f"{request_id}-{i}",
-                                                                prompt_token_ids=p.token_ids, cache_salt=cache_salt),
-                                               params.n),
-                                   params.n)
-               for i, p in enumerate(prompts)]
+    streams = [state.metrics.track(ticket.track(engine.stream(r), r.params.n), r.params.n) for r in requests]
     return merge(streams)
 
 
@@ -128,18 +118,18 @@ def check_finished(state: ServerState, choices: list[Choice]) -> None:
 def engine_error(e: Exception) -> APIError:
     if isinstance(e, EngineDeadError):
         return engine_unavailable(str(e))
-    if isinstance(e, ValueError):
+    if isinstance(e, InvalidParameter):
         return bad_request(e)
     return APIError(500, f"internal error: {type(e).__name__}: {e}")
 
 
-def usage(prompts: list[Prompt], completion_tokens: int) -> UsageInfo:
-    prompt_tokens = sum(len(p.token_ids) for p in prompts)
+def usage(requests: list[ProcessedRequest], completion_tokens: int) -> UsageInfo:
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                      total_tokens=prompt_tokens + completion_tokens)
 
 
-def decoded(engine, token_id: int, lp: Logprob | None) -> str:
+def decoded(engine: AsyncLLM, token_id: int, lp: Logprob | None) -> str:
     if lp is not None and lp.decoded_token is not None:
         return lp.decoded_token
     return engine.tokenizer.decode([token_id])

@@ -63,13 +63,12 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     ticket = state.admission.admit(params.n)  # 503 when overloaded, before any work
     try:
         text, ids = await render_chat(state, engine, body.messages, body.add_generation_prompt)
-        prompts = await G.validate_prompts(state, engine, request_id, [ids], params, param="messages",
-                                           cache_salt=body.cache_salt)
+        prompts = await G.process_prompts(state, engine, request_id, [text], params, param="messages",
+                                          cache_salt=body.cache_salt, prompt_token_ids=[ids])
     except BaseException:
         ticket.release()
         raise
-    prompts[0].text = text
-    stream = G.generate(state, engine, request_id, prompts, params, ticket, body.cache_salt)
+    stream = G.generate(state, engine, prompts, ticket)
     num_top = body.top_logprobs or 0
     if body.stream:
         return StreamingResponse(_stream(state, engine, body, request_id, prompts, stream, num_top),

@@ -15,7 +15,9 @@ from frontend.api.protocol import (CompletionChoice, CompletionLogprobs, Complet
                                    CompletionStreamResponse)
 from frontend.api.state import ServerState
 from frontend.api.streams import SSE_DONE, ClientDisconnected, cancel_on_disconnect, sse
+from frontend.async_llm import AsyncLLM
 from frontend.outputs import Logprob
+from frontend.processor import ProcessedRequest
 
 
 def _prompts(prompt) -> list[str | list[int]]:
@@ -32,7 +34,7 @@ class LogprobsBuilder:
     """OpenAI's completion logprobs (tokens, token_logprobs, top_logprobs, text_offset) for one choice,
     built piece by piece so streamed chunks carry consecutive text offsets."""
 
-    def __init__(self, engine, num_top: int, offset: int = 0):
+    def __init__(self, engine: AsyncLLM, num_top: int, offset: int = 0):
         self.engine = engine
         self.num_top = num_top
         self.offset = offset
@@ -62,8 +64,8 @@ class LogprobsBuilder:
         self.offset += len(token)
 
 
-def _echo_text(engine, prompt: G.Prompt) -> str:
-    return prompt.text if prompt.text is not None else engine.tokenizer.decode(prompt.token_ids)
+def _echo_text(engine: AsyncLLM, prompt: ProcessedRequest) -> str:
+    return prompt.prompt if prompt.prompt is not None else engine.tokenizer.decode(prompt.prompt_token_ids)
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request):
@@ -75,12 +77,12 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     G.check_sequences(raw_prompts, params)
     ticket = state.admission.admit(len(raw_prompts) * params.n)  # 503 when overloaded, before any work
     try:
-        prompts = await G.validate_prompts(state, engine, request_id, raw_prompts, params,
-                                           cache_salt=body.cache_salt)
+        prompts = await G.process_prompts(state, engine, request_id, raw_prompts, params,
+                                          cache_salt=body.cache_salt)
     except BaseException:
         ticket.release()
         raise
-    stream = G.generate(state, engine, request_id, prompts, params, ticket, body.cache_salt)
+    stream = G.generate(state, engine, prompts, ticket)
     if body.stream:
         return StreamingResponse(_stream(state, engine, body, request_id, prompts, stream),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -97,7 +99,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         text, logprobs = choice.text, None
         if body.logprobs is not None:
             builder = LogprobsBuilder(engine, body.logprobs)
-            logprobs = builder.prompt(prompt.token_ids) if body.echo else CompletionLogprobs()
+            logprobs = builder.prompt(prompt.prompt_token_ids) if body.echo else CompletionLogprobs()
             gen = builder.generated(choice.token_ids, choice.logprobs)
             for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                 getattr(logprobs, name).extend(getattr(gen, name))
@@ -110,7 +112,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
                               usage=G.usage(prompts, completion_tokens))
 
 
-async def _stream(state: ServerState, engine, body: CompletionRequest, request_id: str, prompts, stream):
+async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest, request_id: str, prompts, stream):
     n = body.n
     model = state.model_name
     builders = {}

@@ -4,6 +4,7 @@ from frontend.api.admission import AdmissionGate
 from frontend.api.errors import APIError, engine_unavailable, model_not_found
 from frontend.api.limits import HTTPLimits
 from frontend.api.metrics import Metrics
+from frontend.async_llm import AsyncLLM
 
 MAX_SEQUENCES_PER_REQUEST = 1024  # prompts x n in one HTTP request
 
@@ -11,7 +12,7 @@ MAX_SEQUENCES_PER_REQUEST = 1024  # prompts x n in one HTTP request
 class ServerState:
     def __init__(self, served_model_name: str | None = None, api_key: str | None = None,
                  limits: HTTPLimits | None = None):
-        self.engine = None  # AsyncLLM once the core said READY
+        self.engine: AsyncLLM | None = None  # once the core said READY
         self.served_model_name = served_model_name
         self.api_key = api_key
         self.limits = limits or HTTPLimits()
@@ -25,7 +26,7 @@ class ServerState:
             return self.served_model_name
         return self.engine.model_info.model_name if self.engine is not None else ""
 
-    def ready_engine(self):
+    def ready_engine(self) -> AsyncLLM:
         """The engine, or a 503 while it is starting, failed to start, or died."""
         if self.engine is None:
             raise engine_unavailable(self.startup_error or "it is still starting; retry shortly")

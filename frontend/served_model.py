@@ -1,0 +1,31 @@
+"""The model a frontend serves, and what it needs to serve it: the core's READY, a tokenizer built from
+the files the core sent, the Processor and OutputProcessor for them. Made once per model: a core that
+comes back serving another model gets a new ServedModel (AsyncLLM follows it), never a patched one."""
+
+from dataclasses import dataclass
+
+from common.protocol import Ready
+from frontend.output_processor import OutputProcessor
+from frontend.processor import Processor
+from frontend.tokenizer import tokenizer_from_files
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    info: Ready
+    tokenizer: object
+    processor: Processor
+    output_processor: OutputProcessor
+
+    @classmethod
+    def from_ready(cls, info: Ready) -> "ServedModel":
+        tokenizer = tokenizer_from_files(info.tokenizer_files)
+        return cls(info, tokenizer, Processor.for_model(tokenizer, info), OutputProcessor(tokenizer))
+
+    @property
+    def fingerprint(self) -> str:
+        return self.processor.fingerprint
+
+    @property
+    def name(self) -> str:
+        return self.info.model_name
