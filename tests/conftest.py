@@ -60,3 +60,11 @@ def tiny_models(tmp_path_factory, default_model_dir):
     """{arch: folder} for tiny llama, qwen2 and qwen3 models."""
     root = tmp_path_factory.mktemp("tiny")
     return {arch: build_tiny_model(str(root / arch), arch, default_model_dir) for arch in ("llama", "qwen2", "qwen3")}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test is `unit` or `integration` (its module's pytestmark), so `pytest -m unit` stays the quick set."""
+    unmarked = [item.nodeid for item in items
+                if not any(item.get_closest_marker(kind) for kind in ("unit", "integration"))]
+    if unmarked:
+        raise pytest.UsageError(f"tests without a unit/integration marker: {', '.join(unmarked[:5])}")

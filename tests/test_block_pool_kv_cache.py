@@ -9,6 +9,8 @@ from engine_core.block_pool import BlockPool
 from engine_core.kv_cache_manager import KVCacheManager, hash_block_tokens
 from engine_core.request import Request
 
+pytestmark = pytest.mark.unit
+
 BS = 4
 
 

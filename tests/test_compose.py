@@ -15,6 +15,8 @@ import yaml
 
 from http_helpers import ROOT
 
+pytestmark = pytest.mark.integration
+
 CORE_ONLY = {"torch", "safetensors", "gguf", "numpy", "xxhash"}  # what the frontend image leaves out
 
 

@@ -18,6 +18,8 @@ from common.protocol import EngineCoreRequest, FinishReason
 from common.sampling_params import SamplingParams
 from common.transport import private_ipc_address
 
+pytestmark = pytest.mark.integration
+
 VOCAB = 49152
 
 

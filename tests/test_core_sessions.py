@@ -20,6 +20,8 @@ from common.transport import ENV_FRONTEND_SILENT, private_ipc_address
 from engine_core.frontend_sessions import FrontendSessions
 from http_helpers import Proc, free_port, wait_healthy
 
+pytestmark = pytest.mark.integration
+
 SILENT = 3.0  # the module's core ends the session of a frontend silent this long
 LONG = SamplingParams(max_tokens=480, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
 

@@ -9,6 +9,8 @@ from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_backend import TorchAttentionBackend
 from engine_core.attention.torch_reference import reference_paged_attention
 
+pytestmark = pytest.mark.integration
+
 needs_kernel = pytest.mark.skipif(cpu_decode_kernel.load() is None,
                                   reason="needs a CPU with AVX512-BF16 and a C compiler (the kernel is not built here)")
 

@@ -11,9 +11,9 @@ from engine_core.attention import cpu_decode_kernel
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 from engine_core.models import cpu_decoder
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(
     None in (cpu_decoder.load(), cpu_gemm.load(), cpu_decode_kernel.load()) or not cpu_ops.norm_kernel_ok(),
-    reason="the C decoder's kernels do not run on this machine (no AVX512-BF16, or AMX: oneDNN linears)")
+    reason="the C decoder's kernels do not run on this machine (no AVX512-BF16, or AMX: oneDNN linears)")]
 
 
 def _model(llm):

@@ -9,6 +9,8 @@ from engine_core.layers.activation import silu_and_mul
 from engine_core.layers.norm import RMSNorm
 from engine_core.layers.rotary import RotaryEmbedding, _rotate
 
+pytestmark = pytest.mark.integration
+
 needs_kernel = pytest.mark.skipif(cpu_ops.load() is None,
                                   reason="needs a CPU with AVX512 and a C compiler (the kernels are not built here)")
 bf16 = torch.bfloat16

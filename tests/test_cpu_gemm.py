@@ -8,7 +8,8 @@ from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing
 from engine_core.layers.activation import silu_and_mul
 from engine_core.layers.linear import ColumnParallelLinear, GateUpSiluLinear
 
-pytestmark = pytest.mark.skipif(cpu_gemm.load() is None, reason="no AVX512-BF16 (or AMX present): oneDNN runs")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(cpu_gemm.load() is None, reason="no AVX512-BF16 (or AMX present): oneDNN runs")]
 
 
 def _bf16(*shape, seed: int) -> torch.Tensor:

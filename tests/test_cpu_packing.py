@@ -8,6 +8,8 @@ from engine_core.layers import cpu_packing
 from engine_core.layers.embedding import ParallelLMHead
 from engine_core.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
+pytestmark = pytest.mark.integration
+
 needs_packing = pytest.mark.skipif(not cpu_packing.can_pack(torch.device("cpu"), torch.bfloat16),
                                    reason="this torch build has no oneDNN bf16 linear")
 

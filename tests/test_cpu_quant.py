@@ -10,7 +10,8 @@ from gguf import GGMLQuantizationType, quants
 
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 
-pytestmark = pytest.mark.skipif(cpu_quant.load() is None, reason="no AVX512-BF16 (or AMX present)")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(cpu_quant.load() is None, reason="no AVX512-BF16 (or AMX present)")]
 
 LARGE_M = 16  # cpu_quant.c's QUANT_LARGE_M
 FORMATS = ["q4_0", "q4_1", "q8_0"]

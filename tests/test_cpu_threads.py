@@ -10,6 +10,8 @@ import torch
 
 from engine_core.cpu_threads import ThreadPoolSizer, allowed_cpus, pool_size
 
+pytestmark = pytest.mark.unit
+
 
 def test_pool_size_leaves_busy_cpus_to_their_owners():
     assert pool_size(0.0, 2, 2) == 2

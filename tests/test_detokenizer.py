@@ -9,6 +9,8 @@ from frontend.output_processor import OutputProcessor
 from frontend.processor import Processor
 from frontend.tokenizer import tokenizer_from_folder
 
+pytestmark = pytest.mark.unit
+
 TEXTS = ["Hello, world! Ça va? 日本語のテキスト 🙂🚀 naïve café — done.",
          "def f(x):\n    return x ** 2  # ✓",
          "Emoji run: 👩‍👩‍👧‍👦🏳️‍🌈 and Ελληνικά and العربية"]

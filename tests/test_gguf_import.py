@@ -18,6 +18,8 @@ from engine_core.weights.gguf_import import MARKER_FILE, QUANTIZED_FILE, import_
 from engine_core.weights.loader import load_safetensors_weights
 from engine_core.weights.model_resolver import ModelNotFoundError, resolve_model
 
+pytestmark = pytest.mark.integration
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

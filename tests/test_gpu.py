@@ -30,6 +30,8 @@ from engine_core.request import Request
 from engine_core.sampler import Sampler
 from engine_core.step_input import StepInput
 
+pytestmark = pytest.mark.integration
+
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 

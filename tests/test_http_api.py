@@ -12,6 +12,8 @@ import pytest
 
 from http_helpers import ROOT, SMALL_ENGINE, Proc, free_port, metric, pid_alive, wait_healthy
 
+pytestmark = pytest.mark.integration
+
 MODEL = "SmolLM2-135M-Instruct"
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from http_helpers import Proc, free_port, pid_alive, wait_healthy
 
+pytestmark = pytest.mark.integration
+
 TINY_ENGINE = ["--dtype", "float32", "--kv-cache-memory", "32MiB", "--max-model-len", "256",
                "--disable-uvicorn-access-log"]
 

@@ -13,6 +13,8 @@ import pytest
 from conftest import build_tiny_model
 from http_helpers import start_serve
 
+pytestmark = pytest.mark.integration
+
 KEY = "limits-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY_LIMIT = 3_000_000

@@ -6,6 +6,8 @@ import pytest
 
 from common import hugepages
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc tunables are Linux-only")
 def test_tunable_is_added_once_beside_others_and_can_be_turned_off():

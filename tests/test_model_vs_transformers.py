@@ -9,6 +9,8 @@ from engine_core.model_config import load_hf_config
 from engine_core.model_runner import ModelRunner
 from engine_core.step_input import StepInput
 
+pytestmark = pytest.mark.integration
+
 BLOCK = 4
 ATOL = 1e-4
 

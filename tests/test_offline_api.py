@@ -8,6 +8,8 @@ import torch
 
 from common.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def llm(tiny_models):

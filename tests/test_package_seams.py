@@ -9,7 +9,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINT = shutil.which("lint-imports")
-pytestmark = pytest.mark.skipif(LINT is None, reason="import-linter is not installed (pip install -e '.[test]')")
+pytestmark = [pytest.mark.unit,
+              pytest.mark.skipif(LINT is None, reason="import-linter is not installed (pip install -e '.[test]')")]
 
 
 def _lint(cwd: str) -> subprocess.CompletedProcess:

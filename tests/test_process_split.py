@@ -19,6 +19,8 @@ from common.sampling_params import RequestOutputKind, SamplingParams
 from common.transport import private_ipc_address
 from frontend.core_client import EngineDeadError
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,"]
 

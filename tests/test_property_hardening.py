@@ -21,6 +21,8 @@ from common.sampling_params import SamplingParams
 from http_helpers import metric, start_serve
 from test_core_hardening import Peer, core_args
 
+pytestmark = pytest.mark.integration
+
 FIELDS = {"request_id", "prompt", "n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "min_tokens",
           "stop", "stop_token_ids", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs",
           "prompt_logprobs", "eos_token_ids", "arrival_time", "cache_salt"}

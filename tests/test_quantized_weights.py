@@ -7,7 +7,8 @@ import pytest
 from common.sampling_params import SamplingParams
 from engine_core.layers import cpu_gemm, cpu_quant
 
-pytestmark = pytest.mark.skipif(cpu_quant.load() is None, reason="no AVX512-BF16 (or AMX present)")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(cpu_quant.load() is None, reason="no AVX512-BF16 (or AMX present)")]
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis in one sentence.",
            "List three prime numbers.", "Who wrote Hamlet?", "Translate 'good morning' into Spanish.",

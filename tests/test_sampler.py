@@ -1,10 +1,13 @@
 """The sampler's draws follow the distribution it was asked for (temperature, top-k, top-p, min-p)."""
 
+import pytest
 import torch
 
 from common.sampling_params import SamplingParams
 from engine_core.request import Request
 from engine_core.sampler import Sampler
+
+pytestmark = pytest.mark.unit
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
 ROWS = 6000

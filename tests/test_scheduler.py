@@ -7,6 +7,7 @@ it read. A wrong block table, a stale or wrongly shared prefix block, or a bad r
 preemption changes what it reads, so the outputs stop matching the reference generation.
 """
 
+import pytest
 import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,8 @@ from common.sampling_params import SamplingParams
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import Request, RequestStatus
 from engine_core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+pytestmark = pytest.mark.unit
 
 EOS = 0
 VOCAB = 24

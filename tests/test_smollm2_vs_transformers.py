@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+pytestmark = pytest.mark.integration
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NEW_TOKENS = 32
 TIE = 1e-4

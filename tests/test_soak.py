@@ -14,6 +14,8 @@ import pytest
 
 from http_helpers import metric, start_serve
 
+pytestmark = pytest.mark.integration
+
 SOAK_SECONDS = float(os.environ.get("NVLLM_SOAK_SECONDS", "40"))
 CLIENTS = 24
 

@@ -7,6 +7,8 @@ import torch
 
 from common.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.integration
+
 HEAD_DIM = {"llama": 16, "qwen3": 32}  # of the tiny models (tests/conftest.py)
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 

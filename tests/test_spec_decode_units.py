@@ -20,6 +20,8 @@ from engine_core.spec_decode import rejection
 from engine_core.spec_decode.ngram import NgramProposer
 from engine_core.spec_decode.proposer import NgramSpeculator
 
+pytestmark = pytest.mark.unit
+
 # ---- n-gram proposals ---------------------------------------------------------------------------------
 
 def test_ngram_takes_the_latest_match_of_the_longest_suffix():

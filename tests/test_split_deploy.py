@@ -18,6 +18,8 @@ import yaml
 
 from http_helpers import NVLLM, ROOT, Proc, free_port, metric, wait_healthy
 
+pytestmark = pytest.mark.integration
+
 TINY_ENGINE = ["--dtype", "float32", "--kv-cache-memory", "32MiB", "--max-model-len", "256"]
 FRONTEND_FLAGS = ["--disable-uvicorn-access-log"]
 

@@ -2,8 +2,12 @@
 
 import logging
 
+import pytest
+
 from common.protocol import SchedulerStats
 from engine_core.stats_log import ThroughputLog
+
+pytestmark = pytest.mark.unit
 
 
 class Clock:

@@ -18,6 +18,8 @@ from conftest import build_tiny_model
 from engine_core.distributed.parallel_state import HeadShard, partition_heads, split_evenly
 from http_helpers import NVLLM, ROOT, Proc, free_port, pid_alive, wait_healthy
 
+pytestmark = pytest.mark.integration
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 ENGINE = dict(dtype="float32", kv_cache_memory="64MiB", max_model_len=512)

@@ -16,6 +16,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.integration
+
 CUDA = torch.cuda.is_available()
 TRITON_IMPORTED_LATE = not CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
 if not CUDA:
