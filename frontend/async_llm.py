@@ -199,7 +199,7 @@ class AsyncLLM:
         finished = produced = False
         try:
             while True:
-                link = await self._place(request, outputs, queue, tried)
+                await self._place(request, outputs, queue, tried)
                 while not finished:
                     item = await queue.get()
                     if self._moves_on(item, produced, request, tried):

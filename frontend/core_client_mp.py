@@ -41,6 +41,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from common import protocol as P
 from common.config import EngineArgs
+from common.handshake import HELLO_INTERVAL_SECONDS, CoreRejected, hello_frames, read_answer
 from common.protocol import EngineCoreOutputs, EngineCoreRequest
 from common.transport import (DEAD_AFTER_SECONDS, FRONTEND_SILENT_SECONDS, HEARTBEAT_SECONDS, limit_socket,
                               new_identity, private_ipc_address)
@@ -50,12 +51,10 @@ from frontend.core_process import start_core_process, stop_core_process
 logger = logging.getLogger("nvllm")
 
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may import the default model
-HELLO_INTERVAL_SECONDS = 1.0  # how often HELLO is repeated while no READY has come
 RETRY_FAILED_HANDSHAKE_SECONDS = 5.0  # ZeroMQ gives up after a refused CURVE handshake; we try again
 ABORT_SEND_SECONDS = DEAD_AFTER_SECONDS  # the longest an abort waits for room in the send queue
 RESTART_DELAY_SECONDS = 1.0  # before restarting a child core that died; doubles after each restart
 RESTART_DELAY_MAX_SECONDS = 30.0
-_ready_decoder = msgspec.msgpack.Decoder(P.Ready)
 _outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
 _result_decoder = msgspec.msgpack.Decoder(P.UtilityResult)
 _text_decoder = msgspec.msgpack.Decoder(str)
@@ -91,6 +90,7 @@ class MPClientBase:
         self.sock.setsockopt(zmq.ROUTING_ID, self.identity)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)
         limit_socket(self.sock)
+        self._plain = zmq.Socket.shadow(self.sock.underlying)  # sends that never wait, from either client
         if socket_setup is not None:
             socket_setup(self.sock)  # CURVE client keys
         # connection events, read without blocking through a plain socket on the same context
@@ -114,6 +114,7 @@ class MPClientBase:
         self._call_ids = itertools.count()
         self._restart_delay = RESTART_DELAY_SECONDS
         self._ready_at = time.monotonic()
+        self._next_hello = 0.0  # while waiting for READY: when to say HELLO again
 
     @property
     def owns_core(self) -> bool:
@@ -125,8 +126,33 @@ class MPClientBase:
         """A core this client did not start may come back; a child process is restarted if restart_core."""
         return self.proc is None or self.restart_core
 
-    def _hello(self, resume: bool = False) -> list[bytes]:
-        return [P.HELLO, self.encoder.encode(P.Hello(P.PROTOCOL_VERSION, self.client_name, resume))]
+    def _send_now(self, frames: list[bytes]) -> bool:
+        """Sends without waiting (through a plain socket on the same ZeroMQ socket, so the sync and the
+        asyncio client share this); False when the queue to the core has no room or no connection."""
+        try:
+            self._plain.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        self.last_sent = time.monotonic()
+        return True
+
+    def _hello_turn(self, resume: bool = False) -> None:
+        """One turn of waiting for READY: connection events, a retry after a refused CURVE handshake,
+        and HELLO again every HELLO_INTERVAL_SECONDS."""
+        self._drain_monitor()
+        self._retry_failed_connection()
+        if time.monotonic() >= self._next_hello and self._send_now(hello_frames(self.client_name, resume)):
+            self._next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
+
+    def _handshake_timeout(self, timeout: float) -> TimeoutError:
+        return TimeoutError(f"the engine core at {self.address} did not answer within {timeout:.0f} s "
+                            f"({self.waiting_reason()})")
+
+    def _abort_frames(self, request_ids: list[str]) -> list[bytes] | None:
+        """The ABORT to send; None when there is nothing to abort or no live core to tell."""
+        if not request_ids or self.dead_reason is not None:
+            return None
+        return [P.ABORT, self.encoder.encode(request_ids)]
 
     def _check_process(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -164,8 +190,9 @@ class MPClientBase:
     def _frames_waiting(self) -> bool:
         return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
-    def _heartbeat_due(self) -> bool:
-        return time.monotonic() - self.last_sent >= HEARTBEAT_SECONDS
+    def _heartbeat(self) -> None:
+        if time.monotonic() - self.last_sent >= HEARTBEAT_SECONDS:
+            self._send_now([P.HEARTBEAT, b""])  # a full queue: the core hears those frames instead
 
     def _session_may_be_gone(self) -> bool:
         """Quiet for half the core's limit: it may have ended this frontend's session."""
@@ -245,9 +272,12 @@ class MPClientBase:
         return f"the engine core at {self.address} has not answered HELLO yet"
 
     def _handle_ready(self, kind: bytes, body: bytes) -> bool:
-        if kind == P.READY:
+        try:
+            info = read_answer(kind, body)
+        except CoreRejected as e:
+            raise RuntimeError(f"the engine core refused this frontend: {e}") from None
+        if info is not None:
             self._drain_monitor()  # events from before this connection must not count against it
-            info = _ready_decoder.decode(body)
             if not info.tokenizer_files:  # a repeated READY: the files came before, from this core
                 if self.model_info is None or self.model_info.core_id != info.core_id:
                     # not from this core: only a new connection brings them again
@@ -264,8 +294,6 @@ class MPClientBase:
             self.dead_reason = None
             self.last_heard = time.monotonic()
             return True
-        if kind == P.REJECTED:
-            raise RuntimeError(f"the engine core refused this frontend: {_text_decoder.decode(body)}")
         return False
 
     def _handle_control(self, kind: bytes, body: bytes) -> None:
@@ -275,12 +303,12 @@ class MPClientBase:
         elif kind == P.UNKNOWN_FRONTEND:
             self._die("the engine core does not know this frontend (it restarted)")
         elif kind == P.READY and self.model_info is not None:
-            if _ready_decoder.decode(body).core_id != self.model_info.core_id:
+            if read_answer(kind, body).core_id != self.model_info.core_id:
                 self._die("a restarted engine core answered")
 
     def _close(self) -> None:
-        try:  # through a plain socket: an asyncio one would leave a future nobody awaits
-            zmq.Socket.shadow(self.sock.underlying).send_multipart([P.GOODBYE, b""], zmq.NOBLOCK)
+        try:  # through the plain socket: an asyncio one would leave a future nobody awaits
+            self._plain.send_multipart([P.GOODBYE, b""], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
         self._release()
@@ -307,26 +335,17 @@ class SyncMPClient(MPClientBase):
 
     def _handshake(self, timeout: float, resume: bool = False) -> None:
         deadline = time.monotonic() + timeout
-        next_hello = 0.0
+        self._next_hello = 0.0
         while time.monotonic() < deadline:
             self._check_process_at_start()
-            self._drain_monitor()
-            self._retry_failed_connection()
-            if time.monotonic() >= next_hello:
-                try:
-                    self.sock.send_multipart(self._hello(resume), zmq.NOBLOCK)
-                    self.last_sent = time.monotonic()
-                    next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
-                except zmq.Again:  # not connected yet
-                    pass
+            self._hello_turn(resume)
             if self.sock.poll(100):
                 kind, body = self._recv()
                 if self._handle_ready(kind, body):
                     return
                 if resume and kind == P.OUTPUTS:  # outputs that came while this client was quiet
                     self._keep(_outputs_decoder.decode(body))
-        raise TimeoutError(f"the engine core at {self.address} did not answer within {timeout:.0f} s "
-                           f"({self.waiting_reason()})")
+        raise self._handshake_timeout(timeout)
 
     def _note(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
         for out in outputs.outputs:
@@ -369,20 +388,9 @@ class SyncMPClient(MPClientBase):
         self._resume_session()
         while True:
             self._check_alive()
-            try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK)
-                self.last_sent = time.monotonic()
+            if self._send_now(frames):
                 return
-            except zmq.Again:  # the queue to the core is full, or the connection is down
-                self.sock.poll(100, zmq.POLLOUT)
-
-    def _heartbeat(self) -> None:
-        if self._heartbeat_due():
-            try:
-                self.sock.send_multipart([P.HEARTBEAT, b""], zmq.NOBLOCK)
-                self.last_sent = time.monotonic()
-            except zmq.Again:  # the queue is full: the core hears those frames instead
-                pass
+            self.sock.poll(100, zmq.POLLOUT)  # the queue to the core is full, or the connection is down
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send([P.ADD, self.encoder.encode(request)])
@@ -390,19 +398,10 @@ class SyncMPClient(MPClientBase):
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self._in_flight.difference_update(request_ids)
-        if not request_ids or self.dead_reason is not None:
-            return
-        frames = [P.ABORT, self.encoder.encode(request_ids)]
-        deadline = time.monotonic() + ABORT_SEND_SECONDS
-        while True:
-            try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK)
-                self.last_sent = time.monotonic()
-                return
-            except zmq.Again:  # a dropped abort would leave the requests running: wait for room
-                if not self._abort_can_wait(deadline):
-                    return
-                self.sock.poll(50, zmq.POLLOUT)
+        frames, deadline = self._abort_frames(request_ids), time.monotonic() + ABORT_SEND_SECONDS
+        # a dropped abort would leave the requests running: wait for room
+        while frames and not self._send_now(frames) and self._abort_can_wait(deadline):
+            self.sock.poll(50, zmq.POLLOUT)
 
     def _wait_frame(self) -> tuple[bytes, bytes] | None:
         """The next frame from the core, or None after a short wait (heartbeats go out meanwhile)."""
@@ -470,7 +469,7 @@ class AsyncMPClient(MPClientBase):
         Anything else that arrives meanwhile (the last outputs of a lost core) is dropped.
         A child core that died after it had been up is restarted first (after a growing delay)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        next_hello = 0.0
+        self._next_hello = 0.0
         while deadline is None or time.monotonic() < deadline:
             if self._child_exited():
                 delay = self._next_restart_delay()
@@ -479,67 +478,35 @@ class AsyncMPClient(MPClientBase):
                 await asyncio.sleep(delay)
                 self._start_new_core()
                 logger.info("started a new engine core process (pid %d)", self.proc.pid)
-                next_hello = 0.0
-            self._drain_monitor()
-            self._retry_failed_connection()
-            if time.monotonic() >= next_hello:
-                try:
-                    await self.sock.send_multipart(self._hello(), flags=zmq.NOBLOCK)
-                    self.last_sent = time.monotonic()
-                    next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
-                except zmq.Again:  # not connected (yet)
-                    pass
+                self._next_hello = 0.0
+            self._hello_turn()
             if await self.sock.poll(100):
                 frames = await self.sock.recv_multipart()
                 if self._handle_ready(frames[0], frames[1] if len(frames) > 1 else b""):
                     return self.model_info
-        raise TimeoutError(f"the engine core at {self.address} did not answer within {timeout:.0f} s "
-                           f"({self.waiting_reason()})")
-
-    async def start(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
-        await self.handshake(timeout)
+        raise self._handshake_timeout(timeout)
 
     async def _send(self, frames: list[bytes]) -> None:
         while True:
             self._check_alive()
-            try:
-                await self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
-                self.last_sent = time.monotonic()
+            if self._send_now(frames):
                 return
-            except zmq.Again:  # the queue to the core is full, or the connection is down
-                await self.sock.poll(100, zmq.POLLOUT)
+            await self.sock.poll(100, zmq.POLLOUT)  # the queue to the core is full, or the connection is down
 
     async def add_request(self, request: EngineCoreRequest) -> None:
         await self._send([P.ADD, self.encoder.encode(request)])
 
     async def abort_requests(self, request_ids: list[str]) -> None:
-        if not request_ids or self.dead_reason is not None:
-            return
-        frames = [P.ABORT, self.encoder.encode(request_ids)]
-        deadline = time.monotonic() + ABORT_SEND_SECONDS
-        while True:
-            try:
-                await self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
-                self.last_sent = time.monotonic()
-                return
-            except zmq.Again:  # a dropped abort would leave the requests running: wait for room
-                if not self._abort_can_wait(deadline):
-                    return
-                await self.sock.poll(50, zmq.POLLOUT)
-
-    async def _heartbeat(self) -> None:
-        if self._heartbeat_due():
-            try:
-                await self.sock.send_multipart([P.HEARTBEAT, b""], flags=zmq.NOBLOCK)
-                self.last_sent = time.monotonic()
-            except zmq.Again:  # the queue is full: the core hears those frames instead
-                pass
+        frames, deadline = self._abort_frames(request_ids), time.monotonic() + ABORT_SEND_SECONDS
+        # a dropped abort would leave the requests running: wait for room
+        while frames and not self._send_now(frames) and self._abort_can_wait(deadline):
+            await self.sock.poll(50, zmq.POLLOUT)
 
     async def get_output(self) -> EngineCoreOutputs:
         """The next outputs batch; raises EngineDeadError when the core is gone. Sends the heartbeats."""
         while True:
             self._check_alive()
-            await self._heartbeat()
+            self._heartbeat()
             if not await self.sock.poll(100):
                 continue
             frames = await self.sock.recv_multipart()

@@ -5,12 +5,12 @@ import argparse
 import sys
 import time
 
-import msgspec
 import zmq
 
 from common import curve
 from common import protocol as P
 from common.cli.curve_args import core_keys
+from common.handshake import CoreRejected, hello_frames, read_answer
 from common.transport import limit_socket
 
 CHECK_TIMEOUT_SECONDS = 5.0
@@ -36,18 +36,19 @@ def check_core(address: str, server_keys=None, timeout: float = CHECK_TIMEOUT_SE
         if server_keys is not None:
             curve.apply_client(sock, curve.ClientKeys(server_keys.keypair, server_keys.keypair.public))
         sock.connect(address)
-        sock.send_multipart([P.HELLO, msgspec.msgpack.encode(P.Hello(P.PROTOCOL_VERSION, "healthcheck"))])
+        sock.send_multipart(hello_frames("healthcheck"))
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             if not sock.poll(int(left * 1000) + 1):
                 break
             frames = sock.recv_multipart()
-            if frames[0] == P.READY:
-                info = msgspec.msgpack.decode(frames[1], type=P.Ready)
+            try:
+                info = read_answer(frames[0], frames[1] if len(frames) > 1 else b"")
+            except CoreRejected as e:
+                return False, str(e)
+            if info is not None:
                 sock.send_multipart([P.GOODBYE, b""])
                 return True, info.model_name
-            if frames[0] == P.REJECTED:
-                return False, msgspec.msgpack.decode(frames[1], type=str)
         return False, f"no READY within {timeout:.0f} s"
     finally:
         sock.close(linger=200)

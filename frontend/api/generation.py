@@ -19,7 +19,7 @@ from frontend.api.admission import Ticket
 from frontend.api.errors import APIError, bad_request, engine_unavailable
 from frontend.api.protocol import UsageInfo
 from frontend.api.state import MAX_SEQUENCES_PER_REQUEST, ServerState
-from frontend.api.streams import merge
+from frontend.api.streams import SSE_DONE, merge
 from frontend.async_llm import AsyncLLM
 from frontend.core_client import EngineDeadError
 from frontend.outputs import CompletionOutput, Logprob, RequestOutput
@@ -103,6 +103,16 @@ async def collect(stream: AsyncIterator[tuple[int, RequestOutput]], num_prompts:
         for c in out.outputs:
             choices[i * n + c.index].add(c)
     return choices
+
+
+async def sse_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A streamed response's events, then [DONE]; an engine that fails mid-stream ends it with an error event."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:  # the engine died mid-stream: say so in the stream, then end it
+        yield f"data: {engine_error(e).body().model_dump_json()}\n\n"
+    yield SSE_DONE
 
 
 def check_finished(state: ServerState, choices: list[Choice]) -> None:

@@ -4,8 +4,6 @@ A stream begins with one {"role": "assistant", "content": ""} delta per choice, 
 token by token; the last delta of a choice carries its finish_reason.
 """
 
-import asyncio
-
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -17,7 +15,7 @@ from frontend.api.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletio
                                    ChatCompletionStreamResponse, ChatMessage, ChatResponseMessage, ChatStreamChoice,
                                    ChatTokenLogprob, ChatTopLogprob, DeltaMessage)
 from frontend.api.state import ServerState
-from frontend.api.streams import SSE_DONE, ClientDisconnected, cancel_on_disconnect, sse
+from frontend.api.streams import ClientDisconnected, cancel_on_disconnect, sse
 from frontend.outputs import Logprob
 
 
@@ -71,7 +69,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     stream = G.generate(state, engine, prompts, ticket)
     num_top = body.top_logprobs or 0
     if body.stream:
-        return StreamingResponse(_stream(state, engine, body, request_id, prompts, stream, num_top),
+        return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream, num_top)),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
         choices = await cancel_on_disconnect(raw, G.collect(stream, 1, params.n))
@@ -96,22 +94,16 @@ async def _stream(state: ServerState, engine, body: ChatCompletionRequest, reque
     def chunk(choices: list[ChatStreamChoice], usage=None) -> str:
         return sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=choices, usage=usage))
 
-    try:
-        for index in range(body.n):
-            yield chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
-        async for _, out in stream:
-            choices = []
-            for c in out.outputs:
-                completion_tokens += len(c.token_ids)
-                logprobs = chat_logprobs(engine, c.token_ids, c.logprobs or [], num_top) if body.logprobs else None
-                choices.append(ChatStreamChoice(index=c.index, delta=DeltaMessage(content=c.text), logprobs=logprobs,
-                                                finish_reason=c.finish_reason, stop_reason=c.stop_reason))
-            if choices:
-                yield chunk(choices)
-        if body.include_usage:
-            yield chunk([], G.usage(prompts, completion_tokens))
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # the engine died mid-stream: say so in the stream, then end it
-        yield f"data: {G.engine_error(e).body().model_dump_json()}\n\n"
-    yield SSE_DONE
+    for index in range(body.n):
+        yield chunk([ChatStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
+    async for _, out in stream:
+        choices = []
+        for c in out.outputs:
+            completion_tokens += len(c.token_ids)
+            logprobs = chat_logprobs(engine, c.token_ids, c.logprobs or [], num_top) if body.logprobs else None
+            choices.append(ChatStreamChoice(index=c.index, delta=DeltaMessage(content=c.text), logprobs=logprobs,
+                                            finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+        if choices:
+            yield chunk(choices)
+    if body.include_usage:
+        yield chunk([], G.usage(prompts, completion_tokens))

@@ -4,8 +4,6 @@ Choice i x n + j is completion j of prompt i. With `echo` the prompt text comes 
 does not compute prompt logprobs, so the echoed prompt tokens carry null logprobs.
 """
 
-import asyncio
-
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -14,7 +12,7 @@ from frontend.api.errors import APIError
 from frontend.api.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                    CompletionStreamResponse)
 from frontend.api.state import ServerState
-from frontend.api.streams import SSE_DONE, ClientDisconnected, cancel_on_disconnect, sse
+from frontend.api.streams import ClientDisconnected, cancel_on_disconnect, sse
 from frontend.async_llm import AsyncLLM
 from frontend.outputs import Logprob
 from frontend.processor import ProcessedRequest
@@ -84,7 +82,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         raise
     stream = G.generate(state, engine, prompts, ticket)
     if body.stream:
-        return StreamingResponse(_stream(state, engine, body, request_id, prompts, stream),
+        return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream)),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
         choices = await cancel_on_disconnect(raw, G.collect(stream, len(prompts), params.n))
@@ -121,33 +119,27 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
     def chunk(choices: list[CompletionChoice], usage=None) -> str:
         return sse(CompletionStreamResponse(id=request_id, model=model, choices=choices, usage=usage))
 
-    try:
-        if body.echo:
-            for index in range(len(prompts) * n):
-                prompt = prompts[index // n]
-                text = _echo_text(engine, prompt)
-                logprobs = None
-                if body.logprobs is not None:
-                    builders[index] = LogprobsBuilder(engine, body.logprobs)
-                    logprobs = builders[index].prompt(prompt.token_ids)
-                yield chunk([CompletionChoice(index=index, text=text, logprobs=logprobs)])
-        async for i, out in stream:
-            choices = []
-            for c in out.outputs:
-                index = i * n + c.index
-                completion_tokens += len(c.token_ids)
-                logprobs = None
-                if body.logprobs is not None:
-                    builder = builders.setdefault(index, LogprobsBuilder(engine, body.logprobs))
-                    logprobs = builder.generated(c.token_ids, c.logprobs or [])
-                choices.append(CompletionChoice(index=index, text=c.text, logprobs=logprobs,
-                                                finish_reason=c.finish_reason, stop_reason=c.stop_reason))
-            if choices:
-                yield chunk(choices)
-        if body.include_usage:
-            yield chunk([], G.usage(prompts, completion_tokens))
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # the engine died mid-stream: say so in the stream, then end it
-        yield f"data: {G.engine_error(e).body().model_dump_json()}\n\n"
-    yield SSE_DONE
+    if body.echo:
+        for index in range(len(prompts) * n):
+            prompt = prompts[index // n]
+            text = _echo_text(engine, prompt)
+            logprobs = None
+            if body.logprobs is not None:
+                builders[index] = LogprobsBuilder(engine, body.logprobs)
+                logprobs = builders[index].prompt(prompt.token_ids)
+            yield chunk([CompletionChoice(index=index, text=text, logprobs=logprobs)])
+    async for i, out in stream:
+        choices = []
+        for c in out.outputs:
+            index = i * n + c.index
+            completion_tokens += len(c.token_ids)
+            logprobs = None
+            if body.logprobs is not None:
+                builder = builders.setdefault(index, LogprobsBuilder(engine, body.logprobs))
+                logprobs = builder.generated(c.token_ids, c.logprobs or [])
+            choices.append(CompletionChoice(index=index, text=c.text, logprobs=logprobs,
+                                            finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+        if choices:
+            yield chunk(choices)
+    if body.include_usage:
+        yield chunk([], G.usage(prompts, completion_tokens))
