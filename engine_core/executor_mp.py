@@ -1,10 +1,10 @@
 """Tensor-parallel executor: rank 0 in the core process, ranks 1..N-1 in worker processes.
 
-Start-up: rank 0 serves the rendezvous store (torch.distributed's TCPStore) and puts the engine
-arguments and the channel addresses in it, starts this node's workers (`python -m
-engine_core.worker`, arguments as JSON through the store), waits until every rank has checked in
-(other nodes start theirs with `nvllm worker`), then all ranks join the process group, load their
-shards, and agree on the smallest KV block count any rank can hold (all-reduce MIN).
+Start-up: rank 0 serves the rendezvous store (torch.distributed's TCPStore) and puts the resolved
+EngineConfig (msgpack) and the channel addresses in it, starts this node's workers (`python -m
+engine_core.worker`), waits until every rank has checked in (other nodes start theirs with `nvllm
+worker`), then all ranks join the process group, load their shards, and agree on the smallest KV block
+count any rank can hold (distributed/block_agreement.py).
 
 Each step: rank 0 builds the StepInput (plain lists), publishes it msgpack-encoded to every worker,
 and runs the same forward pass; the all-reduces inside the model keep the ranks in lock step, the
@@ -26,13 +26,12 @@ import time
 import msgspec
 import torch
 import zmq
-from torch.distributed import ReduceOp
 
-from common.config import EngineArgs
 from common.protocol import Logprobs
 from engine_core.distributed import channel
 from engine_core.distributed import rendezvous as rdv
-from engine_core.distributed.parallel_state import all_reduce
+from engine_core.distributed.block_agreement import agree_on_num_blocks
+from engine_core.engine_config import EngineConfig
 from engine_core.engine_errors import FatalEngineError
 from engine_core.model_runner import ModelRunner
 from engine_core.scheduler import SchedulerOutput
@@ -56,12 +55,13 @@ def _exit_description(code: int) -> str:
 
 
 class MultiprocExecutor:
-    def __init__(self, args: EngineArgs, model_path: str, hf_config, device: torch.device, dtype: torch.dtype):
-        self.layout = rdv.Layout(args.tensor_parallel_size, args.nnodes, args.node_rank)
-        if args.node_rank != 0:
-            raise ValueError(f"the engine core runs on node 0, not --node-rank {args.node_rank}; "
+    def __init__(self, config: EngineConfig):
+        parallel = config.parallel
+        self.layout = rdv.Layout(parallel.tensor_parallel_size, parallel.nnodes, parallel.node_rank)
+        if parallel.node_rank != 0:
+            raise ValueError(f"the engine core runs on node 0, not --node-rank {parallel.node_rank}; "
                              "start the other nodes' ranks with `nvllm worker`")
-        self.block_size = args.block_size
+        self.block_size = config.block_size
         self.world_size = self.layout.world_size
         self.peers = range(1, self.world_size)
         self.failure: str | None = None
@@ -71,7 +71,7 @@ class MultiprocExecutor:
         self.raised = False
         self.procs: dict[int, subprocess.Popen] = {}
         self.hello: set[int] = set()
-        self.ready: dict[int, int] = {}
+        self.ready: set[int] = set()
         self.bye: set[int] = set()
         self.last_seen: dict[int, float] = {}
         self.cond = threading.Condition()
@@ -85,7 +85,7 @@ class MultiprocExecutor:
         self.monitor = None
         self.stop_monitor = threading.Event()
         try:
-            self._start(args, model_path, hf_config, device, dtype)
+            self._start(config)
         except BaseException:
             self.shutdown()
             raise
@@ -93,20 +93,17 @@ class MultiprocExecutor:
 
     # ---- start-up ---------------------------------------------------------------------------
 
-    def _start(self, args, model_path, hf_config, device, dtype) -> None:
+    def _start(self, config: EngineConfig) -> None:
         multinode = self.layout.nnodes > 1
-        host = args.master_addr if multinode else "127.0.0.1"
+        host = config.parallel.master_addr if multinode else "127.0.0.1"
         self.pub = channel.step_publisher(self.ctx)
         self.pull = channel.status_receiver(self.ctx)
         step_addr = channel.bind_address(self.pub, host if multinode else None)
         status_addr = channel.bind_address(self.pull, host if multinode else None)
         # one host: a free port, so several engines can run side by side; several: the agreed port
-        self.store = rdv.master_store(host, args.master_port if multinode else 0)
+        self.store = rdv.master_store(host, config.parallel.master_port if multinode else 0)
         self.master = (host, self.store.port)
-        # workers get the dtype and device type rank 0 resolved, so every rank computes alike
-        shared = msgspec.structs.replace(args, dtype=str(dtype).removeprefix("torch."), device=device.type)
-        self.store.set(rdv.KEY_ARGS, msgspec.json.encode(shared))
-        self.store.set(rdv.KEY_MODEL, model_path)
+        rdv.publish_config(self.store, config)  # every rank computes with what rank 0 resolved
         self.store.set(rdv.KEY_STEP_ADDR, step_addr)
         self.store.set(rdv.KEY_STATUS_ADDR, status_addr)
 
@@ -117,12 +114,11 @@ class MultiprocExecutor:
                 self.procs[rank] = spawn_worker(host, self.store.port, rank)
         self._wait_for_hello(rdv.init_timeout())
 
-        device = rdv.rank_device(device.type, 0, self.layout.per_node)
+        device = rdv.rank_device(config.device, 0, self.layout.per_node)
         if device.type == "cpu":
             torch.set_num_threads(rdv.cpu_threads_per_rank(self.layout.per_node))
         rdv.init_process_group(self.store, 0, self.world_size, device)
-        self.device = device
-        self.runner = ModelRunner(args, model_path, hf_config, device, dtype)
+        self.runner = ModelRunner(config)
         self._wait(lambda: len(self.ready) == len(self.peers), None, "load their shards of the model")
         self._wait_for_subscribers(rdv.init_timeout())
         logger.info("tensor parallel: %d ranks on %d node(s) ready (%s, %d torch threads per rank)",
@@ -213,7 +209,7 @@ class MultiprocExecutor:
                 if msg.kind == "hello":
                     self.hello.add(msg.rank)
                 elif msg.kind == "ready":
-                    self.ready[msg.rank] = msg.num_blocks
+                    self.ready.add(msg.rank)
                 elif msg.kind == "bye":
                     self.bye.add(msg.rank)
                 elif msg.kind == "error":
@@ -252,13 +248,10 @@ class MultiprocExecutor:
 
     def num_blocks_for_budget(self) -> tuple[int, int]:
         """(blocks every rank can hold, rank 0's bytes per block: it holds the most heads)."""
-        per_block = self.runner.kv_bytes_per_block()
-        mine = max(0, self.runner.kv_cache_budget() // per_block)
-        agreed = all_reduce(torch.tensor([mine], dtype=torch.int64, device=self.device), ReduceOp.MIN)
-        return int(agreed.item()), per_block
+        return agree_on_num_blocks(self.runner), self.runner.kv_bytes_per_block()
 
     def initialize_cache(self, num_blocks: int) -> None:
-        self.runner.allocate_kv_cache(num_blocks)  # the workers allocated the same count after the all-reduce
+        self.runner.allocate_kv_cache(num_blocks)  # the workers allocated the same count after agreeing on it
 
     def _check(self) -> None:
         if self.failure is not None:

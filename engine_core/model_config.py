@@ -13,6 +13,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def load_hf_config(folder: str) -> SimpleNamespace:
+    """The normalised config.json as the namespace the model classes take."""
+    return SimpleNamespace(**read_hf_config(folder))
+
+
+def read_hf_config(folder: str) -> dict:
+    """config.json with the fields the engine reads normalised and defaulted (plain JSON values only)."""
     with open(os.path.join(folder, "config.json")) as f:
         raw = json.load(f)
     if "text_config" in raw:  # multimodal wrappers: the language model's part
@@ -28,7 +34,7 @@ def load_hf_config(folder: str) -> SimpleNamespace:
     raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
     if not raw.get("head_dim"):
         raw["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
-    return SimpleNamespace(**raw)
+    return raw
 
 
 def eos_token_ids(folder: str, config: SimpleNamespace) -> list[int]:
