@@ -128,6 +128,15 @@ class EngineCore:
         message = f"the engine failed this request's step: {type(error).__name__}: {error}"
         return self.scheduler.fail_requests(requests, message[:2000], before)
 
+    def on_executor_failure(self, wake) -> None:
+        """`wake()` is called from another thread when the executor fails while no step runs (a
+        tensor-parallel rank died): it must only wake the caller's loop, which then calls check_health."""
+        self.executor.on_failure(wake)
+
+    def check_health(self) -> None:
+        """Raises the executor's fatal error (engine_errors.is_fatal) once it has one."""
+        self.executor.check_health()
+
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
 

@@ -38,5 +38,11 @@ class UniprocExecutor:
             if self.drafter:
                 self.drafter.forget(rid)
 
+    def on_failure(self, wake) -> None:
+        """Nothing runs beside this process that could fail on its own: `wake` is never called."""
+
+    def check_health(self) -> None:
+        pass
+
     def shutdown(self) -> None:
         pass

@@ -12,9 +12,13 @@ LM head gathers logits on rank 0, and rank 0 samples. Nothing comes back from th
 status (hello, ready, heartbeat, error, bye).
 
 Faults: a monitor thread watches the local worker processes, the workers' heartbeats and error
-reports. A failed rank makes the next (or current) step raise TensorParallelError naming it; if
-the core is idle, the monitor raises it in the main thread through SIGUSR1, so an engine-core
-process exits non-zero within seconds instead of waiting for the next request.
+reports, and records the first failure. A failed rank makes the next (or current) step raise
+TensorParallelError naming it; a step blocked in a collective when a rank dies ends when the
+collective fails (a dead peer's connection closes) or times out, and then waits a moment on the
+recorded failure to name the rank. If the core is idle, the monitor calls the wake-up the core
+registered (`on_failure`): the core process's busy loop wakes, calls `check_health`, and exits
+non-zero within seconds instead of waiting for the next request. No signals: the core process
+owns those (SIGTERM/SIGINT).
 """
 
 import logging
@@ -22,6 +26,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 import msgspec
 import torch
@@ -64,11 +69,9 @@ class MultiprocExecutor:
         self.block_size = config.block_size
         self.world_size = self.layout.world_size
         self.peers = range(1, self.world_size)
-        self.failure: str | None = None
-        self.failed_at = 0.0
+        self.failure: str | None = None  # the first failure the monitor saw; the executor is dead from then on
+        self.wake: Callable[[], None] | None = None
         self.closing = False
-        self.in_step = False
-        self.raised = False
         self.procs: dict[int, subprocess.Popen] = {}
         self.hello: set[int] = set()
         self.ready: set[int] = set()
@@ -78,7 +81,6 @@ class MultiprocExecutor:
         self.pub_lock = threading.Lock()
         self.encoder = msgspec.msgpack.Encoder()
         self.threads_before = torch.get_num_threads()
-        self.signal_before = None
         self.ctx = zmq.Context()
         self.store = None
         self.runner = None
@@ -89,7 +91,6 @@ class MultiprocExecutor:
         except BaseException:
             self.shutdown()
             raise
-        self._install_failure_signal()
 
     # ---- start-up ---------------------------------------------------------------------------
 
@@ -188,8 +189,6 @@ class MultiprocExecutor:
                 with self.pub_lock:
                     self.pub.send_multipart([channel.HEARTBEAT, b""])
                 last_heartbeat = now
-            if self.failure is not None and not self.raised and not self.in_step and now - self.failed_at > 1.0:
-                self._interrupt_main()
 
     def _drain_status(self, timeout_ms: int) -> None:
         if not self.pull.poll(timeout_ms):
@@ -221,28 +220,11 @@ class MultiprocExecutor:
             if self.failure is not None or self.closing:
                 return
             self.failure = reason
-            self.failed_at = time.monotonic()
             self.cond.notify_all()
+            wake = self.wake
         logger.error("%s; the engine stops", reason)
-
-    # ---- raising a failure in the main thread while the core is idle ----------------------
-
-    def _install_failure_signal(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
-            return
-        self.signal_before = signal.signal(signal.SIGUSR1, self._on_failure_signal)
-        self.main_ident = threading.main_thread().ident
-
-    def _interrupt_main(self) -> None:
-        if self.signal_before is not None:
-            self.raised = True  # once
-            signal.pthread_kill(self.main_ident, signal.SIGUSR1)
-
-    def _on_failure_signal(self, signum, frame) -> None:
-        if self.failure is not None and not self.in_step and not self.closing:
-            raise TensorParallelError(self.failure)
+        if wake is not None:
+            wake()
 
     # ---- the executor interface -------------------------------------------------------------
 
@@ -253,31 +235,36 @@ class MultiprocExecutor:
     def initialize_cache(self, num_blocks: int) -> None:
         self.runner.allocate_kv_cache(num_blocks)  # the workers allocated the same count after agreeing on it
 
-    def _check(self) -> None:
+    def on_failure(self, wake: Callable[[], None]) -> None:
+        """`wake()` is called once, from the monitor thread, when a rank fails (at once if one has):
+        it must only wake the caller's loop, which then calls check_health."""
+        with self.cond:
+            self.wake = wake
+            failed = self.failure is not None
+        if failed:
+            wake()
+
+    def check_health(self) -> None:
+        """Raises TensorParallelError naming the failed rank once the monitor has seen one."""
         if self.failure is not None:
-            self.raised = True
             raise TensorParallelError(self.failure)
 
     def execute_model(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
-        self._check()
+        self.check_health()
         step, sampled_reqs, drafts = build_step_input(out, self.block_size)
-        self.in_step = True
         try:
             with self.pub_lock:
                 self.pub.send_multipart([channel.STEP, self.encoder.encode(step)])
             logits = self.runner.forward(step)
         except Exception as e:
             raise self._step_failed(e) from e
-        finally:
-            self.in_step = False
-        self._check()
+        self.check_health()
         return self.runner.sample(logits, sampled_reqs, drafts)
 
     def _step_failed(self, error: Exception) -> TensorParallelError:
         """A collective failed: give the monitor a moment to learn which rank is gone."""
         with self.cond:
             self.cond.wait_for(lambda: self.failure is not None, timeout=3.0)
-        self.raised = True
         return TensorParallelError(self.failure or f"a tensor-parallel collective failed: {error}")
 
     def forget_requests(self, request_ids) -> None:
@@ -289,9 +276,6 @@ class MultiprocExecutor:
         if self.closing:
             return
         self.closing = True
-        if self.signal_before is not None:
-            signal.signal(signal.SIGUSR1, self.signal_before)
-            self.signal_before = None
         if hasattr(self, "pub"):
             with self.pub_lock:
                 self.pub.send_multipart([channel.QUIT, b""])
