@@ -22,7 +22,7 @@ from common.config import EngineArgs
 from common.sampling_params import SamplingParams
 from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.torch_backend import write_kv_cache
-from engine_core.attention.torch_reference import reference_paged_attention
+from attention_reference import reference_paged_attention
 from engine_core.cuda_graph import (DecodeGraphRunner, graph_batch_sizes, is_decode_only, pad_decode_inputs,
                                     pick_batch_size)
 from engine_core.model_runner import ModelRunner, dummy_step, profile_lengths
