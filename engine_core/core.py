@@ -52,7 +52,6 @@ class EngineCore:
             speculator_for(config.speculative_config))
         self.num_blocks = num_blocks
         self.limits = args.request_limits(config.model.vocab_size, max_model_len)
-        self._pending: list[EngineCoreOutput] = []  # abort notices, sent with the next step
         self.core_id = uuid.uuid4().hex
 
     @property
@@ -88,7 +87,7 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         outputs = self.scheduler.abort_requests(request_ids)
         self.executor.forget_requests([o.request_id for o in outputs])
-        self._pending.extend(outputs)
+        self.scheduler.report_with_next_update(outputs)  # the notices go out with the next step
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -96,8 +95,8 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """One schedule -> execute -> update. An exception in it fails the step's requests (ERROR
         outputs, blocks freed) and the core goes on; only a fatal one (engine_errors.is_fatal) propagates."""
-        outputs, self._pending = self._pending, []
-        if self.scheduler.has_unfinished_requests():
+        outputs: list[EngineCoreOutput] = []
+        if self.scheduler.has_unfinished_requests():  # also while abort notices wait in the scheduler
             sched_out = None
             try:
                 sched_out = self.scheduler.schedule()
@@ -112,7 +111,7 @@ class EngineCore:
                     raise
                 step_outputs = self._fail_step(sched_out, e)
             self.executor.forget_requests([o.request_id for o in step_outputs if o.finish_reason is not None])
-            outputs.extend(step_outputs)
+            outputs = step_outputs
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.get_stats(),
                                  timestamp=time.time())
 

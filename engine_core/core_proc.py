@@ -132,7 +132,7 @@ class EngineCoreProc:
         self.sessions = FrontendSessions(silent_seconds)
         self._last_unknown_warning = -1.0
         self.owner: dict[str, bytes] = {}  # core request id -> frontend session key
-        self.stats = msgspec.msgpack.encode(EngineCoreOutputs(engine_index=engine_index))
+        self.stats = msgspec.msgpack.encode(EngineCoreOutputs())
         self.stopping = threading.Event()
         self.io_thread = threading.Thread(target=self._io_loop, name="nvllm-core-io", daemon=True)
 
@@ -396,14 +396,13 @@ class EngineCoreProc:
             out.request_id = out.request_id.split("|", 1)[1]
             per_frontend.setdefault(identity, []).append(out)
         stats = outputs.scheduler_stats
-        self.stats = self.encoder.encode(EngineCoreOutputs(scheduler_stats=stats, timestamp=outputs.timestamp,
-                                                           engine_index=self.engine_index))
+        self.stats = self.encoder.encode(EngineCoreOutputs(scheduler_stats=stats, timestamp=outputs.timestamp))
         for identity, outs in per_frontend.items():
             self._push_outputs(identity, outs, stats, outputs.timestamp)
 
     def _push_outputs(self, identity, outs, stats=None, timestamp=None) -> None:
         batch = EngineCoreOutputs(outputs=outs, scheduler_stats=stats or self.core.scheduler.get_stats(),
-                                  timestamp=timestamp or time.time(), engine_index=self.engine_index)
+                                  timestamp=timestamp or time.time())
         self.out_push.send_multipart([identity, P.OUTPUTS, self.encoder.encode(batch)])
 
     def _shutdown(self) -> None:
