@@ -13,7 +13,7 @@ from engine_core.cpu_threads import ThreadPoolSizer
 from engine_core.engine_config import resolve_engine_config
 from engine_core.engine_errors import is_fatal
 from engine_core.kv_cache_manager import KVCacheManager
-from engine_core.model_config import eos_token_ids, read_tokenizer_files
+from engine_core.model_folder import eos_token_ids, read_tokenizer_files
 from engine_core.request import Request
 from engine_core.scheduler import Scheduler, SchedulerConfig
 from engine_core.spec_decode.proposer import speculator_for
@@ -66,7 +66,7 @@ class EngineCore:
             model_name=self.args.served_model_name or self._default_name(),
             max_model_len=self.config.max_model_len,
             vocab_size=self.config.model.vocab_size,
-            eos_token_ids=eos_token_ids(self.config.model.path, self.config.model.architecture()),
+            eos_token_ids=eos_token_ids(self.config.model.path, self.config.model.hf_config),
             tokenizer_files=read_tokenizer_files(self.config.model.path),
             num_gpu_blocks=self.num_blocks,
             block_size=self.config.block_size,

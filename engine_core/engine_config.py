@@ -27,11 +27,11 @@ from common.speculative import SpeculativeConfig
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """A model folder and the facts of its config.json that the model code reads."""
     path: str  # a local folder (a GGUF file is converted to one by the resolver)
-    hf_config: dict[str, Any]  # config.json as engine_core/model_config.read_hf_config normalises it
+    hf_config: dict[str, Any]  # config.json as engine_core/model_folder.read_hf_config normalises it
 
     @classmethod
     def from_folder(cls, path: str) -> "ModelConfig":
-        from engine_core.model_config import read_hf_config
+        from engine_core.model_folder import read_hf_config
         return cls(path=path, hf_config=read_hf_config(path))
 
     def architecture(self) -> SimpleNamespace:

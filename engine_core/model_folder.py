@@ -6,19 +6,14 @@ transformers versions, such as rope_theta moving into rope_parameters, are handl
 
 import json
 import os
-from types import SimpleNamespace
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
 
 
-def load_hf_config(folder: str) -> SimpleNamespace:
-    """The normalised config.json as the namespace the model classes take."""
-    return SimpleNamespace(**read_hf_config(folder))
-
-
 def read_hf_config(folder: str) -> dict:
-    """config.json with the fields the engine reads normalised and defaulted (plain JSON values only)."""
+    """config.json with the fields the engine reads normalised and defaulted (plain JSON values only;
+    engine_config.ModelConfig holds it and makes the namespace the model classes take)."""
     with open(os.path.join(folder, "config.json")) as f:
         raw = json.load(f)
     if "text_config" in raw:  # multimodal wrappers: the language model's part
@@ -37,7 +32,7 @@ def read_hf_config(folder: str) -> dict:
     return raw
 
 
-def eos_token_ids(folder: str, config: SimpleNamespace) -> list[int]:
+def eos_token_ids(folder: str, hf_config: dict) -> list[int]:
     """EOS ids from generation_config.json (what generate() stops on), else config.json."""
     ids = None
     path = os.path.join(folder, "generation_config.json")
@@ -45,7 +40,7 @@ def eos_token_ids(folder: str, config: SimpleNamespace) -> list[int]:
         with open(path) as f:
             ids = json.load(f).get("eos_token_id")
     if ids is None:
-        ids = getattr(config, "eos_token_id", None)
+        ids = hf_config.get("eos_token_id")
     if ids is None:
         return []
     return list(ids) if isinstance(ids, list) else [ids]
