@@ -123,7 +123,7 @@ def resolve_engine_config(args: EngineArgs) -> EngineConfig:
         enforce_eager=args.enforce_eager,
         kv_cache_memory=None if args.kv_cache_memory is None else parse_size(args.kv_cache_memory),
         gpu_memory_utilization=args.gpu_memory_utilization,
-        speculative_config=spec,
+        speculative_config=None if spec is None else msgspec.structs.replace(spec),  # not shared with args
         cpu_threads=args.cpu_threads,
     )
 
