@@ -32,8 +32,17 @@ def parse_size(text: str | int) -> int:
 # 2048 (server) and 4096 (offline); 4096 was no faster here than 2048.
 DEFAULT_TOKEN_BUDGET = {("cpu", "server"): 512, ("cpu", "offline"): 2048,
                         ("cuda", "server"): 2048, ("cuda", "offline"): 2048}
-USAGES = ("server", "offline")
+# the values a flag may take: EngineArgs.validate and the CLI's argparse choices both read these
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+USAGES = ("server", "offline")
+
+
+def _one_of(values) -> str:
+    return ", ".join(map(str, values))
 
 
 class EngineArgs(msgspec.Struct, kw_only=True):
@@ -85,15 +94,14 @@ class EngineArgs(msgspec.Struct, kw_only=True):
 
     def validate(self) -> None:
         checks = [
-            (self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype",
-             f"must be one of auto, float32, bfloat16, float16, got {self.dtype!r}"),
-            (self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}"),
+            (self.dtype in DTYPES, "dtype", f"must be one of {_one_of(DTYPES)}, got {self.dtype!r}"),
+            (self.device in DEVICES, "device", f"must be auto, cpu or cuda, got {self.device!r}"),
             (self.max_model_len is None or self.max_model_len >= 1, "max_model_len",
              f"must be at least 1, got {self.max_model_len}"),
             (self.max_num_seqs >= 1, "max_num_seqs", f"must be at least 1, got {self.max_num_seqs}"),
             (self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
              f"must be at least 1, got {self.max_num_batched_tokens}"),
-            (self.block_size in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512), "block_size",
+            (self.block_size in BLOCK_SIZES, "block_size",
              f"must be a power of two from 1 to 512, got {self.block_size}"),
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
              f"must be in (0, 1], got {self.gpu_memory_utilization}"),
@@ -102,9 +110,9 @@ class EngineArgs(msgspec.Struct, kw_only=True):
             (self.cpu_threads is None or self.cpu_threads >= 1, "cpu_threads",
              f"must be at least 1, got {self.cpu_threads}"),
             (self.quantization in QUANTIZATIONS, "quantization",
-             f"must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"),
+             f"must be one of {_one_of(QUANTIZATIONS)}, got {self.quantization!r}"),
             (self.usage in USAGES, "usage", f"must be server or offline, got {self.usage!r}"),
-            (self.attention_backend in ("auto", "torch", "triton", "flash_attn"), "attention_backend",
+            (self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
              f"must be auto, torch, triton or flash_attn, got {self.attention_backend!r}"),
         ] + [(getattr(self, name) >= (0 if name == "max_logprobs" else 1), name,
               f"must be at least {0 if name == 'max_logprobs' else 1}, got {getattr(self, name)}")

@@ -76,7 +76,6 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
-    engine_index: int = 0
 
 
 # ---- frames ------------------------------------------------------------------------------------

@@ -10,65 +10,53 @@ import uuid
 from common.config import EngineArgs
 from common.protocol import PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready
 from engine_core.cpu_threads import ThreadPoolSizer
+from engine_core.engine_config import resolve_engine_config
 from engine_core.engine_errors import is_fatal
 from engine_core.kv_cache_manager import KVCacheManager
-from engine_core.model_config import eos_token_ids, load_hf_config, read_tokenizer_files
-from engine_core.platform import pick_device, pick_dtype
+from engine_core.model_folder import eos_token_ids, read_tokenizer_files
 from engine_core.request import Request
 from engine_core.scheduler import Scheduler, SchedulerConfig
 from engine_core.spec_decode.proposer import speculator_for
-from engine_core.weights.model_resolver import resolve_model
 
 logger = logging.getLogger("nvllm")
 
 
 class EngineCore:
     def __init__(self, args: EngineArgs, executor_class=None):
-        args.validate()
-        self.args = args
-        self.model_path = resolve_model(args.model)
-        self.hf_config = load_hf_config(self.model_path)
-        self.max_model_len = self._max_model_len()
-        device = pick_device(args.device)
-        dtype = pick_dtype(args.dtype, device)
+        self.args = args  # what the user asked for, never changed; everything below reads self.config
+        self.config = config = resolve_engine_config(args)
         if executor_class is None:
             from engine_core.executor_factory import executor_class_for
-            executor_class = executor_class_for(args)
-        self.cpu_threads = (ThreadPoolSizer(args.cpu_threads, fixed=args.cpu_threads is not None)
-                            if device.type == "cpu" and args.tensor_parallel_size == 1 else None)
-        self.executor = executor_class(args, self.model_path, self.hf_config, device, dtype)
+            executor_class = executor_class_for(config)
+        self.cpu_threads = (ThreadPoolSizer(config.cpu_threads, fixed=config.cpu_threads is not None)
+                            if config.device == "cpu" and config.parallel.is_single_process else None)
+        self.executor = executor_class(config)
         num_blocks, per_block = self.executor.num_blocks_for_budget()
-        capacity = num_blocks * args.block_size
-        if capacity < self.max_model_len:
+        block_size, max_model_len = config.block_size, config.max_model_len
+        capacity = num_blocks * block_size
+        if capacity < max_model_len:
             self.executor.shutdown()
             raise ValueError(
-                f"kv_cache_memory holds {capacity} tokens ({num_blocks} blocks of {args.block_size}), fewer than "
-                f"max_model_len {self.max_model_len}: raise --kv-cache-memory (or --gpu-memory-utilization) "
-                f"to at least {-(-self.max_model_len // args.block_size) * per_block} bytes, "
+                f"kv_cache_memory holds {capacity} tokens ({num_blocks} blocks of {block_size}), fewer than "
+                f"max_model_len {max_model_len}: raise --kv-cache-memory (or --gpu-memory-utilization) "
+                f"to at least {-(-max_model_len // block_size) * per_block} bytes, "
                 f"or lower --max-model-len")
         self.executor.initialize_cache(num_blocks)
-        logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)", num_blocks, args.block_size,
-                    capacity, num_blocks * per_block / 2**30, str(dtype).removeprefix("torch."))
-        self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)", num_blocks, block_size,
+                    capacity, num_blocks * per_block / 2**30, config.dtype)
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.token_budget(device.type),
-            max_model_len=self.max_model_len, block_size=args.block_size,
-            enable_prefix_caching=args.enable_prefix_caching), self.kv_cache_manager,
-            speculator_for(args.speculative_config))
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=max_model_len, block_size=block_size,
+            enable_prefix_caching=config.enable_prefix_caching), self.kv_cache_manager,
+            speculator_for(config.speculative_config))
         self.num_blocks = num_blocks
-        self.dtype = dtype
-        self.limits = args.request_limits(self.hf_config.vocab_size, self.max_model_len)
-        self._pending: list[EngineCoreOutput] = []  # abort notices, sent with the next step
+        self.limits = args.request_limits(config.model.vocab_size, max_model_len)
         self.core_id = uuid.uuid4().hex
 
-    def _max_model_len(self) -> int:
-        limit = self.hf_config.max_position_embeddings
-        if self.args.max_model_len is None:
-            return limit
-        if self.args.max_model_len > limit:
-            raise ValueError(f"max_model_len {self.args.max_model_len} exceeds the model's "
-                             f"max_position_embeddings {limit}")
-        return self.args.max_model_len
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
 
     def model_info(self) -> Ready:
         """What a frontend needs to serve this model without a copy of it."""
@@ -76,13 +64,13 @@ class EngineCore:
             protocol_version=PROTOCOL_VERSION,
             core_id=self.core_id,
             model_name=self.args.served_model_name or self._default_name(),
-            max_model_len=self.max_model_len,
-            vocab_size=self.hf_config.vocab_size,
-            eos_token_ids=eos_token_ids(self.model_path, self.hf_config),
-            tokenizer_files=read_tokenizer_files(self.model_path),
+            max_model_len=self.config.max_model_len,
+            vocab_size=self.config.model.vocab_size,
+            eos_token_ids=eos_token_ids(self.config.model.path, self.config.model.hf_config),
+            tokenizer_files=read_tokenizer_files(self.config.model.path),
             num_gpu_blocks=self.num_blocks,
-            block_size=self.args.block_size,
-            dtype=str(self.dtype).removeprefix("torch."),
+            block_size=self.config.block_size,
+            dtype=self.config.dtype,
             limits=self.limits,
         )
 
@@ -99,7 +87,7 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         outputs = self.scheduler.abort_requests(request_ids)
         self.executor.forget_requests([o.request_id for o in outputs])
-        self._pending.extend(outputs)
+        self.scheduler.report_with_next_update(outputs)  # the notices go out with the next step
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -107,8 +95,8 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """One schedule -> execute -> update. An exception in it fails the step's requests (ERROR
         outputs, blocks freed) and the core goes on; only a fatal one (engine_errors.is_fatal) propagates."""
-        outputs, self._pending = self._pending, []
-        if self.scheduler.has_unfinished_requests():
+        outputs: list[EngineCoreOutput] = []
+        if self.scheduler.has_unfinished_requests():  # also while abort notices wait in the scheduler
             sched_out = None
             try:
                 sched_out = self.scheduler.schedule()
@@ -123,7 +111,7 @@ class EngineCore:
                     raise
                 step_outputs = self._fail_step(sched_out, e)
             self.executor.forget_requests([o.request_id for o in step_outputs if o.finish_reason is not None])
-            outputs.extend(step_outputs)
+            outputs = step_outputs
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.get_stats(),
                                  timestamp=time.time())
 
@@ -138,6 +126,15 @@ class EngineCore:
                          len(requests), type(error).__name__, error, exc_info=error)
         message = f"the engine failed this request's step: {type(error).__name__}: {error}"
         return self.scheduler.fail_requests(requests, message[:2000], before)
+
+    def on_executor_failure(self, wake) -> None:
+        """`wake()` is called from another thread when the executor fails while no step runs (a
+        tensor-parallel rank died): it must only wake the caller's loop, which then calls check_health."""
+        self.executor.on_failure(wake)
+
+    def check_health(self) -> None:
+        """Raises the executor's fatal error (engine_errors.is_fatal) once it has one."""
+        self.executor.check_health()
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()

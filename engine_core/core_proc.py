@@ -59,6 +59,8 @@ RECEIVE_BATCH = 64  # frames read per IO loop turn (then outputs, heartbeats and
 MAX_PENDING_INPUTS = 1024
 MAX_PENDING_INPUT_BYTES = 16 * 1024 * 1024
 DECODED_TOKEN_BYTES = 36  # a prompt token decodes to a Python int (28 bytes) and its list slot (8)
+# an `inputs` item with no frame: the executor failed (its monitor thread put it), look at its health now
+WAKE = "wake"
 
 _decoders = {
     P.HELLO: msgspec.msgpack.Decoder(P.Hello),
@@ -94,7 +96,8 @@ class EngineCoreProc:
         self.ready_resumed = msgspec.msgpack.encode(msgspec.structs.replace(info, tokenizer_files={}, resumed=True))
         self.parent_pid = parent_pid
         # SimpleQueue: its put is reentrant, so the signal handlers may use it even when the signal lands
-        # while the main thread is inside get (a Queue's lock is taken there: the handler would deadlock)
+        # while the main thread is inside get (a Queue's lock is taken there: the handler would deadlock).
+        # Items: (kind, session key, message, size) from the IO thread; None: stop; WAKE: check the executor
         self.inputs: queue.SimpleQueue = queue.SimpleQueue()
         self.queued_bytes = self.applied_bytes = 0  # frame bytes put on / taken off `inputs`
         self.encoder = msgspec.msgpack.Encoder()
@@ -129,7 +132,7 @@ class EngineCoreProc:
         self.sessions = FrontendSessions(silent_seconds)
         self._last_unknown_warning = -1.0
         self.owner: dict[str, bytes] = {}  # core request id -> frontend session key
-        self.stats = msgspec.msgpack.encode(EngineCoreOutputs(engine_index=engine_index))
+        self.stats = msgspec.msgpack.encode(EngineCoreOutputs())
         self.stopping = threading.Event()
         self.io_thread = threading.Thread(target=self._io_loop, name="nvllm-core-io", daemon=True)
 
@@ -296,6 +299,7 @@ class EngineCoreProc:
     def run(self) -> int:
         for stop_signal in (signal.SIGTERM, signal.SIGINT):
             signal.signal(stop_signal, lambda *_: self.inputs.put(None))  # no locks in a signal handler
+        self.core.on_executor_failure(lambda: self.inputs.put(WAKE))
         self.io_thread.start()
         logger.info("engine core %d listening on %s", self.engine_index, self.listen)
         try:
@@ -303,14 +307,16 @@ class EngineCoreProc:
                 self._apply_inputs(block=not self.core.has_unfinished_requests())
                 if self.stopping.is_set():
                     break
-                if self.core.has_unfinished_requests():
-                    try:
-                        outputs = self.core.step()  # a request's failure comes back as its ERROR output
-                    except BaseException as e:
-                        logger.critical("the engine cannot go on: %s: %s", type(e).__name__, e, exc_info=e)
-                        raise
-                    self.throughput_log.record(outputs.scheduler_stats)
-                    self._route(outputs)
+                try:
+                    self.core.check_health()  # a tensor-parallel rank died while the core waited
+                    if not self.core.has_unfinished_requests():
+                        continue
+                    outputs = self.core.step()  # a request's failure comes back as its ERROR output
+                except BaseException as e:
+                    logger.critical("the engine cannot go on: %s: %s", type(e).__name__, e, exc_info=e)
+                    raise
+                self.throughput_log.record(outputs.scheduler_stats)
+                self._route(outputs)
         finally:
             self._shutdown()
         return 0
@@ -324,6 +330,8 @@ class EngineCoreProc:
             block = False
             if item is None:  # a stop: a signal, or the IO thread saw the parent frontend go
                 self.stopping.set()
+                return
+            if item is WAKE:  # the executor failed: the loop looks at its health before anything else
                 return
             kind, identity, message, size = item
             self.applied_bytes += size
@@ -388,14 +396,13 @@ class EngineCoreProc:
             out.request_id = out.request_id.split("|", 1)[1]
             per_frontend.setdefault(identity, []).append(out)
         stats = outputs.scheduler_stats
-        self.stats = self.encoder.encode(EngineCoreOutputs(scheduler_stats=stats, timestamp=outputs.timestamp,
-                                                           engine_index=self.engine_index))
+        self.stats = self.encoder.encode(EngineCoreOutputs(scheduler_stats=stats, timestamp=outputs.timestamp))
         for identity, outs in per_frontend.items():
             self._push_outputs(identity, outs, stats, outputs.timestamp)
 
     def _push_outputs(self, identity, outs, stats=None, timestamp=None) -> None:
         batch = EngineCoreOutputs(outputs=outs, scheduler_stats=stats or self.core.scheduler.get_stats(),
-                                  timestamp=timestamp or time.time(), engine_index=self.engine_index)
+                                  timestamp=timestamp or time.time())
         self.out_push.send_multipart([identity, P.OUTPUTS, self.encoder.encode(batch)])
 
     def _shutdown(self) -> None:

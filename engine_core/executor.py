@@ -1,9 +1,8 @@
 """Runs a scheduled step on the model and samples. One process (TP=1) here; the multiprocess
 executor for tensor parallelism has the same interface."""
 
-import torch
-
 from common.protocol import Logprobs
+from engine_core.engine_config import EngineConfig
 from engine_core.model_runner import ModelRunner
 from engine_core.scheduler import SchedulerOutput
 from engine_core.spec_decode.draft_model import DraftModel
@@ -11,11 +10,10 @@ from engine_core.step_input import build_step_input
 
 
 class UniprocExecutor:
-    def __init__(self, args, model_path: str, hf_config, device: torch.device, dtype: torch.dtype):
-        self.runner = ModelRunner(args, model_path, hf_config, device, dtype)
-        self.block_size = args.block_size
-        spec = args.speculative_config
-        self.drafter = DraftModel(args, hf_config, device, dtype) if spec and spec.method == "draft_model" else None
+    def __init__(self, config: EngineConfig):
+        self.runner = ModelRunner(config)
+        self.block_size = config.block_size
+        self.drafter = DraftModel(config) if config.draft_model is not None else None
 
     def num_blocks_for_budget(self) -> tuple[int, int]:
         """(blocks that fit the memory budget, bytes per block: a draft model's cache takes its share)."""
@@ -39,6 +37,12 @@ class UniprocExecutor:
             self.runner.sampler.forget(rid)
             if self.drafter:
                 self.drafter.forget(rid)
+
+    def on_failure(self, wake) -> None:
+        """Nothing runs beside this process that could fail on its own: `wake` is never called."""
+
+    def check_health(self) -> None:
+        pass
 
     def shutdown(self) -> None:
         pass

@@ -1,9 +1,9 @@
-from common.config import EngineArgs
+from engine_core.engine_config import EngineConfig
 
 
-def executor_class_for(args: EngineArgs):
+def executor_class_for(config: EngineConfig):
     """One process for TP=1 on one node; rank 0 here plus worker processes otherwise."""
-    if args.tensor_parallel_size == 1 and args.nnodes == 1:
+    if config.parallel.is_single_process:
         from engine_core.executor import UniprocExecutor
         return UniprocExecutor
     from engine_core.executor_mp import MultiprocExecutor

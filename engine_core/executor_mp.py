@@ -1,10 +1,10 @@
 """Tensor-parallel executor: rank 0 in the core process, ranks 1..N-1 in worker processes.
 
-Start-up: rank 0 serves the rendezvous store (torch.distributed's TCPStore) and puts the engine
-arguments and the channel addresses in it, starts this node's workers (`python -m
-engine_core.worker`, arguments as JSON through the store), waits until every rank has checked in
-(other nodes start theirs with `nvllm worker`), then all ranks join the process group, load their
-shards, and agree on the smallest KV block count any rank can hold (all-reduce MIN).
+Start-up: rank 0 serves the rendezvous store (torch.distributed's TCPStore) and puts the resolved
+EngineConfig (msgpack) and the channel addresses in it, starts this node's workers (`python -m
+engine_core.worker`), waits until every rank has checked in (other nodes start theirs with `nvllm
+worker`), then all ranks join the process group, load their shards, and agree on the smallest KV block
+count any rank can hold (distributed/block_agreement.py).
 
 Each step: rank 0 builds the StepInput (plain lists), publishes it msgpack-encoded to every worker,
 and runs the same forward pass; the all-reduces inside the model keep the ranks in lock step, the
@@ -12,9 +12,13 @@ LM head gathers logits on rank 0, and rank 0 samples. Nothing comes back from th
 status (hello, ready, heartbeat, error, bye).
 
 Faults: a monitor thread watches the local worker processes, the workers' heartbeats and error
-reports. A failed rank makes the next (or current) step raise TensorParallelError naming it; if
-the core is idle, the monitor raises it in the main thread through SIGUSR1, so an engine-core
-process exits non-zero within seconds instead of waiting for the next request.
+reports, and records the first failure. A failed rank makes the next (or current) step raise
+TensorParallelError naming it; a step blocked in a collective when a rank dies ends when the
+collective fails (a dead peer's connection closes) or times out, and then waits a moment on the
+recorded failure to name the rank. If the core is idle, the monitor calls the wake-up the core
+registered (`on_failure`): the core process's busy loop wakes, calls `check_health`, and exits
+non-zero within seconds instead of waiting for the next request. No signals: the core process
+owns those (SIGTERM/SIGINT).
 """
 
 import logging
@@ -22,17 +26,17 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 import msgspec
 import torch
 import zmq
-from torch.distributed import ReduceOp
 
-from common.config import EngineArgs
 from common.protocol import Logprobs
 from engine_core.distributed import channel
 from engine_core.distributed import rendezvous as rdv
-from engine_core.distributed.parallel_state import all_reduce
+from engine_core.distributed.block_agreement import agree_on_num_blocks
+from engine_core.engine_config import EngineConfig
 from engine_core.engine_errors import FatalEngineError
 from engine_core.model_runner import ModelRunner
 from engine_core.scheduler import SchedulerOutput
@@ -56,57 +60,51 @@ def _exit_description(code: int) -> str:
 
 
 class MultiprocExecutor:
-    def __init__(self, args: EngineArgs, model_path: str, hf_config, device: torch.device, dtype: torch.dtype):
-        self.layout = rdv.Layout(args.tensor_parallel_size, args.nnodes, args.node_rank)
-        if args.node_rank != 0:
-            raise ValueError(f"the engine core runs on node 0, not --node-rank {args.node_rank}; "
+    def __init__(self, config: EngineConfig):
+        parallel = config.parallel
+        self.layout = rdv.Layout(parallel.tensor_parallel_size, parallel.nnodes, parallel.node_rank)
+        if parallel.node_rank != 0:
+            raise ValueError(f"the engine core runs on node 0, not --node-rank {parallel.node_rank}; "
                              "start the other nodes' ranks with `nvllm worker`")
-        self.block_size = args.block_size
+        self.block_size = config.block_size
         self.world_size = self.layout.world_size
         self.peers = range(1, self.world_size)
-        self.failure: str | None = None
-        self.failed_at = 0.0
+        self.failure: str | None = None  # the first failure the monitor saw; the executor is dead from then on
+        self.wake: Callable[[], None] | None = None
         self.closing = False
-        self.in_step = False
-        self.raised = False
         self.procs: dict[int, subprocess.Popen] = {}
         self.hello: set[int] = set()
-        self.ready: dict[int, int] = {}
+        self.ready: set[int] = set()
         self.bye: set[int] = set()
         self.last_seen: dict[int, float] = {}
         self.cond = threading.Condition()
         self.pub_lock = threading.Lock()
         self.encoder = msgspec.msgpack.Encoder()
         self.threads_before = torch.get_num_threads()
-        self.signal_before = None
         self.ctx = zmq.Context()
         self.store = None
         self.runner = None
         self.monitor = None
         self.stop_monitor = threading.Event()
         try:
-            self._start(args, model_path, hf_config, device, dtype)
+            self._start(config)
         except BaseException:
             self.shutdown()
             raise
-        self._install_failure_signal()
 
     # ---- start-up ---------------------------------------------------------------------------
 
-    def _start(self, args, model_path, hf_config, device, dtype) -> None:
+    def _start(self, config: EngineConfig) -> None:
         multinode = self.layout.nnodes > 1
-        host = args.master_addr if multinode else "127.0.0.1"
+        host = config.parallel.master_addr if multinode else "127.0.0.1"
         self.pub = channel.step_publisher(self.ctx)
         self.pull = channel.status_receiver(self.ctx)
         step_addr = channel.bind_address(self.pub, host if multinode else None)
         status_addr = channel.bind_address(self.pull, host if multinode else None)
         # one host: a free port, so several engines can run side by side; several: the agreed port
-        self.store = rdv.master_store(host, args.master_port if multinode else 0)
+        self.store = rdv.master_store(host, config.parallel.master_port if multinode else 0)
         self.master = (host, self.store.port)
-        # workers get the dtype and device type rank 0 resolved, so every rank computes alike
-        shared = msgspec.structs.replace(args, dtype=str(dtype).removeprefix("torch."), device=device.type)
-        self.store.set(rdv.KEY_ARGS, msgspec.json.encode(shared))
-        self.store.set(rdv.KEY_MODEL, model_path)
+        rdv.publish_config(self.store, config)  # every rank computes with what rank 0 resolved
         self.store.set(rdv.KEY_STEP_ADDR, step_addr)
         self.store.set(rdv.KEY_STATUS_ADDR, status_addr)
 
@@ -117,12 +115,11 @@ class MultiprocExecutor:
                 self.procs[rank] = spawn_worker(host, self.store.port, rank)
         self._wait_for_hello(rdv.init_timeout())
 
-        device = rdv.rank_device(device.type, 0, self.layout.per_node)
+        device = rdv.rank_device(config.device, 0, self.layout.per_node)
         if device.type == "cpu":
             torch.set_num_threads(rdv.cpu_threads_per_rank(self.layout.per_node))
         rdv.init_process_group(self.store, 0, self.world_size, device)
-        self.device = device
-        self.runner = ModelRunner(args, model_path, hf_config, device, dtype)
+        self.runner = ModelRunner(config)
         self._wait(lambda: len(self.ready) == len(self.peers), None, "load their shards of the model")
         self._wait_for_subscribers(rdv.init_timeout())
         logger.info("tensor parallel: %d ranks on %d node(s) ready (%s, %d torch threads per rank)",
@@ -192,8 +189,6 @@ class MultiprocExecutor:
                 with self.pub_lock:
                     self.pub.send_multipart([channel.HEARTBEAT, b""])
                 last_heartbeat = now
-            if self.failure is not None and not self.raised and not self.in_step and now - self.failed_at > 1.0:
-                self._interrupt_main()
 
     def _drain_status(self, timeout_ms: int) -> None:
         if not self.pull.poll(timeout_ms):
@@ -213,7 +208,7 @@ class MultiprocExecutor:
                 if msg.kind == "hello":
                     self.hello.add(msg.rank)
                 elif msg.kind == "ready":
-                    self.ready[msg.rank] = msg.num_blocks
+                    self.ready.add(msg.rank)
                 elif msg.kind == "bye":
                     self.bye.add(msg.rank)
                 elif msg.kind == "error":
@@ -225,66 +220,51 @@ class MultiprocExecutor:
             if self.failure is not None or self.closing:
                 return
             self.failure = reason
-            self.failed_at = time.monotonic()
             self.cond.notify_all()
+            wake = self.wake
         logger.error("%s; the engine stops", reason)
-
-    # ---- raising a failure in the main thread while the core is idle ----------------------
-
-    def _install_failure_signal(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
-            return
-        self.signal_before = signal.signal(signal.SIGUSR1, self._on_failure_signal)
-        self.main_ident = threading.main_thread().ident
-
-    def _interrupt_main(self) -> None:
-        if self.signal_before is not None:
-            self.raised = True  # once
-            signal.pthread_kill(self.main_ident, signal.SIGUSR1)
-
-    def _on_failure_signal(self, signum, frame) -> None:
-        if self.failure is not None and not self.in_step and not self.closing:
-            raise TensorParallelError(self.failure)
+        if wake is not None:
+            wake()
 
     # ---- the executor interface -------------------------------------------------------------
 
     def num_blocks_for_budget(self) -> tuple[int, int]:
         """(blocks every rank can hold, rank 0's bytes per block: it holds the most heads)."""
-        per_block = self.runner.kv_bytes_per_block()
-        mine = max(0, self.runner.kv_cache_budget() // per_block)
-        agreed = all_reduce(torch.tensor([mine], dtype=torch.int64, device=self.device), ReduceOp.MIN)
-        return int(agreed.item()), per_block
+        return agree_on_num_blocks(self.runner), self.runner.kv_bytes_per_block()
 
     def initialize_cache(self, num_blocks: int) -> None:
-        self.runner.allocate_kv_cache(num_blocks)  # the workers allocated the same count after the all-reduce
+        self.runner.allocate_kv_cache(num_blocks)  # the workers allocated the same count after agreeing on it
 
-    def _check(self) -> None:
+    def on_failure(self, wake: Callable[[], None]) -> None:
+        """`wake()` is called once, from the monitor thread, when a rank fails (at once if one has):
+        it must only wake the caller's loop, which then calls check_health."""
+        with self.cond:
+            self.wake = wake
+            failed = self.failure is not None
+        if failed:
+            wake()
+
+    def check_health(self) -> None:
+        """Raises TensorParallelError naming the failed rank once the monitor has seen one."""
         if self.failure is not None:
-            self.raised = True
             raise TensorParallelError(self.failure)
 
     def execute_model(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
-        self._check()
+        self.check_health()
         step, sampled_reqs, drafts = build_step_input(out, self.block_size)
-        self.in_step = True
         try:
             with self.pub_lock:
                 self.pub.send_multipart([channel.STEP, self.encoder.encode(step)])
             logits = self.runner.forward(step)
         except Exception as e:
             raise self._step_failed(e) from e
-        finally:
-            self.in_step = False
-        self._check()
+        self.check_health()
         return self.runner.sample(logits, sampled_reqs, drafts)
 
     def _step_failed(self, error: Exception) -> TensorParallelError:
         """A collective failed: give the monitor a moment to learn which rank is gone."""
         with self.cond:
             self.cond.wait_for(lambda: self.failure is not None, timeout=3.0)
-        self.raised = True
         return TensorParallelError(self.failure or f"a tensor-parallel collective failed: {error}")
 
     def forget_requests(self, request_ids) -> None:
@@ -296,9 +276,6 @@ class MultiprocExecutor:
         if self.closing:
             return
         self.closing = True
-        if self.signal_before is not None:
-            signal.signal(signal.SIGUSR1, self.signal_before)
-            self.signal_before = None
         if hasattr(self, "pub"):
             with self.pub_lock:
                 self.pub.send_multipart([channel.QUIT, b""])

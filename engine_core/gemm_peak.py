@@ -14,8 +14,8 @@ import time
 
 import torch
 
+from engine_core.engine_config import ModelConfig
 from engine_core.layers import cpu_gemm, cpu_packing
-from engine_core.model_config import load_hf_config
 from engine_core.weights.model_resolver import resolve_model
 
 ROWS = (128, 512, 2048)
@@ -51,7 +51,7 @@ def layer_rate(shapes: dict[str, tuple[int, int]], rows: int, kernel, repeats: i
 
 def measure(model: str | None = None) -> dict:
     folder = resolve_model(model)
-    shapes = layer_shapes(load_hf_config(folder))
+    shapes = layer_shapes(ModelConfig.from_folder(folder).architecture())
     kernels = {"onednn": cpu_packing.OneDnnWeight if cpu_packing.can_pack(torch.device("cpu"), torch.bfloat16) else None}
     if cpu_gemm.load() is not None:
         kernels["nvllm"] = cpu_gemm.PanelWeight

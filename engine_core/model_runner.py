@@ -11,7 +11,6 @@ import time
 
 import torch
 
-from common.config import EngineArgs, parse_size
 from common.protocol import Logprobs
 from common.sampling_params import SamplingParams
 from engine_core.attention import cpu_decode_kernel
@@ -19,6 +18,7 @@ from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.selector import get_attention_backend
 from engine_core.cuda_graph import DecodeGraphRunner
 from engine_core.distributed.parallel_state import tp_rank, tp_size
+from engine_core.engine_config import EngineConfig
 from engine_core.forward_context import forward_context
 from engine_core.layers import cpu_ops, cpu_packing
 from engine_core.layers.attention import PagedAttention
@@ -37,13 +37,13 @@ DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, args: EngineArgs, model_path: str, hf_config, device: torch.device, dtype: torch.dtype,
-                 role: str = "model"):
-        self.args = args
-        self.device = device
-        self.dtype = dtype
-        self.block_size = args.block_size
-        self.max_model_len = args.max_model_len or hf_config.max_position_embeddings
+    def __init__(self, config: EngineConfig, role: str = "model"):
+        self.config = config
+        self.device = device = this_rank_device(config.device)
+        self.dtype = dtype = config.torch_dtype()
+        self.block_size = config.block_size
+        self.max_model_len = config.max_model_len
+        hf_config = config.model.architecture()
         self.hidden_size = hf_config.hidden_size
         self.graph_runner: DecodeGraphRunner | None = None
         self.activation_peak: int | None = None  # bytes, once profile_run has measured it
@@ -55,9 +55,9 @@ class ModelRunner:
                 self.model = model_class(hf_config.architectures)(hf_config)
         finally:
             torch.set_default_dtype(previous)
-        self.model.load_weights(load_safetensors_weights(model_path))
+        self.model.load_weights(load_safetensors_weights(config.model.path))
         self.model.eval()
-        self.quantization = quantized.apply(self.model, model_path, args.quantization, device, dtype)
+        self.quantization = quantized.apply(self.model, config.model.path, config.quantization, device, dtype)
         if cpu_packing.can_pack(device, dtype):
             cpu_packing.pack_model(self.model)
         if device.type == "cpu" and dtype == torch.bfloat16:
@@ -68,18 +68,18 @@ class ModelRunner:
         if device.type == "cpu" and dtype == torch.bfloat16 and self.backend.name == "torch" and hasattr(
                 self.model, "cpu_decoder"):
             self.model.cpu_decoder = CpuDecoder.for_model(self.model)
-        self.sampler = Sampler(device, args.seed) if tp_rank() == 0 else None
+        self.sampler = Sampler(device, config.seed) if tp_rank() == 0 else None
         if tp_rank() == 0:
             logger.info("loaded %s %s (%s) on %s in %.1f s, attention backend %s, weights kept quantized: %s "
                         "(%.0f MB of weights)", role, hf_config.architectures[0], str(dtype).removeprefix("torch."), device,
                         time.perf_counter() - start, self.backend.name, self.quantization, weight_bytes(self.model) / 1e6)
 
     def _attention_backend(self):
-        backend = get_attention_backend(self.args.attention_backend, self.device)
+        backend = get_attention_backend(self.config.attention_backend, self.device)
         if backend.name == "flash_attn":
             from engine_core.attention.flash_attn_backend import unsupported_reason
             why = unsupported_reason(self.block_size, self.dtype, self.attn_layers[0].head_dim)
-            if why and self.args.attention_backend == "flash_attn":
+            if why and self.config.attention_backend == "flash_attn":
                 raise ValueError(f"attention_backend flash_attn cannot run here: {why}. "
                                  f"Use --attention-backend triton (or auto)")
             if why:
@@ -97,18 +97,18 @@ class ModelRunner:
 
     def kv_cache_budget(self) -> int:
         """Bytes this rank may give the KV cache."""
-        if self.args.kv_cache_memory is not None:
-            return parse_size(self.args.kv_cache_memory)
+        if self.config.kv_cache_memory is not None:
+            return self.config.kv_cache_memory
         if self.device.type == "cuda":
             # tensor-parallel ranks would have to profile in step (collectives); they have no profile yet
             peak = self.profile_run() if tp_size() == 1 else 0
             free, total = torch.cuda.mem_get_info(self.device)
             in_use = total - free  # weights, CUDA context, other processes
-            budget = int(total * self.args.gpu_memory_utilization - in_use - peak)
+            budget = int(total * self.config.gpu_memory_utilization - in_use - peak)
             if tp_rank() == 0:
                 logger.info("GPU memory: %.2f GiB total x %.2f utilization - %.2f GiB in use - %.2f GiB "
                             "peak of the profiled step = %.2f GiB for the KV cache", total / 2**30,
-                            self.args.gpu_memory_utilization, in_use / 2**30, peak / 2**30, budget / 2**30)
+                            self.config.gpu_memory_utilization, in_use / 2**30, peak / 2**30, budget / 2**30)
             return budget
         return DEFAULT_CPU_KV_CACHE_BYTES
 
@@ -119,7 +119,7 @@ class ModelRunner:
         KV cache just large enough. Returns the peak bytes the step allocated (CUDA; 0 on other devices)."""
         if self.activation_peak is not None:
             return self.activation_peak
-        lens = profile_lengths(self.args.token_budget(self.device.type), self.args.max_num_seqs, self.max_model_len)
+        lens = profile_lengths(self.config.max_num_batched_tokens, self.config.max_num_seqs, self.max_model_len)
         step, num_blocks = dummy_step(lens, self.block_size)
         cuda = self.device.type == "cuda"
         if cuda:
@@ -167,7 +167,7 @@ class ModelRunner:
         self._bind_kv_cache(num_blocks)
         if self._use_cuda_graphs():
             self.graph_runner = DecodeGraphRunner(
-                self.model, self.backend, self.hidden_size, self.dtype, self.device, self.args.max_num_seqs,
+                self.model, self.backend, self.hidden_size, self.dtype, self.device, self.config.max_num_seqs,
                 -(-self.max_model_len // self.block_size), self.block_size)
             self.graph_runner.capture()
 
@@ -179,7 +179,7 @@ class ModelRunner:
             attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _use_cuda_graphs(self) -> bool:
-        if self.device.type != "cuda" or self.args.enforce_eager:
+        if self.device.type != "cuda" or self.config.enforce_eager:
             return False
         why = None
         if self.backend.name == "torch":
@@ -242,6 +242,14 @@ class ModelRunner:
         tokens, logprobs = self.sampler(logits, reqs)
         return ({r.request_id: [t] for r, t in zip(reqs, tokens)},
                 {r.request_id: [lp] for r, lp in zip(reqs, logprobs) if lp is not None})
+
+
+def this_rank_device(device_type: str) -> torch.device:
+    """This process's device: with tensor parallelism the CUDA device its rank selected
+    (rendezvous.rank_device), else the device type itself."""
+    if device_type == "cuda" and tp_size() > 1:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
 
 
 def weight_bytes(model) -> int:

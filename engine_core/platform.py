@@ -31,6 +31,11 @@ def cpu_has_fast_bf16() -> bool:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """float32 | bfloat16 | float16 -> the torch dtype."""
+    return _DTYPES[name]
+
+
 def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
     """auto: bfloat16 where it is fast (CUDA with bf16, CPUs with AMX or AVX512-BF16), else float32."""
     if requested != "auto":

@@ -76,7 +76,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # oldest admission first
         self.finished_ids: list[str] = []  # for the next SchedulerOutput
-        self.pending_outputs: list[EngineCoreOutput] = []  # errors raised outside update_from_output
+        # outputs made outside a step (errors at admission, the core's abort notices): they go out with the
+        # next update_from_output, the one list of them in the core
+        self.pending_outputs: list[EngineCoreOutput] = []
         self.proposer = proposer  # speculative decoding (engine_core/spec_decode/proposer.py), or None
         # speculative decoding, cumulative: steps that verified proposals, proposed and kept tokens, and
         # how often the j-th proposal of a step was kept
@@ -117,8 +119,12 @@ class Scheduler:
                                             num_cached_tokens=max(0, request.num_cached_tokens)))
         return outputs
 
+    def report_with_next_update(self, outputs: list[EngineCoreOutput]) -> None:
+        """Outputs made outside a step (the core's abort notices) to send with the next update_from_output."""
+        self.pending_outputs.extend(outputs)
+
     def has_unfinished_requests(self) -> bool:
-        # pending error outputs count: the core must step once more to deliver them
+        # pending outputs count: the core must step once more to deliver them
         return bool(self.requests) or bool(self.pending_outputs)
 
     def get_num_unfinished_requests(self) -> int:

@@ -16,11 +16,9 @@ import torch
 
 from common.config import QUANTIZATIONS, EngineArgs
 from engine_core.cpu_threads import allowed_cpus
+from engine_core.engine_config import resolve_engine_config
 from engine_core.layers import cpu_packing
-from engine_core.model_config import load_hf_config
 from engine_core.model_runner import ModelRunner
-from engine_core.platform import pick_dtype
-from engine_core.weights.model_resolver import resolve_model
 
 BUFFER_BYTES = 1 << 30
 
@@ -50,10 +48,9 @@ def streamed_bytes(model) -> int:
 
 
 def measure(model: str | None, quantization: str, dtype: str) -> dict:
-    args = EngineArgs(model=model, quantization=quantization, dtype=dtype, device="cpu")
-    folder = resolve_model(model)
+    config = resolve_engine_config(EngineArgs(model=model, quantization=quantization, dtype=dtype, device="cpu"))
     torch.set_num_threads(len(allowed_cpus()))  # the engine's pool on an idle machine
-    runner = ModelRunner(args, folder, load_hf_config(folder), torch.device("cpu"), pick_dtype(dtype, torch.device("cpu")))
+    runner = ModelRunner(config)
     nbytes = streamed_bytes(runner.model)
     bandwidth = read_bandwidth()
     return {"streamed_bytes": nbytes, "bandwidth_gbs": round(bandwidth / 1e9, 2),

@@ -1,7 +1,7 @@
 """Tensor-parallel worker: one process per rank 1..N-1 (rank 0 lives in the core process).
 
 `python -m engine_core.worker --master-addr A --master-port P --rank R --parent-pid PID`
-joins the core's rendezvous store, reads the engine arguments from it (JSON), joins the process
+joins the core's rendezvous store, reads the resolved EngineConfig from it, joins the process
 group, loads its shard of the model, agrees on the KV cache size, then runs every StepInput the
 core publishes until told to quit. It dies with its parent and exits when the core goes silent.
 
@@ -22,12 +22,11 @@ import traceback
 import msgspec
 import torch
 import zmq
-from torch.distributed import ReduceOp
 
-from common.config import EngineArgs
 from engine_core.distributed import channel
 from engine_core.distributed import rendezvous as rdv
-from engine_core.distributed.parallel_state import all_reduce
+from engine_core.distributed.block_agreement import agree_on_num_blocks
+from engine_core.engine_config import EngineConfig
 from engine_core.step_input import StepInput
 
 logger = logging.getLogger("nvllm")
@@ -53,10 +52,11 @@ def _log_level_name() -> str:
 
 
 class Worker:
-    def __init__(self, store, args: EngineArgs, rank: int, parent_pid: int | None):
+    def __init__(self, store, config: EngineConfig, rank: int, parent_pid: int | None):
         self.rank = rank
         self.parent_pid = parent_pid
-        self.layout = rdv.Layout.of_rank(args.tensor_parallel_size, args.nnodes, rank)
+        self.config = config
+        self.layout = rdv.Layout.of_rank(config.parallel.tensor_parallel_size, config.parallel.nnodes, rank)
         self.ctx = zmq.Context()
         self.steps = channel.step_subscriber(self.ctx, store.get(rdv.KEY_STEP_ADDR).decode())
         self.status = channel.status_sender(self.ctx, store.get(rdv.KEY_STATUS_ADDR).decode())
@@ -66,25 +66,20 @@ class Worker:
         self.heartbeat = threading.Thread(target=self._heartbeat, name=f"nvllm-rank{rank}-heartbeat", daemon=True)
         self.heartbeat.start()
 
-    def start(self, store, args: EngineArgs, model_path: str) -> None:
+    def start(self, store) -> None:
         """Join the process group, load this rank's shard, agree on the KV cache size with the others."""
-        from engine_core.model_config import load_hf_config
         from engine_core.model_runner import ModelRunner
-        from engine_core.platform import pick_device, pick_dtype
 
         rank = self.rank
-        device = rdv.rank_device(pick_device(args.device).type, rank, self.layout.per_node)
+        device = rdv.rank_device(self.config.device, rank, self.layout.per_node)
         if device.type == "cpu":
             torch.set_num_threads(rdv.cpu_threads_per_rank(self.layout.per_node))
         rdv.init_process_group(store, rank, self.layout.world_size, device)
-        self.device = device
-        self.runner = ModelRunner(args, model_path, load_hf_config(model_path), device, pick_dtype(args.dtype, device))
-        mine = max(0, self.runner.kv_cache_budget() // self.runner.kv_bytes_per_block())
-        self.send("ready", num_blocks=mine)
-        # every rank allocates the smallest count any rank can hold (rank 0 does the same all-reduce)
-        agreed = all_reduce(torch.tensor([mine], dtype=torch.int64, device=device), ReduceOp.MIN)
-        self.runner.allocate_kv_cache(int(agreed.item()))
-        logger.info("rank %d ready: %d KV blocks, %d torch threads", rank, int(agreed.item()), torch.get_num_threads())
+        self.runner = ModelRunner(self.config)
+        self.send("ready")
+        num_blocks = agree_on_num_blocks(self.runner)  # rank 0 takes part in its num_blocks_for_budget
+        self.runner.allocate_kv_cache(num_blocks)
+        logger.info("rank %d ready: %d KV blocks, %d torch threads", rank, num_blocks, torch.get_num_threads())
 
     def send(self, kind: str, **fields) -> None:
         with self.status_lock:
@@ -127,16 +122,14 @@ def run_worker(master_addr: str, master_port: int, rank: int, parent_pid: int | 
     rdv.die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the core, which stops its workers
     store = rdv.client_store(master_addr, master_port)
-    args = msgspec.json.decode(store.get(rdv.KEY_ARGS), type=EngineArgs)
-    if model is not None:
+    config = rdv.read_config(store)
+    if model is not None:  # this host's own copy of the model the core resolved
         from engine_core.weights.model_resolver import resolve_model
-        model_path = resolve_model(model)
-    else:
-        model_path = store.get(rdv.KEY_MODEL).decode()
+        config = config.with_model_path(resolve_model(model))
     worker = None
     try:
-        worker = Worker(store, args, rank, parent_pid)
-        worker.start(store, args, model_path)
+        worker = Worker(store, config, rank, parent_pid)
+        worker.start(store)
         return worker.run()
     except Exception as e:
         logger.error("rank %d failed: %s", rank, traceback.format_exc())
@@ -168,10 +161,10 @@ def run_node(nnodes: int, node_rank: int, master_addr: str, master_port: int, mo
                          "`nvllm worker` is for --node-rank 1 and up")
     logger.info("node %d: waiting for the engine core at %s:%d", node_rank, master_addr, master_port)
     store = rdv.client_store(master_addr, master_port)
-    args = msgspec.json.decode(store.get(rdv.KEY_ARGS), type=EngineArgs)
-    if args.nnodes != nnodes:
-        raise ValueError(f"the engine core runs with --nnodes {args.nnodes}, this node was given --nnodes {nnodes}")
-    layout = rdv.Layout(args.tensor_parallel_size, nnodes, node_rank)
+    parallel = rdv.read_config(store).parallel
+    if parallel.nnodes != nnodes:
+        raise ValueError(f"the engine core runs with --nnodes {parallel.nnodes}, this node was given --nnodes {nnodes}")
+    layout = rdv.Layout(parallel.tensor_parallel_size, nnodes, node_rank)
     del store
     procs = {rank: spawn_worker(master_addr, master_port, rank, model) for rank in layout.local_ranks}
     logger.info("node %d: started ranks %s of %d", node_rank, list(procs), layout.world_size)

@@ -244,6 +244,32 @@ def test_fatal_errors_are_told_apart():
     assert not is_fatal(ValueError("bad"))
 
 
+def test_a_failed_rank_wakes_the_core_once_and_stays_failed():
+    """The TP monitor records the first failure and calls the core's wake-up (no signal); check_health
+    raises it from then on; a wake-up registered after the failure is called at once."""
+    import threading
+
+    from engine_core.executor_mp import MultiprocExecutor, TensorParallelError
+
+    def bare_executor(failure=None):
+        executor = MultiprocExecutor.__new__(MultiprocExecutor)  # no processes: only the failure bookkeeping
+        executor.cond, executor.failure, executor.wake, executor.closing = threading.Condition(), failure, None, False
+        return executor
+
+    woken = []
+    executor = bare_executor()
+    executor.on_failure(lambda: woken.append("first"))
+    executor.check_health()
+    executor._fail("tensor-parallel worker rank 1 (pid 5) exited with signal SIGKILL")
+    executor._fail("a later failure")
+    assert woken == ["first"]
+    with pytest.raises(TensorParallelError, match="rank 1 .* SIGKILL"):
+        executor.check_health()
+    late = bare_executor("tensor-parallel rank 1 failed: boom")
+    late.on_failure(lambda: woken.append("late"))
+    assert woken == ["first", "late"]
+
+
 def test_frontend_writes_tokenizer_files_under_their_base_names(tmp_path, default_model_dir, monkeypatch):
     """A core that names tokenizer files `../x` or `/abs/x` cannot make the frontend write there."""
     from frontend.tokenizer import tokenizer_from_files

@@ -8,7 +8,7 @@ from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.cpu_decode_kernel import paged_attention
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_backend import TorchAttentionBackend
-from engine_core.attention.torch_reference import reference_paged_attention
+from attention_reference import reference_paged_attention
 
 pytestmark = pytest.mark.integration
 

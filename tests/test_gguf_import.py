@@ -14,11 +14,18 @@ import pytest
 import torch
 
 from engine_core.weights import gguf_import, model_resolver
-from engine_core.weights.gguf_import import MARKER_FILE, QUANTIZED_FILE, import_gguf, permute_qk, unpermute_qk
+from engine_core.weights.gguf_import import MARKER_FILE, QUANTIZED_FILE, import_gguf, unpermute_qk
 from engine_core.weights.loader import load_safetensors_weights
 from engine_core.weights.model_resolver import ModelNotFoundError, resolve_model
 
 pytestmark = pytest.mark.integration
+
+
+def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to HF q/k rows (to build GGUFs; the engine undoes it: unpermute_qk)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

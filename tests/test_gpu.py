@@ -22,7 +22,7 @@ from common.config import EngineArgs
 from common.sampling_params import SamplingParams
 from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.torch_backend import write_kv_cache
-from engine_core.attention.torch_reference import reference_paged_attention
+from attention_reference import reference_paged_attention
 from engine_core.cuda_graph import (DecodeGraphRunner, graph_batch_sizes, is_decode_only, pad_decode_inputs,
                                     pick_batch_size)
 from engine_core.model_runner import ModelRunner, dummy_step, profile_lengths
@@ -148,10 +148,10 @@ class EagerReplay:
 
 
 def cpu_runner(model_dir, **kw):
-    from engine_core.model_config import load_hf_config
+    from engine_core.engine_config import resolve_engine_config
     args = EngineArgs(model=model_dir, dtype="float32", device="cpu", block_size=8, max_num_seqs=20,
                       max_model_len=128, max_num_batched_tokens=256, **kw)
-    return ModelRunner(args, model_dir, load_hf_config(model_dir), torch.device("cpu"), torch.float32)
+    return ModelRunner(resolve_engine_config(args))
 
 
 def test_graph_runner_padding_matches_eager_on_cpu(tiny_models):
@@ -334,10 +334,10 @@ def test_triton_with_and_without_graphs_matches_torch_greedy(qwen3_shaped):
 
 
 def _cuda_runner(model_dir, dtype, backend="triton", enforce_eager=False, **kw):
-    from engine_core.model_config import load_hf_config
+    from engine_core.engine_config import resolve_engine_config
     args = EngineArgs(model=model_dir, dtype=str(dtype).removeprefix("torch."), device="cuda", max_num_seqs=32,
                       max_model_len=1024, attention_backend=backend, enforce_eager=enforce_eager, **kw)
-    return ModelRunner(args, model_dir, load_hf_config(model_dir), torch.device("cuda"), dtype)
+    return ModelRunner(resolve_engine_config(args))
 
 
 @needs_cuda

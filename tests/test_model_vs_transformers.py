@@ -5,7 +5,7 @@ import torch
 import transformers
 
 from common.config import EngineArgs
-from engine_core.model_config import load_hf_config
+from engine_core.engine_config import resolve_engine_config
 from engine_core.model_runner import ModelRunner
 from engine_core.step_input import StepInput
 
@@ -16,8 +16,8 @@ ATOL = 1e-4
 
 
 def make_runner(path: str) -> ModelRunner:
-    args = EngineArgs(model=path, dtype="float32", block_size=BLOCK, kv_cache_memory="16MiB")
-    runner = ModelRunner(args, path, load_hf_config(path), torch.device("cpu"), torch.float32)
+    args = EngineArgs(model=path, dtype="float32", device="cpu", block_size=BLOCK, kv_cache_memory="16MiB")
+    runner = ModelRunner(resolve_engine_config(args))
     runner.allocate_kv_cache(64)
     return runner
 

@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 
 from engine_core.attention import triton_kernels  # noqa: E402
 from engine_core.attention.metadata import AttentionMetadata  # noqa: E402
-from engine_core.attention.torch_reference import reference_paged_attention  # noqa: E402
+from attention_reference import reference_paged_attention  # noqa: E402
 
 IN_PROCESS = CUDA or (not TRITON_IMPORTED_LATE and triton_kernels._INTERPRETED)
 

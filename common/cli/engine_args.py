@@ -2,9 +2,9 @@
 
 import argparse
 
-from common.config import QUANTIZATIONS, EngineArgs, parse_size
-from common.speculative import parse_speculative_config
+from common.config import ATTENTION_BACKENDS, BLOCK_SIZES, DEVICES, DTYPES, QUANTIZATIONS, EngineArgs, parse_size
 from common.cli.arg_types import non_negative_int, positive_int
+from common.speculative import parse_speculative_config
 
 
 def _size(text: str) -> str:
@@ -35,9 +35,9 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                             help="HF model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     g = parser.add_argument_group("engine")
     g.add_argument("--served-model-name", default=None, help="model name the API reports (default: the model)")
-    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
+    g.add_argument("--dtype", default=d.dtype, choices=DTYPES,
                    help="weights and activations; auto is bfloat16 on CUDA and AMX/AVX512-BF16 CPUs, else float32")
-    g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"], help="where the model runs")
+    g.add_argument("--device", default=d.device, choices=DEVICES, help="where the model runs")
     g.add_argument("--max-model-len", type=positive_int, default=None,
                    help="longest prompt + output in tokens (default: the model's own limit)")
     g.add_argument("--max-num-seqs", type=positive_int, default=d.max_num_seqs,
@@ -45,7 +45,7 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                    help="token budget of one engine step (decodes + prefill chunks); default: 512 on CPU "
                         "(a burst of prompts starts streaming sooner), 2048 on CUDA")
-    g.add_argument("--block-size", type=int, default=d.block_size, choices=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+    g.add_argument("--block-size", type=int, default=d.block_size, choices=BLOCK_SIZES,
                    help="tokens per KV cache block (flash-attn's paged kernels need 256 or 512)")
     g.add_argument("--kv-cache-memory", type=_size, default=None,
                    help="KV cache size, e.g. 2GiB (default: 1GiB on CPU; on CUDA from --gpu-memory-utilization)")
@@ -60,7 +60,7 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g.add_argument("--master-addr", default=d.master_addr, help="address of node 0 for torch.distributed rendezvous")
     g.add_argument("--master-port", type=int, default=d.master_port, help="port of node 0 for the rendezvous")
     g.add_argument("--seed", type=int, default=d.seed, help="seed for requests that give none")
-    g.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "torch", "triton", "flash_attn"],
+    g.add_argument("--attention-backend", default=d.attention_backend, choices=ATTENTION_BACKENDS,
                    help="attention kernels; auto: flash_attn, else triton on CUDA; torch on CPU")
     g.add_argument("--quantization", "-q", default=d.quantization, choices=QUANTIZATIONS,
                    help="weights kept quantized in memory (bf16 on AVX512-BF16 CPUs): gguf keeps a GGUF's Q4_0/Q4_1/Q8_0 "

@@ -9,7 +9,7 @@ import tempfile
 
 import torch
 
-from engine_core.model_config import TOKENIZER_FILES
+from engine_core.model_folder import TOKENIZER_FILES
 from engine_core.weights.model_resolver import cache_dir, resolve_model
 
 # transformers config fields of the models --random-model can build

@@ -3,8 +3,8 @@
 The core runs on node 0 (`nvllm serve` / `nvllm engine-core` with `-tp N --nnodes M
 --master-addr ADDR --master-port PORT`); each other node runs
 `nvllm worker --nnodes M --node-rank K --master-addr ADDR --master-port PORT`, which starts that
-node's N/M ranks. The engine arguments (model, dtype, ...) come from the core through
-torch.distributed's rendezvous store; `--model` names this host's copy of the model if its path
+node's N/M ranks. The resolved engine config (engine_core/engine_config.py: model, dtype, ...) comes
+from the core through torch.distributed's rendezvous store; `--model` names this host's copy of the model if its path
 differs from node 0's.
 """
 

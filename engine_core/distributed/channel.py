@@ -23,7 +23,6 @@ QUIT = b"Q"
 class WorkerStatus(msgspec.Struct, array_like=True, omit_defaults=True):
     rank: int
     kind: str  # hello | ready | heartbeat | error | bye
-    num_blocks: int = 0  # with ready: KV blocks that fit this rank's budget
     message: str = ""  # with error: what went wrong
 
 

@@ -3,7 +3,7 @@
 Ranks are laid out node by node: with `--tensor-parallel-size N --nnodes M`, node k runs ranks
 k*N/M .. (k+1)*N/M - 1, and node 0 (the core's host) runs rank 0 inside the core process. The
 rendezvous is torch.distributed's own TCPStore on node 0; besides the process group it carries
-what a worker needs to start: the engine arguments (JSON) and the addresses of the step channel.
+what a worker needs to start: the resolved EngineConfig (msgpack) and the addresses of the channels.
 """
 
 import ctypes
@@ -14,8 +14,11 @@ import socket
 import time
 from dataclasses import dataclass
 
+import msgspec
 import torch
 import torch.distributed as dist
+
+from engine_core.engine_config import EngineConfig
 
 # seconds; tests shorten them through the environment
 INIT_TIMEOUT_ENV = "NVLLM_TP_INIT_TIMEOUT"  # every rank must check in within this at start
@@ -25,8 +28,7 @@ HEARTBEAT_TIMEOUT_ENV = "NVLLM_TP_HEARTBEAT_TIMEOUT"  # silence after which a pe
 HEARTBEAT_SECONDS = 1.0
 
 # keys the core puts in the store for its workers
-KEY_ARGS = "nvllm/engine_args"
-KEY_MODEL = "nvllm/model_path"
+KEY_CONFIG = "nvllm/engine_config"
 KEY_STEP_ADDR = "nvllm/step_addr"
 KEY_STATUS_ADDR = "nvllm/status_addr"
 
@@ -116,6 +118,15 @@ def client_store(host: str, port: int) -> dist.TCPStore:
     timeout = init_timeout()
     wait_for_port(host, port, timeout)
     return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout))
+
+
+def publish_config(store: dist.Store, config: EngineConfig) -> None:
+    store.set(KEY_CONFIG, msgspec.msgpack.encode(config))
+
+
+def read_config(store: dist.Store) -> EngineConfig:
+    """The config rank 0 published (blocks until it is there, up to the store's time-out)."""
+    return msgspec.msgpack.decode(store.get(KEY_CONFIG), type=EngineConfig)
 
 
 def init_process_group(store: dist.Store, rank: int, world_size: int, device: torch.device) -> None:

@@ -11,29 +11,21 @@ Its cache is only ever a guess's input: a stale or shared entry changes proposal
 which verification decides.
 """
 
-import msgspec
 import torch
 
-from common.config import EngineArgs
-from engine_core.model_config import load_hf_config
+from engine_core.engine_config import EngineConfig
 from engine_core.request import Request
 from engine_core.step_input import StepBuilder
-from engine_core.weights.model_resolver import resolve_model
 
 
 class DraftModel:
-    def __init__(self, args: EngineArgs, target_hf_config, device: torch.device, dtype: torch.dtype):
+    def __init__(self, config: EngineConfig):
+        """`config` is the target's; its draft_model names the draft's folder (resolve_engine_config checked
+        that it shares the target's vocabulary)."""
         from engine_core.model_runner import ModelRunner
 
-        config = args.speculative_config
-        path = resolve_model(config.model)
-        hf_config = load_hf_config(path)
-        if hf_config.vocab_size != target_hf_config.vocab_size:
-            raise ValueError(f"speculative_config.model has a vocabulary of {hf_config.vocab_size} tokens, the "
-                             f"target {target_hf_config.vocab_size}: a draft model must share the target's tokenizer")
-        draft_args = msgspec.structs.replace(args, model=config.model, speculative_config=None)
-        self.runner = ModelRunner(draft_args, path, hf_config, device, dtype, role="draft model")
-        self.block_size = args.block_size
+        self.runner = ModelRunner(config.for_draft_model(), role="draft model")
+        self.block_size = config.block_size
         # per request: (its preemption count, first position drafted last step, the tokens drafted there);
         # the draft cache holds the true tokens before that position, and the drafted ones after it as
         # far as they turned out right

@@ -90,12 +90,6 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """What llama.cpp's converter does to HF q/k rows (used by tests to build GGUFs)."""
-    rows = w.shape[0]
-    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 class _Metadata:
     """Typed access to a GGUFReader's key/value fields."""
 

@@ -6,13 +6,14 @@ transformers versions, such as rope_theta moving into rope_parameters, are handl
 
 import json
 import os
-from types import SimpleNamespace
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
 
 
-def load_hf_config(folder: str) -> SimpleNamespace:
+def read_hf_config(folder: str) -> dict:
+    """config.json with the fields the engine reads normalised and defaulted (plain JSON values only;
+    engine_config.ModelConfig holds it and makes the namespace the model classes take)."""
     with open(os.path.join(folder, "config.json")) as f:
         raw = json.load(f)
     if "text_config" in raw:  # multimodal wrappers: the language model's part
@@ -28,10 +29,10 @@ def load_hf_config(folder: str) -> SimpleNamespace:
     raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
     if not raw.get("head_dim"):
         raw["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
-    return SimpleNamespace(**raw)
+    return raw
 
 
-def eos_token_ids(folder: str, config: SimpleNamespace) -> list[int]:
+def eos_token_ids(folder: str, hf_config: dict) -> list[int]:
     """EOS ids from generation_config.json (what generate() stops on), else config.json."""
     ids = None
     path = os.path.join(folder, "generation_config.json")
@@ -39,7 +40,7 @@ def eos_token_ids(folder: str, config: SimpleNamespace) -> list[int]:
         with open(path) as f:
             ids = json.load(f).get("eos_token_id")
     if ids is None:
-        ids = getattr(config, "eos_token_id", None)
+        ids = hf_config.get("eos_token_id")
     if ids is None:
         return []
     return list(ids) if isinstance(ids, list) else [ids]

@@ -1,4 +1,5 @@
-"""A plain, obviously-correct paged attention in torch, one sequence at a time. Slow; for tests."""
+"""A plain, obviously-correct paged attention in torch, one sequence at a time: the reference the attention
+backends and kernels are tested against. Slow; only tests use it."""
 
 import torch
 
