@@ -6,6 +6,8 @@ import pytest
 from common.config import EngineArgs
 from engine_core.engine_config import EngineConfig, resolve_engine_config
 
+pytestmark = pytest.mark.unit
+
 
 def test_resolving_leaves_the_args_as_asked_and_fills_in_every_default(tiny_models):
     args = EngineArgs(model=tiny_models["llama"], device="cpu", kv_cache_memory="2MiB", usage="offline")
