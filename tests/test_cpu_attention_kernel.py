@@ -129,7 +129,7 @@ def test_backend_prefills_through_the_kernel_and_equal_sdpa(monkeypatch):
     through_kernel = TorchAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
     assert len(calls) == 1
     monkeypatch.setattr("engine_core.attention.torch_backend.paged_attention", lambda *a: False)
-    meta.extras.clear()
+    meta.plan = None  # the next forward builds its own plan
     # the SDPA path attends to the chunk's own k and v when nothing is cached before it: hand them over
     k = torch.cat([k_cache.view(-1, 3, 64)[_slots(tables[i], 16, n)[n - ql:]] for i, (ql, n) in enumerate(seqs)])
     v = torch.cat([v_cache.view(-1, 3, 64)[_slots(tables[i], 16, n)[n - ql:]] for i, (ql, n) in enumerate(seqs)])

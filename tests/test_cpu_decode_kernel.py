@@ -87,7 +87,7 @@ def test_backend_decodes_through_the_kernel_and_equal_sdpa(monkeypatch):
     through_kernel = TorchAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
     assert calls
     monkeypatch.setattr("engine_core.attention.torch_backend.paged_decode_attention", lambda *a: False)
-    meta.extras.clear()
+    meta.plan = None  # the next forward builds its own plan
     through_sdpa = TorchAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
     torch.testing.assert_close(through_kernel.float(), through_sdpa.float(), atol=2e-2, rtol=2e-2)
 

@@ -12,10 +12,12 @@ dims that are multiples of 8 up to 256. `unsupported_reason` says what rules a c
 model runner then falls back to triton (auto) or refuses (`--attention-backend flash_attn`).
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from engine_core.attention.backend import AttentionBackend
-from engine_core.attention.metadata import AttentionMetadata
+from engine_core.attention.metadata import AttentionMetadata, AttentionPlan
 
 PAGE_MULTIPLE = 256  # flash-attn 2's paged kernels need pages of a multiple of this many tokens
 
@@ -54,21 +56,31 @@ class FlashAttnBackend(AttentionBackend):
                 block_table=meta.block_tables[:nd], softmax_scale=scale, causal=True).squeeze(1)
         if nd < meta.num_seqs:
             lo = meta.query_start_loc_cpu[nd]
-            cu_q, cu_k = self._prefill_plan(meta)
+            plan = FlashPrefillPlan.of(meta)
             out[lo:] = self._varlen(
-                q[lo:], k_cache, v_cache, cu_q, cu_k, meta.max_query_len, meta.max_seq_len,
+                q[lo:], k_cache, v_cache, plan.cu_q, plan.cu_k, meta.max_query_len, meta.max_seq_len,
                 softmax_scale=scale, causal=True, block_table=meta.block_tables[nd:])
         return out
 
+
+@dataclass(frozen=True)
+class FlashPrefillPlan(AttentionPlan):
+    """The cumulative query and key lengths of a step's prefill chunks, as flash_attn_varlen_func takes them."""
+    cu_q: torch.Tensor  # int32 [num prefill seqs + 1]: query rows, from 0 at the first chunk
+    cu_k: torch.Tensor  # int32 [num prefill seqs + 1]: cached keys (prefix + new)
+
     @staticmethod
-    def _prefill_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """cu_seqlens_q and cu_seqlens_k (int32, [num prefill seqs + 1]) of the prefill chunks, once per step."""
-        plan = meta.extras.get("flash_prefill")
-        if plan is None:
-            nd = meta.num_decodes
-            starts = meta.query_start_loc[nd:]
-            cu_q = (starts - starts[:1]).to(torch.int32)
-            cu_k = torch.zeros(meta.num_seqs - nd + 1, dtype=torch.int32, device=starts.device)
-            cu_k[1:] = torch.cumsum(meta.seq_lens[nd:], dim=0)
-            plan = meta.extras["flash_prefill"] = (cu_q, cu_k)
-        return plan
+    def of(meta: AttentionMetadata) -> "FlashPrefillPlan":
+        """The step's plan, built by the first layer that asks."""
+        if not isinstance(meta.plan, FlashPrefillPlan):
+            meta.plan = FlashPrefillPlan._build(meta)
+        return meta.plan
+
+    @staticmethod
+    def _build(meta: AttentionMetadata) -> "FlashPrefillPlan":
+        nd = meta.num_decodes
+        starts = meta.query_start_loc[nd:]
+        cu_q = (starts - starts[:1]).to(torch.int32)
+        cu_k = torch.zeros(meta.num_seqs - nd + 1, dtype=torch.int32, device=starts.device)
+        cu_k[1:] = torch.cumsum(meta.seq_lens[nd:], dim=0)
+        return FlashPrefillPlan(cu_q, cu_k)
