@@ -1,22 +1,19 @@
-"""Attention in plain torch: works on any device; the reference backend and the CPU one.
+"""Attention in plain torch: works on any device and dtype; the reference backend.
 
-In bfloat16 on CPUs with AVX512-BF16, C kernels (cpu_decode_kernel.py) read the paged cache in place:
-decodes go to the decode kernel, and all prefill chunks of a step (with or without cached blocks
-before them) to the chunk kernel in one call, with no gathered copy and no mask.
-Everything else (float32 models, other devices and CPUs, shapes the kernels decline) uses torch's
-scaled_dot_product_attention with grouped-query heads (`enable_gqa`), over keys viewed as
+torch's scaled_dot_product_attention with grouped-query heads (`enable_gqa`), over keys viewed as
 [B, Hkv, L, D] without copying them. Decodes are batched: their keys are gathered through the block
 tables (padded to the longest, masked). Prefill chunks go one at a time: a chunk with nothing cached
 before it attends causally to its own keys; one that follows cached blocks gathers them and masks
 causally with an offset. Gather indices and masks are built once per step and shared by all layers
-(torch_plan.py).
+(torch_plan.py). On bfloat16 CPUs the C kernels take over (cpu_kernel_backend.py), handing back what
+they decline to these same paths.
 """
 
 import torch
 import torch.nn.functional as F
 
 from engine_core.attention.backend import AttentionBackend
-from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
+from engine_core.attention.capabilities import BackendCapabilities
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_plan import TorchPlan
 
@@ -43,24 +40,32 @@ def grouped_attention(q, k, v, mask, scale):
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    option = "torch"
+    # any device and dtype; decode steps size their gathers from host-side lengths, so no CUDA graphs
+    capabilities = BackendCapabilities(label="the torch attention backend")
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
+        if meta.num_decodes:
+            self._decodes(q, k_cache, v_cache, meta, scale, out)
+        if meta.num_decodes < meta.num_seqs:
+            self._prefills(q, k, v, k_cache, v_cache, meta, scale, out)
+        return out
+
+    def _decodes(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+        """out[:num_decodes]: the decodes' rows, in one batch."""
         nd = meta.num_decodes
-        if nd and not paged_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                                             scale, out[:nd]):
-            plan = TorchPlan.of(meta).decode_gather(meta, k_cache.shape[1], q.dtype)
-            keys, values = gather(k_cache, plan.slots), gather(v_cache, plan.slots)
-            out[:nd] = grouped_attention(q[:nd].unsqueeze(1), keys, values, plan.mask, scale).squeeze(1)
-        if nd == meta.num_seqs or paged_attention(q, k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
-                                                  meta.query_start_loc[nd:], scale, out):
-            return out
+        plan = TorchPlan.of(meta).decode_gather(meta, k_cache.shape[1], q.dtype)
+        keys, values = gather(k_cache, plan.slots), gather(v_cache, plan.slots)
+        out[:nd] = grouped_attention(q[:nd].unsqueeze(1), keys, values, plan.mask, scale).squeeze(1)
+
+    def _prefills(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+        """The prefill chunks' rows of out, one chunk at a time."""
         starts = meta.query_start_loc_cpu
-        for i in range(nd, meta.num_seqs):
+        for i in range(meta.num_decodes, meta.num_seqs):
             lo, hi = starts[i], starts[i + 1]
             out[lo:hi] = self._prefill(q[lo:hi], k[lo:hi], v[lo:hi], k_cache, v_cache, meta, i, scale)
-        return out
 
     def _prefill(self, q, k, v, k_cache, v_cache, meta, i, scale):
         q_len, seq_len = q.shape[0], meta.seq_lens_cpu[i]
