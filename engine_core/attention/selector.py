@@ -38,6 +38,7 @@ def select_attention_backend(option: str, setup: AttentionSetup, warn: bool = Tr
 
 
 def auto_backend(setup: AttentionSetup, warn: bool = False) -> type[AttentionBackend]:
+    """The fastest backend that runs on the setup's device, can be had here and serves the setup."""
     passed_over = []  # (backend, why) of those that run on this device but not this setup
     for backend in BACKENDS:
         if not backend.capabilities.runs_on(setup.device_type):
@@ -55,6 +56,8 @@ def auto_backend(setup: AttentionSetup, warn: bool = False) -> type[AttentionBac
 
 
 def named_backend(option: str, setup: AttentionSetup) -> type[AttentionBackend]:
+    """The fastest backend answering to `option` that can be had here and serves the setup (devices it
+    runs on only when named count); a ValueError saying why when none does."""
     candidates = [b for b in BACKENDS if b.option == option]
     for backend in candidates:
         if backend.unsupported_reason(setup, named=True) is None and backend.missing() is None:
