@@ -15,8 +15,9 @@ graph launches them all at once. Graphs have fixed shapes and fixed addresses, s
   pool (a smaller graph's intermediates fit in what the largest one took). Each batch size is run
   once eagerly first, so kernels are compiled and workspaces allocated outside the capture.
 
-Graphs need an attention backend that reads every per-step value on the device (triton,
-flash_attn); the torch backend sizes its decode gathers from host-side lengths, so it stays eager.
+Graphs need an attention backend that reads every per-step value on the device: the model runner
+captures only with one whose capabilities say `cuda_graphs` (triton, flash_attn); the torch backend
+sizes its decode gathers from host-side lengths, so it stays eager.
 Only the model forward is captured; the LM head and the sampler run eagerly on the real rows.
 """
 

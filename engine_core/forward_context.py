@@ -5,16 +5,20 @@ keeps models written like their reference implementations.
 """
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
+from engine_core.layers.rotary_plan import RotaryPlan
 
 
 @dataclass
 class ForwardContext:
+    """One forward pass: its attention metadata (with the backend's plan), the backend, and the rotary
+    rows of its positions (built by the first layer, see RotaryPlan)."""
     meta: AttentionMetadata
     backend: AttentionBackend
+    rotary: RotaryPlan = field(default_factory=RotaryPlan)
 
 
 _current: ForwardContext | None = None

@@ -14,8 +14,9 @@ import torch
 from common.protocol import Logprobs
 from common.sampling_params import SamplingParams
 from engine_core.attention import cpu_decode_kernel
+from engine_core.attention.capabilities import AttentionSetup
 from engine_core.attention.metadata import AttentionMetadata
-from engine_core.attention.selector import get_attention_backend
+from engine_core.attention.selector import select_attention_backend
 from engine_core.cuda_graph import DecodeGraphRunner
 from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.engine_config import EngineConfig
@@ -65,8 +66,7 @@ class ModelRunner:
             cpu_ops.load()  # likewise the fused norm / SiLU-and-mul / rotary kernels
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.backend = self._attention_backend()
-        if device.type == "cpu" and dtype == torch.bfloat16 and self.backend.name == "torch" and hasattr(
-                self.model, "cpu_decoder"):
+        if self.backend.capabilities.fused_cpu_decoder and hasattr(self.model, "cpu_decoder"):
             self.model.cpu_decoder = CpuDecoder.for_model(self.model)
         self.sampler = Sampler(device, config.seed) if tp_rank() == 0 else None
         if tp_rank() == 0:
@@ -75,18 +75,10 @@ class ModelRunner:
                         time.perf_counter() - start, self.backend.name, self.quantization, weight_bytes(self.model) / 1e6)
 
     def _attention_backend(self):
-        backend = get_attention_backend(self.config.attention_backend, self.device)
-        if backend.name == "flash_attn":
-            from engine_core.attention.flash_attn_backend import unsupported_reason
-            why = unsupported_reason(self.block_size, self.dtype, self.attn_layers[0].head_dim)
-            if why and self.config.attention_backend == "flash_attn":
-                raise ValueError(f"attention_backend flash_attn cannot run here: {why}. "
-                                 f"Use --attention-backend triton (or auto)")
-            if why:
-                if tp_rank() == 0:
-                    logger.warning("attention: %s; using the triton backend", why)
-                backend = get_attention_backend("triton", self.device)
-        return backend
+        layer = self.attn_layers[0]
+        setup = AttentionSetup(self.device.type, self.dtype, self.block_size, layer.num_heads, layer.num_kv_heads,
+                               layer.head_dim)
+        return select_attention_backend(self.config.attention_backend, setup, warn=tp_rank() == 0)
 
     # ---- KV cache ---------------------------------------------------------------------------
 
@@ -182,8 +174,8 @@ class ModelRunner:
         if self.device.type != "cuda" or self.config.enforce_eager:
             return False
         why = None
-        if self.backend.name == "torch":
-            why = "the torch attention backend sizes decode steps on the host"
+        if not self.backend.capabilities.cuda_graphs:
+            why = f"the {self.backend.name} attention backend sizes decode steps on the host"
         elif tp_size() > 1:
             why = "tensor parallelism does not capture its collectives yet"
         if why:

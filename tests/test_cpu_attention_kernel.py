@@ -6,6 +6,7 @@ import torch
 
 from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.cpu_decode_kernel import paged_attention
+from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_backend import TorchAttentionBackend
 from attention_reference import reference_paged_attention
@@ -126,17 +127,17 @@ def test_backend_prefills_through_the_kernel_and_equal_sdpa(monkeypatch):
     meta.slot_mapping = torch.empty(0, dtype=torch.int64)
     calls = []
     real = paged_attention
-    monkeypatch.setattr("engine_core.attention.torch_backend.paged_attention",
+    monkeypatch.setattr("engine_core.attention.cpu_kernel_backend.paged_attention",
                         lambda *a: calls.append(a) or real(*a))
-    through_kernel = TorchAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
+    through_kernel = CpuKernelAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
     assert len(calls) == 1
-    monkeypatch.setattr("engine_core.attention.torch_backend.paged_attention", lambda *a: False)
-    meta.extras.clear()
+    monkeypatch.setattr("engine_core.attention.cpu_kernel_backend.paged_attention", lambda *a: False)
+    meta.plan = None  # the next forward builds its own plan
     # the SDPA path attends to the chunk's own k and v when nothing is cached before it: hand them over
     k = torch.cat([k_cache.view(-1, 3, 64)[_slots(tables[i], 16, n)[n - ql:]] for i, (ql, n) in enumerate(seqs)])
     v = torch.cat([v_cache.view(-1, 3, 64)[_slots(tables[i], 16, n)[n - ql:]] for i, (ql, n) in enumerate(seqs)])
     meta.slot_mapping = torch.cat([_slots(tables[i], 16, n)[n - ql:] for i, (ql, n) in enumerate(seqs)])
-    through_sdpa = TorchAttentionBackend().forward(q, k, v, k_cache, v_cache, meta, 0.125)
+    through_sdpa = CpuKernelAttentionBackend().forward(q, k, v, k_cache, v_cache, meta, 0.125)
     torch.testing.assert_close(through_kernel.float(), through_sdpa.float(), atol=2e-2, rtol=2e-2)
     assert not through_kernel.isnan().any()
 

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from attention_reference import reference_paged_attention
 from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.cpu_decode_kernel import paged_decode_attention
+from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
-from engine_core.attention.torch_backend import TorchAttentionBackend
-from attention_reference import reference_paged_attention
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def test_a_sequence_result_does_not_depend_on_the_batch_or_the_work_split():
 
 @needs_kernel
 def test_backend_decodes_through_the_kernel_and_equal_sdpa(monkeypatch):
-    """The torch backend's decode rows come from the kernel, and equal its SDPA path to bf16 rounding."""
+    """The CPU kernel backend's decode rows come from the kernel, and equal its SDPA path to bf16 rounding."""
     lens = [40, 7, 129]
     q, k_cache, v_cache, tables, seq_lens = _case(9, 3, 64, 16, lens, seed=1)
     meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64),
@@ -84,13 +84,13 @@ def test_backend_decodes_through_the_kernel_and_equal_sdpa(monkeypatch):
     empty = torch.empty(0, 3, 64, dtype=torch.bfloat16)
     calls = []
     real = paged_decode_attention
-    monkeypatch.setattr("engine_core.attention.torch_backend.paged_decode_attention",
+    monkeypatch.setattr("engine_core.attention.cpu_kernel_backend.paged_decode_attention",
                         lambda *a: calls.append(1) or real(*a))
-    through_kernel = TorchAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
+    through_kernel = CpuKernelAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
     assert calls
-    monkeypatch.setattr("engine_core.attention.torch_backend.paged_decode_attention", lambda *a: False)
-    meta.extras.clear()
-    through_sdpa = TorchAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
+    monkeypatch.setattr("engine_core.attention.cpu_kernel_backend.paged_decode_attention", lambda *a: False)
+    meta.plan = None  # the next forward builds its own plan
+    through_sdpa = CpuKernelAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
     torch.testing.assert_close(through_kernel.float(), through_sdpa.float(), atol=2e-2, rtol=2e-2)
 
 

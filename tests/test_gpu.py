@@ -9,6 +9,7 @@ model, graph replay against eager logits, KV cache sizing from gpu_memory_utiliz
 flash-attn against the reference, and no host syncs in the decode step and the sampler.
 """
 
+import dataclasses
 import logging
 import os
 import random
@@ -248,8 +249,8 @@ def test_profile_run_on_cpu_restores_the_cache(tiny_models):
 
 
 def test_flash_attn_rules_and_fallback(tiny_models, monkeypatch, caplog):
-    from engine_core import model_runner
-    from engine_core.attention.flash_attn_backend import unsupported_reason
+    from engine_core.attention.flash_attn_backend import FlashAttnBackend, unsupported_reason
+    from engine_core.attention.triton_backend import TritonAttentionBackend
 
     assert unsupported_reason(256, torch.bfloat16, 128) is None
     assert unsupported_reason(512, torch.float16, 64) is None
@@ -257,13 +258,13 @@ def test_flash_attn_rules_and_fallback(tiny_models, monkeypatch, caplog):
     assert "--dtype is float32" in unsupported_reason(256, torch.float32, 128)
     assert "head dim" in unsupported_reason(256, torch.bfloat16, 100)
 
-    class Named:
-        def __init__(self, name):
-            self.name = name
-
-    # as if flash_attn were installed: auto falls back to triton with a warning; asking for it fails
-    monkeypatch.setattr(model_runner, "get_attention_backend",
-                        lambda name, device: Named("flash_attn" if name in ("auto", "flash_attn") else name))
+    # as if flash_attn were installed and this CPU were a GPU (triton itself is not loaded here): auto falls back
+    # to triton with a warning; asking for it fails
+    monkeypatch.setattr(FlashAttnBackend, "missing", classmethod(lambda cls: None))
+    for backend in (FlashAttnBackend, TritonAttentionBackend):
+        monkeypatch.setattr(backend, "capabilities", dataclasses.replace(
+            backend.capabilities, devices=backend.capabilities.devices | {"cpu"}))
+    monkeypatch.setattr(TritonAttentionBackend, "__init__", lambda self: None)
     caplog.set_level(logging.WARNING, logger="nvllm")
     assert cpu_runner(tiny_models["qwen3"], attention_backend="auto").backend.name == "triton"
     assert "--block-size is 8" in caplog.text and "using the triton backend" in caplog.text

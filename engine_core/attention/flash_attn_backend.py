@@ -8,32 +8,48 @@ cached prefix sees it. Neither call syncs with the host, so decode steps can be 
 
 flash-attn 2 reads a paged cache only in pages of a multiple of 256 tokens (its docstring: "page_block_size
 must be a multiple of 256"; its C++ checks `page_block_size % 256 == 0`), only in fp16/bf16 and for head
-dims that are multiples of 8 up to 256. `unsupported_reason` says what rules a configuration out; the
-model runner then falls back to triton (auto) or refuses (`--attention-backend flash_attn`).
+dims that are multiples of 8 up to 256: its capabilities. `unsupported_reason` says what rules a
+configuration out; the selector then falls back to triton (auto) or refuses (`--attention-backend flash_attn`).
 """
+
+import importlib.util
+from dataclasses import dataclass
 
 import torch
 
 from engine_core.attention.backend import AttentionBackend
-from engine_core.attention.metadata import AttentionMetadata
+from engine_core.attention.capabilities import AttentionSetup, BackendCapabilities
+from engine_core.attention.metadata import AttentionMetadata, AttentionPlan
 
 PAGE_MULTIPLE = 256  # flash-attn 2's paged kernels need pages of a multiple of this many tokens
 
 
 def unsupported_reason(block_size: int, dtype: torch.dtype, head_dim: int) -> str | None:
-    """Why flash-attn 2 cannot serve this configuration, or None when it can."""
-    if block_size % PAGE_MULTIPLE:
-        return (f"flash-attn 2 reads a paged KV cache only in blocks of a multiple of {PAGE_MULTIPLE} tokens, "
-                f"and --block-size is {block_size}")
-    if dtype not in (torch.float16, torch.bfloat16):
-        return f"flash-attn runs in float16 or bfloat16 only, and --dtype is {str(dtype).removeprefix('torch.')}"
-    if head_dim % 8 or head_dim > 256:
-        return f"flash-attn needs a head dim that is a multiple of 8 up to 256, and the model's is {head_dim}"
-    return None
+    """Why flash-attn 2 cannot serve this configuration on a GPU, or None when it can."""
+    return FlashAttnBackend.unsupported_reason(AttentionSetup("cuda", dtype, block_size, 1, 1, head_dim))
 
 
 class FlashAttnBackend(AttentionBackend):
     name = "flash_attn"
+    option = "flash_attn"
+    # its calls take the lengths and tables as device tensors and never sync: decode steps can be captured
+    capabilities = BackendCapabilities(
+        label="flash-attn", devices=frozenset({"cuda"}), dtypes=(torch.float16, torch.bfloat16),
+        block_size_multiple=PAGE_MULTIPLE, head_dim_multiple=8, max_head_dim=256, cuda_graphs=True)
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if importlib.util.find_spec("flash_attn") is None:
+            return "attention_backend flash_attn needs the flash-attn package: pip install 'nvllm[cuda]'"
+        return None
+
+    @classmethod
+    def unsupported_reason(cls, setup: AttentionSetup, named: bool = False) -> str | None:
+        # the block size first, in flash-attn 2's own terms: it is what rules flash-attn out most often
+        if setup.block_size % cls.capabilities.block_size_multiple:
+            return (f"flash-attn 2 reads a paged KV cache only in blocks of a multiple of "
+                    f"{cls.capabilities.block_size_multiple} tokens, and --block-size is {setup.block_size}")
+        return super().unsupported_reason(setup, named)
 
     def __init__(self):
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
@@ -54,21 +70,31 @@ class FlashAttnBackend(AttentionBackend):
                 block_table=meta.block_tables[:nd], softmax_scale=scale, causal=True).squeeze(1)
         if nd < meta.num_seqs:
             lo = meta.query_start_loc_cpu[nd]
-            cu_q, cu_k = self._prefill_plan(meta)
+            plan = FlashPrefillPlan.of(meta)
             out[lo:] = self._varlen(
-                q[lo:], k_cache, v_cache, cu_q, cu_k, meta.max_query_len, meta.max_seq_len,
+                q[lo:], k_cache, v_cache, plan.cu_q, plan.cu_k, meta.max_query_len, meta.max_seq_len,
                 softmax_scale=scale, causal=True, block_table=meta.block_tables[nd:])
         return out
 
+
+@dataclass(frozen=True)
+class FlashPrefillPlan(AttentionPlan):
+    """The cumulative query and key lengths of a step's prefill chunks, as flash_attn_varlen_func takes them."""
+    cu_q: torch.Tensor  # int32 [num prefill seqs + 1]: query rows, from 0 at the first chunk
+    cu_k: torch.Tensor  # int32 [num prefill seqs + 1]: cached keys (prefix + new)
+
     @staticmethod
-    def _prefill_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """cu_seqlens_q and cu_seqlens_k (int32, [num prefill seqs + 1]) of the prefill chunks, once per step."""
-        plan = meta.extras.get("flash_prefill")
-        if plan is None:
-            nd = meta.num_decodes
-            starts = meta.query_start_loc[nd:]
-            cu_q = (starts - starts[:1]).to(torch.int32)
-            cu_k = torch.zeros(meta.num_seqs - nd + 1, dtype=torch.int32, device=starts.device)
-            cu_k[1:] = torch.cumsum(meta.seq_lens[nd:], dim=0)
-            plan = meta.extras["flash_prefill"] = (cu_q, cu_k)
-        return plan
+    def of(meta: AttentionMetadata) -> "FlashPrefillPlan":
+        """The step's plan, built by the first layer that asks."""
+        if not isinstance(meta.plan, FlashPrefillPlan):
+            meta.plan = FlashPrefillPlan._build(meta)
+        return meta.plan
+
+    @staticmethod
+    def _build(meta: AttentionMetadata) -> "FlashPrefillPlan":
+        nd = meta.num_decodes
+        starts = meta.query_start_loc[nd:]
+        cu_q = (starts - starts[:1]).to(torch.int32)
+        cu_k = torch.zeros(meta.num_seqs - nd + 1, dtype=torch.int32, device=starts.device)
+        cu_k[1:] = torch.cumsum(meta.seq_lens[nd:], dim=0)
+        return FlashPrefillPlan(cu_q, cu_k)

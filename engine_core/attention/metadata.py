@@ -5,9 +5,17 @@ chunks). Sequence i owns query rows query_start_loc[i]:query_start_loc[i+1]; its
 seq_lens[i] cached tokens, found through block_tables[i] (the last query_len of them are new).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+
+class AttentionPlan:
+    """Base of a backend's per-step plan: what it derives from one step's metadata (gather indices,
+    masks, cumulative lengths) and shares across layers. Each backend subclasses it with typed fields.
+
+    Invariant: a plan describes exactly one AttentionMetadata and lives in its `plan` field; it is
+    built on the first layer's call (or lazily, part by part) and only read after that."""
 
 
 @dataclass
@@ -21,8 +29,8 @@ class AttentionMetadata:
     num_decodes: int  # the first num_decodes sequences have exactly one new token
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
-    # what backends and layers derive from the above once per step and share across layers
-    extras: dict = field(default_factory=dict)
+    # the serving backend's plan for this step, built on first use (see AttentionPlan); None until then
+    plan: AttentionPlan | None = None
 
     @property
     def num_seqs(self) -> int:

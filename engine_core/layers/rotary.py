@@ -9,6 +9,7 @@ from torch import nn
 
 from engine_core.forward_context import get_forward_context, has_forward_context
 from engine_core.layers import cpu_ops
+from engine_core.layers.rotary_plan import RotaryTables, lookup
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -60,19 +61,14 @@ class RotaryEmbedding(nn.Module):
         reading the float32 tables directly (no per-step tables)."""
         if cpu_ops.rotary(positions, heads, self.cos, self.sin):
             return heads
-        cos, sin = self._tables_for(positions, heads.dtype)
-        return _rotate(heads, cos, sin)
+        tables = self._tables_for(positions, heads.dtype)
+        return _rotate(heads, tables.cos, tables.sin)
 
-    def _tables_for(self, positions: torch.Tensor, dtype: torch.dtype):
-        # every layer rotates the same positions: look them up once per step
-        extras = get_forward_context().meta.extras if has_forward_context() else {}
-        key = ("rope", id(self.cos), dtype)
-        tables = extras.get(key)
-        if tables is None:
-            # in the activations' dtype, as transformers does, so bfloat16 runs match it too
-            tables = extras[key] = (self.cos[positions].unsqueeze(1).to(dtype),
-                                    self.sin[positions].unsqueeze(1).to(dtype))
-        return tables
+    def _tables_for(self, positions: torch.Tensor, dtype: torch.dtype) -> RotaryTables:
+        # every layer rotates the same positions: the forward context looks them up once per step
+        if not has_forward_context():
+            return lookup(self.cos, self.sin, positions, dtype)
+        return get_forward_context().rotary.tables(self.cos, self.sin, positions, dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

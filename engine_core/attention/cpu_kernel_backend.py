@@ -1,0 +1,46 @@
+"""The CPU C kernels (cpu_decode.c through cpu_decode_kernel.py) as an attention backend.
+
+On bfloat16 CPUs with AVX512-BF16 the kernels read the paged cache in place: the decodes in one call
+to the decode kernel, all prefill chunks of a step (with or without cached blocks before them) in one
+call to the chunk kernel, with no gathered copy and no mask. It answers to `--attention-backend torch`
+(and auto) where the kernels can be had and take the model's shapes, so those runs are as fast as the
+C decoder loop (models/cpu_decoder.py), which calls the same kernels and may run the layers instead.
+A call the kernels decline all the same (a tensor not laid out as they read it) goes to the torch
+backend's path, whose code this backend inherits.
+"""
+
+import torch
+
+from engine_core.attention import cpu_decode_kernel
+from engine_core.attention.capabilities import BackendCapabilities
+from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
+from engine_core.attention.metadata import AttentionMetadata
+from engine_core.attention.torch_backend import TorchAttentionBackend
+
+
+class CpuKernelAttentionBackend(TorchAttentionBackend):
+    name = "cpu_kernel"
+    option = "torch"
+    # the shapes cpu_decode.c takes (its -1 return otherwise); keep in step with it
+    capabilities = BackendCapabilities(
+        label="the CPU attention kernels", devices=frozenset({"cpu"}), dtypes=(torch.bfloat16,),
+        head_dim_multiple=32, max_head_dim=256, max_group=8, fused_cpu_decoder=True)
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if cpu_decode_kernel.load() is None:
+            return ("the CPU attention kernels (cpu_decode.c) are not built here: they need AVX512-BF16 and a C "
+                    "compiler, and NVLLM_CPU_DECODE_KERNEL=0 turns them off")
+        return None
+
+    def _decodes(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+        nd = meta.num_decodes
+        if not paged_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
+                                      scale, out[:nd]):
+            super()._decodes(q, k_cache, v_cache, meta, scale, out)
+
+    def _prefills(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+        nd = meta.num_decodes
+        if not paged_attention(q, k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
+                               meta.query_start_loc[nd:], scale, out):
+            super()._prefills(q, k, v, k_cache, v_cache, meta, scale, out)
