@@ -42,6 +42,7 @@ from common import protocol as P
 from common.config import EngineArgs
 from common.curve import Authenticator, ServerKeys, apply_server
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from common.request_ids import scoped_id, unscoped_id
 from common.transport import (CORE_RCVHWM, CORE_SNDHWM, HEARTBEAT_SECONDS, MAX_REQUEST_FRAME_BYTES,
                               frontend_silent_seconds, is_loopback, limit_socket)
 from common.validation import check_request
@@ -84,7 +85,7 @@ def _user_id(frame: zmq.Frame) -> str | None:
 
 class EngineCoreProc:
     def __init__(self, args: EngineArgs, listen: str, engine_index: int = 0, parent_pid: int | None = None,
-                 socket_setup=None, curve: ServerKeys | None = None):
+                 curve: ServerKeys | None = None):
         self.core = EngineCore(args)
         self.throughput_log = ThroughputLog()
         self.engine_index = engine_index
@@ -119,8 +120,6 @@ class EngineCoreProc:
         elif not is_loopback(listen):
             logger.warning("the engine core listens on %s WITHOUT CURVE: traffic is neither authenticated nor "
                            "encrypted", listen)
-        if socket_setup is not None:
-            socket_setup(self.sock)  # set before bind
         self.sock.bind(listen)
         self.listen = listen
         # the busy loop hands encoded frames to the IO thread through an inproc pipe
@@ -343,7 +342,7 @@ class EngineCoreProc:
     def _apply(self, kind: bytes, identity: bytes, message) -> None:
         tag = _tag(identity)
         if kind == P.ADD:
-            rid = f"{tag}|{message.request_id}"
+            rid = scoped_id(tag, message.request_id)
             try:  # every field, before the scheduler sees it: a bad one is this request's ERROR, nothing more
                 check_request(message, self.core.limits)
                 if rid in self.owner:
@@ -356,7 +355,8 @@ class EngineCoreProc:
             self.owner[rid] = identity
             self.core.add_request(msgspec.structs.replace(message, request_id=rid))
         elif kind == P.ABORT:
-            self.core.abort_requests([f"{tag}|{r}" for r in message if f"{tag}|{r}" in self.owner])
+            scoped = [scoped_id(tag, r) for r in message]
+            self.core.abort_requests([rid for rid in scoped if rid in self.owner])
             self._flush_if_idle()
         elif kind == P.GOODBYE:
             mine = [rid for rid, who in self.owner.items() if who == identity]
@@ -393,7 +393,7 @@ class EngineCoreProc:
                 continue
             if out.finish_reason is not None:
                 del self.owner[out.request_id]
-            out.request_id = out.request_id.split("|", 1)[1]
+            out.request_id = unscoped_id(out.request_id)
             per_frontend.setdefault(identity, []).append(out)
         stats = outputs.scheduler_stats
         self.stats = self.encoder.encode(EngineCoreOutputs(scheduler_stats=stats, timestamp=outputs.timestamp))
@@ -425,8 +425,8 @@ class EngineCoreProc:
 
 
 def run_engine_core(args: EngineArgs, listen: str, engine_index: int = 0, parent_pid: int | None = None,
-                    socket_setup=None, curve: ServerKeys | None = None) -> int:
-    proc = EngineCoreProc(args, listen, engine_index, parent_pid, socket_setup, curve)
+                    curve: ServerKeys | None = None) -> int:
+    proc = EngineCoreProc(args, listen, engine_index, parent_pid, curve)
     logger.info("engine core ready: model %s, max_model_len %d", proc.core.model_info().model_name,
                 proc.core.max_model_len)
     return proc.run()

@@ -23,6 +23,7 @@ import msgspec
 import torch
 import zmq
 
+from common.child_process import spawn_module
 from engine_core.distributed import channel
 from engine_core.distributed import rendezvous as rdv
 from engine_core.distributed.block_agreement import agree_on_num_blocks
@@ -31,19 +32,13 @@ from engine_core.step_input import StepInput
 
 logger = logging.getLogger("nvllm")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def spawn_worker(master_addr: str, master_port: int, rank: int, model: str | None = None) -> subprocess.Popen:
     """A fresh interpreter for one rank, its arguments on the command line as plain text."""
-    cmd = [sys.executable, "-m", "engine_core.worker", "--master-addr", master_addr,
-           "--master-port", str(master_port), "--rank", str(rank), "--parent-pid", str(os.getpid()),
-           "--log-level", _log_level_name()]
-    if model is not None:
-        cmd += ["--model", model]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen(cmd, env=env)
+    args = ["--master-addr", master_addr, "--master-port", str(master_port), "--rank", str(rank),
+            "--parent-pid", str(os.getpid()), "--log-level", _log_level_name()]
+    return spawn_module("engine_core.worker", args + (["--model", model] if model is not None else []))
 
 
 def _log_level_name() -> str:

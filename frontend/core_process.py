@@ -7,22 +7,19 @@ pickled object crosses between the two processes.
 import os
 import signal
 import subprocess
-import sys
 
 import msgspec
 
 from common import hugepages
+from common.child_process import spawn_module
 from common.config import EngineArgs
 
 
 def start_core_process(args: EngineArgs, listen: str, engine_index: int = 0) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "engine_core", "--args-json", msgspec.json.encode(args).decode(),
-           "--listen", listen, "--engine-index", str(engine_index), "--parent-pid", str(os.getpid()),
-           "--log-level", os.environ.get("NVLLM_LOG_LEVEL", "INFO")]
-    env = hugepages.with_tunable(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen(cmd, env=env)
+    return spawn_module("engine_core", ["--args-json", msgspec.json.encode(args).decode(), "--listen", listen,
+                                        "--engine-index", str(engine_index), "--parent-pid", str(os.getpid()),
+                                        "--log-level", os.environ.get("NVLLM_LOG_LEVEL", "INFO")],
+                        hugepages.with_tunable(os.environ))
 
 
 def stop_core_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -1,8 +1,10 @@
 """POST /tokenize and POST /detokenize with the served model's tokenizer (and chat template),
 capped like prompts (--max-prompt-chars; token lists in protocol.py), big ones off the event loop."""
 
+from common.errors import InvalidParameter
+from common.validation import check_token_ids
 from frontend.api import offload
-from frontend.api.errors import APIError
+from frontend.api.errors import bad_request
 from frontend.api.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
                                    TokenizeCompletionRequest, TokenizeResponse)
 from frontend.api.serving_chat import render_chat
@@ -24,13 +26,13 @@ async def tokenize(state: ServerState, body: TokenizeCompletionRequest | Tokeniz
 async def detokenize(state: ServerState, body: DetokenizeRequest) -> DetokenizeResponse:
     engine = state.ready_engine()
     state.check_model(body.model)
-    vocab = engine.model_info.vocab_size
     tokens = body.tokens
 
     def work() -> str:
-        bad = next((t for t in tokens if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise APIError(400, f"tokens: token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
+        try:
+            check_token_ids("tokens", tokens, engine.processor.limits)
+        except InvalidParameter as e:
+            raise bad_request(e) from None
         return engine.tokenizer.decode(tokens)
 
     return DetokenizeResponse(prompt=await offload.run(work, len(tokens), offload.BIG_TOKEN_LIST))

@@ -1,0 +1,15 @@
+"""Starting one of our modules in a fresh interpreter (`python -m MODULE ...`): the engine core a
+frontend starts, the tensor-parallel ranks a core starts. Arguments go on the command line as text, so
+nothing pickled crosses between the processes; the child imports this checkout first."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds common/, engine_core/, frontend/
+
+
+def spawn_module(module: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen([sys.executable, "-m", module, *args], env=env)
