@@ -11,7 +11,8 @@ import msgspec
 from common.limits import RequestLimits
 from common.sampling_params import SamplingParams
 
-PROTOCOL_VERSION = 2  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed)
+PROTOCOL_VERSION = 3  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
+# 3: SchedulerStats as gauges, totals and step counts; EngineCoreOutputs without engine_index
 
 
 class FinishReason(IntEnum):
@@ -53,23 +54,40 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     error: str | None = None
 
 
-class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+class SchedulerGauges(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """The scheduler as it is now."""
     num_running: int = 0
     num_waiting: int = 0
     num_free_blocks: int = 0
     num_total_blocks: int = 0
     kv_cache_usage: float = 0.0
-    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache (cumulative)
-    prefix_cache_hits: int = 0  # of those, tokens found (cumulative)
-    num_preemptions: int = 0  # cumulative
-    num_prompt_tokens: int = 0  # computed this step
-    num_generation_tokens: int = 0  # sampled this step
-    # speculative decoding, cumulative: verification steps of a request with proposals, tokens proposed,
-    # tokens kept, and how often the j-th proposal of a step was kept
+
+
+class SchedulerTotals(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """Counts since the core started (they only grow)."""
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, tokens found
+    num_preemptions: int = 0
+    # speculative decoding: verification steps of a request with proposals, tokens proposed, tokens kept,
+    # and how often the j-th proposal of a step was kept
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = []
+
+
+class StepCounts(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """What one engine step computed."""
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+
+
+class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """Gauges and totals in every batch, heartbeat and get_stats answer; `step` only in the batch of the
+    step it counts (a heartbeat repeats the latest gauges and totals, never a step's counts)."""
+    gauges: SchedulerGauges = msgspec.field(default_factory=SchedulerGauges)
+    totals: SchedulerTotals = msgspec.field(default_factory=SchedulerTotals)
+    step: StepCounts | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):

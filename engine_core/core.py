@@ -8,7 +8,8 @@ import time
 import uuid
 
 from common.config import EngineArgs
-from common.protocol import PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready
+from common.protocol import (PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready,
+                             StepCounts)
 from engine_core.cpu_threads import ThreadPoolSizer
 from engine_core.engine_config import resolve_engine_config
 from engine_core.engine_errors import is_fatal
@@ -96,6 +97,7 @@ class EngineCore:
         """One schedule -> execute -> update. An exception in it fails the step's requests (ERROR
         outputs, blocks freed) and the core goes on; only a fatal one (engine_errors.is_fatal) propagates."""
         outputs: list[EngineCoreOutput] = []
+        step = StepCounts()  # nothing to run: a step that computed nothing
         if self.scheduler.has_unfinished_requests():  # also while abort notices wait in the scheduler
             sched_out = None
             try:
@@ -111,9 +113,10 @@ class EngineCore:
                     raise
                 step_outputs = self._fail_step(sched_out, e)
             self.executor.forget_requests([o.request_id for o in step_outputs if o.finish_reason is not None])
-            outputs = step_outputs
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.scheduler.get_stats(),
-                                 timestamp=time.time())
+            outputs, step = step_outputs, self.scheduler.step_counts()
+        stats = self.scheduler.get_stats()
+        stats.step = step
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=stats, timestamp=time.time())
 
     def _fail_step(self, sched_out, error: Exception) -> list[EngineCoreOutput]:
         if sched_out is not None:

@@ -396,7 +396,9 @@ class EngineCoreProc:
             out.request_id = unscoped_id(out.request_id)
             per_frontend.setdefault(identity, []).append(out)
         stats = outputs.scheduler_stats
-        self.stats = self.encoder.encode(EngineCoreOutputs(scheduler_stats=stats, timestamp=outputs.timestamp))
+        # what heartbeats repeat: the gauges and totals, not this step's counts
+        latest = msgspec.structs.replace(stats, step=None) if stats is not None else None
+        self.stats = self.encoder.encode(EngineCoreOutputs(scheduler_stats=latest, timestamp=outputs.timestamp))
         for identity, outs in per_frontend.items():
             self._push_outputs(identity, outs, stats, outputs.timestamp)
 

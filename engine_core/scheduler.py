@@ -22,7 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from common.protocol import EngineCoreOutput, FinishReason, Logprobs, SchedulerStats
+from common.protocol import (EngineCoreOutput, FinishReason, Logprobs, SchedulerGauges, SchedulerStats,
+                             SchedulerTotals, StepCounts)
 from engine_core.kv_cache_manager import KVCacheManager
 from engine_core.request import Request, RequestStatus
 
@@ -338,19 +339,17 @@ class Scheduler:
     # ---- stats ----------------------------------------------------------------------------------
 
     def get_stats(self) -> SchedulerStats:
-        return SchedulerStats(
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            num_free_blocks=self.kv.num_free_blocks,
-            num_total_blocks=self.kv.num_blocks,
-            kv_cache_usage=self.kv.usage,
-            prefix_cache_queries=self.kv.prefix_cache_queries,
-            prefix_cache_hits=self.kv.prefix_cache_hits,
-            num_preemptions=self.num_preemptions,
-            num_prompt_tokens=self.step_prompt_tokens,
-            num_generation_tokens=self.step_generation_tokens,
-            spec_num_drafts=self.spec_num_drafts,
-            spec_num_draft_tokens=self.spec_num_draft_tokens,
-            spec_num_accepted_tokens=self.spec_num_accepted_tokens,
-            spec_accepted_per_position=list(self.spec_accepted_per_position),
-        )
+        """Gauges and totals (no step counts: see step_counts)."""
+        gauges = SchedulerGauges(num_running=len(self.running), num_waiting=len(self.waiting),
+                                 num_free_blocks=self.kv.num_free_blocks, num_total_blocks=self.kv.num_blocks,
+                                 kv_cache_usage=self.kv.usage)
+        totals = SchedulerTotals(prefix_cache_queries=self.kv.prefix_cache_queries,
+                                 prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.num_preemptions,
+                                 spec_num_drafts=self.spec_num_drafts, spec_num_draft_tokens=self.spec_num_draft_tokens,
+                                 spec_num_accepted_tokens=self.spec_num_accepted_tokens,
+                                 spec_accepted_per_position=list(self.spec_accepted_per_position))
+        return SchedulerStats(gauges=gauges, totals=totals)
+
+    def step_counts(self) -> StepCounts:
+        """What the latest schedule/update computed."""
+        return StepCounts(num_prompt_tokens=self.step_prompt_tokens, num_generation_tokens=self.step_generation_tokens)

@@ -30,19 +30,21 @@ class ThroughputLog:
         if idle:  # a fresh window from this step's end (when its work began is not known)
             self._restart(now, stats)
             return
-        self.prompt_tokens += stats.num_prompt_tokens
-        self.generation_tokens += stats.num_generation_tokens
+        if stats.step is not None:
+            self.prompt_tokens += stats.step.num_prompt_tokens
+            self.generation_tokens += stats.step.num_generation_tokens
         elapsed = now - self.window_start
         if elapsed < self.interval:
             return
-        queries, hits = stats.prefix_cache_queries - self.queries, stats.prefix_cache_hits - self.hits
+        gauges, totals = stats.gauges, stats.totals
+        queries, hits = totals.prefix_cache_queries - self.queries, totals.prefix_cache_hits - self.hits
         logger.info("engine: prompt %.1f tok/s, generation %.1f tok/s; %d running, %d waiting; KV cache %.1f%% "
                     "used; prefix cache hit rate %.1f%%", self.prompt_tokens / elapsed,
-                    self.generation_tokens / elapsed, stats.num_running, stats.num_waiting,
-                    100 * stats.kv_cache_usage, 100 * hits / queries if queries else 0.0)
-        drafts = stats.spec_num_drafts - self.spec[0]
+                    self.generation_tokens / elapsed, gauges.num_running, gauges.num_waiting,
+                    100 * gauges.kv_cache_usage, 100 * hits / queries if queries else 0.0)
+        drafts = totals.spec_num_drafts - self.spec[0]
         if drafts:
-            proposed, kept = stats.spec_num_draft_tokens - self.spec[1], stats.spec_num_accepted_tokens - self.spec[2]
+            proposed, kept = totals.spec_num_draft_tokens - self.spec[1], totals.spec_num_accepted_tokens - self.spec[2]
             logger.info("speculative decoding: %.1f%% of proposed tokens kept (%d of %d), %.2f tokens per "
                         "verifying step (kept + 1)", 100 * kept / proposed, kept, proposed, 1 + kept / drafts)
         self._restart(now, stats)
@@ -50,5 +52,6 @@ class ThroughputLog:
     def _restart(self, now: float, stats: SchedulerStats) -> None:
         self.window_start = now
         self.prompt_tokens = self.generation_tokens = 0
-        self.queries, self.hits = stats.prefix_cache_queries, stats.prefix_cache_hits
-        self.spec = (stats.spec_num_drafts, stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens)
+        totals = stats.totals
+        self.queries, self.hits = totals.prefix_cache_queries, totals.prefix_cache_hits
+        self.spec = (totals.spec_num_drafts, totals.spec_num_draft_tokens, totals.spec_num_accepted_tokens)

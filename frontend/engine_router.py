@@ -18,7 +18,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from common.protocol import EngineCoreOutputs, SchedulerStats
+from common.protocol import EngineCoreOutputs, SchedulerGauges, SchedulerStats, SchedulerTotals
 from frontend.core_client import EngineDeadError
 from frontend.core_client_mp import AsyncMPClient
 from frontend.processor import model_fingerprint
@@ -44,7 +44,7 @@ class CoreLink:
 
     @property
     def load(self) -> int:
-        return self.stats.num_running + self.stats.num_waiting + self.sent_since_stats
+        return self.stats.gauges.num_running + self.stats.gauges.num_waiting + self.sent_since_stats
 
     def note_stats(self, stats: SchedulerStats) -> None:
         self.stats = stats
@@ -198,14 +198,22 @@ class EngineRouter:
 
 
 def sum_stats(stats: list[SchedulerStats]) -> SchedulerStats:
-    """Several cores' scheduler figures as one (KV cache usage weighted by blocks)."""
+    """Several cores' gauges and totals as one (KV cache usage weighted by blocks; no step counts)."""
     if len(stats) == 1:
         return stats[0]
-    total = SchedulerStats()
+    gauges, totals = SchedulerGauges(), SchedulerTotals()
     for s in stats:
-        for name in SchedulerStats.__struct_fields__:
-            if name != "kv_cache_usage":
-                setattr(total, name, getattr(total, name) + getattr(s, name))
-    if total.num_total_blocks:
-        total.kv_cache_usage = sum(s.kv_cache_usage * s.num_total_blocks for s in stats) / total.num_total_blocks
-    return total
+        for name in SchedulerGauges.__struct_fields__:
+            setattr(gauges, name, getattr(gauges, name) + getattr(s.gauges, name))
+        for name in SchedulerTotals.__struct_fields__:
+            mine, theirs = getattr(totals, name), getattr(s.totals, name)
+            if isinstance(mine, list):  # per position: add elementwise
+                width = max(len(mine), len(theirs))
+                mine = [sum(v[i] for v in (mine, theirs) if i < len(v)) for i in range(width)]
+                setattr(totals, name, mine)
+            else:
+                setattr(totals, name, mine + theirs)
+    if gauges.num_total_blocks:
+        gauges.kv_cache_usage = sum(s.gauges.kv_cache_usage * s.gauges.num_total_blocks
+                                    for s in stats) / gauges.num_total_blocks
+    return SchedulerStats(gauges=gauges, totals=totals)

@@ -97,10 +97,10 @@ class LLM:
                 outputs = self.client.get_output()
                 results, to_abort = self.output_processor.process_outputs(outputs)
                 self.client.abort_requests(to_abort)
-                stats = outputs.scheduler_stats
-                if stats is not None:
-                    prompt_tokens += stats.num_prompt_tokens
-                    output_tokens += stats.num_generation_tokens
+                step = outputs.scheduler_stats.step if outputs.scheduler_stats is not None else None
+                if step is not None:  # a heartbeat carries none: its tokens were counted with their step
+                    prompt_tokens += step.num_prompt_tokens
+                    output_tokens += step.num_generation_tokens
                 for _, ro in results:
                     if ro.finished:
                         finished[ro.request_id] = ro

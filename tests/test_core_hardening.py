@@ -133,8 +133,8 @@ def test_hostile_requests_get_errors_naming_the_field(core):
         assert done["good"].finish_reason == FinishReason.LENGTH
         assert proc.poll() is None
         stats = peer.stats()
-        assert stats.num_running == 0 and stats.num_waiting == 0
-        assert stats.num_free_blocks == stats.num_total_blocks
+        assert stats.gauges.num_running == 0 and stats.gauges.num_waiting == 0
+        assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
     finally:
         peer.close()
 
@@ -175,6 +175,33 @@ def test_cache_salt_separates_prefix_caches(core):
         peer.close()
 
 
+def test_step_counts_come_with_their_step_and_never_with_a_heartbeat(core):
+    """Each token is counted once: the batch of the step that made it carries the step's counts; the
+    heartbeats after it repeat gauges and totals only (they once repeated the counts too, and
+    LLM.generate's progress bar counted the same tokens again during long steps)."""
+    peer = Peer(core[0])
+    try:
+        peer.add(request("hb", max_tokens=5, ignore_eos=True))
+        generated, heartbeats, deadline = 0, 0, time.monotonic() + 60
+        while heartbeats < 3 and time.monotonic() < deadline:
+            if not peer.sock.poll(200):
+                continue
+            kind, body = peer.sock.recv_multipart()
+            if kind != P.OUTPUTS:
+                continue
+            batch = msgspec.msgpack.decode(body, type=P.EngineCoreOutputs)
+            stats = batch.scheduler_stats
+            if batch.outputs:
+                assert stats.step is not None
+                generated += stats.step.num_generation_tokens
+            elif generated == 5:  # the request is done: what comes now are heartbeats
+                assert stats is not None and stats.step is None and stats.gauges.num_total_blocks > 0
+                heartbeats += 1
+        assert generated == 5 and heartbeats == 3
+    finally:
+        peer.close()
+
+
 def test_a_failing_step_fails_only_its_requests(tiny_models):
     """An exception inside execute fails that step's requests with ERROR outputs, frees their
     blocks, takes the blocks it never wrote out of the prefix cache, and the core goes on."""
@@ -197,7 +224,7 @@ def test_a_failing_step_fails_only_its_requests(tiny_models):
         assert [(o.request_id, o.finish_reason) for o in outputs] == [("poison", FinishReason.ERROR)]
         assert "IndexError: index 99999" in outputs[0].error
         stats = core.scheduler.get_stats()
-        assert stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks
+        assert stats.gauges.num_running == 0 and stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
         # the same prompt again: no prefix hit on blocks the failed step never wrote
         core.add_request(request("after", prompt=prompt, max_tokens=3, ignore_eos=True))
         finished = {}
@@ -229,7 +256,7 @@ def test_a_failing_schedule_fails_running_and_next_request(tiny_models):
         while core.has_unfinished_requests():
             core.step()
         stats = core.scheduler.get_stats()
-        assert stats.num_free_blocks == stats.num_total_blocks
+        assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
     finally:
         core.shutdown()
 

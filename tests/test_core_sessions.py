@@ -110,7 +110,8 @@ def wait_idle(observer: Peer, timeout: float) -> float:
     started = time.monotonic()
     while True:
         s = observer.stats()
-        if s.num_running == 0 and s.num_waiting == 0 and s.num_free_blocks == s.num_total_blocks:
+        g = s.gauges
+        if g.num_running == 0 and g.num_waiting == 0 and g.num_free_blocks == g.num_total_blocks:
             return time.monotonic() - started
         assert time.monotonic() - started < timeout, s
         observer.send(P.HEARTBEAT)
@@ -201,7 +202,7 @@ def test_vanished_frontend_has_its_requests_aborted(core):
     for i in range(8):  # ~8 x 480 tokens, one at a time
         a.add(f"r{i}")
     assert a.recv(10) is not None
-    while observer.stats().num_running == 0:
+    while observer.stats().gauges.num_running == 0:
         time.sleep(0.05)
     a.close()
     assert wait_idle(observer, timeout=5) < 2.0
@@ -217,7 +218,7 @@ def test_silent_frontend_has_its_requests_aborted_and_its_session_ended(core):
     for i in range(20):
         a.add(f"r{i}")
     time.sleep(1.0)
-    assert observer.stats().num_running == 1
+    assert observer.stats().gauges.num_running == 1
     took = wait_idle(observer, timeout=SILENT + 5)  # A says nothing from here on
     assert took < SILENT + 2
     a.send(P.ABORT, ["r19"])  # its session is gone
@@ -303,7 +304,7 @@ def test_sync_client_works_after_a_long_idle(core):
     assert llm.client.model_info.frontend_timeout == SILENT
     time.sleep(SILENT + 1)
     assert len(llm.generate("Hello", params, use_tqdm=False)[0].outputs[0].token_ids) == 3
-    assert llm.get_stats().num_running == 0
+    assert llm.get_stats().gauges.num_running == 0
     assert llm.tokenizer is not None and llm.client.model_info.tokenizer_files
     llm.shutdown()
 

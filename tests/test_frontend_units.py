@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import InvalidParameter
 from common.limits import RequestLimits
-from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
+from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerGauges, SchedulerStats
 from common.sampling_params import RequestOutputKind, SamplingParams
 from fake_core import FakeCoreClient, ready_for
 from frontend.async_llm import AsyncLLM
@@ -135,7 +135,7 @@ def test_router_keeps_routes_and_hands_back_a_lost_cores_requests(ready):
             await asyncio.sleep(0)
         assert listener.downs == [(first.index, ["a", "d"])]
         assert router.routed_requests == set() and router.live(fp) == [second]
-        stats = SchedulerStats(num_running=5)
+        stats = SchedulerStats(gauges=SchedulerGauges(num_running=5))
         clients[second.index]._outputs.put_nowait(EngineCoreOutputs(scheduler_stats=stats))
         await asyncio.sleep(0)
         assert second.stats == stats and second.sent_since_stats == 0
@@ -179,7 +179,7 @@ def test_a_request_moves_when_its_core_is_lost_before_any_output(ready):
     async def run():
         held = FakeCoreClient(ready, "fake://0", hold=True)
         other = FakeCoreClient(ready, "fake://1")
-        other.stats = SchedulerStats(num_running=9)  # the held core is picked first
+        other.stats = SchedulerStats(gauges=SchedulerGauges(num_running=9))  # the held core is picked first
         engine = await _started([held, other])
         other._outputs.put_nowait(EngineCoreOutputs(scheduler_stats=other.stats))
         await asyncio.sleep(0)
@@ -199,7 +199,7 @@ def test_a_request_that_produced_fails_with_its_core(ready):
     async def run():
         held = FakeCoreClient(ready, "fake://0", hold=True)
         other = FakeCoreClient(ready, "fake://1")
-        other.stats = SchedulerStats(num_running=9)
+        other.stats = SchedulerStats(gauges=SchedulerGauges(num_running=9))
         engine = await _started([held, other])
         other._outputs.put_nowait(EngineCoreOutputs(scheduler_stats=other.stats))
         await asyncio.sleep(0)

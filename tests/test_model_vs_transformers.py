@@ -108,8 +108,8 @@ def test_greedy_generate_with_preemption_matches(tiny_models):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     stats = llm.get_stats()
-    assert stats.num_preemptions > 0
-    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.totals.num_preemptions > 0
+    assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
     for prompt, out in zip(prompts, outs):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)

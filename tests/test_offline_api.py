@@ -143,7 +143,7 @@ def test_bad_prompts(llm):
     # the engine is still fine afterwards, with every block back in the pool
     assert llm.generate("ok", SamplingParams(max_tokens=2), use_tqdm=False)[0].finished
     stats = llm.get_stats()
-    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
 
 
 def test_readme_offline_example(default_model_dir):

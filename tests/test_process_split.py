@@ -154,15 +154,15 @@ def test_cancelled_stream_frees_blocks(core):
         for _ in range(50):
             stats = await engine.get_stats()
             total = stats
-            if stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks:
+            if stats.gauges.num_running == 0 and stats.gauges.num_free_blocks == stats.gauges.num_total_blocks:
                 break
             await asyncio.sleep(0.1)
         engine.shutdown()
         return total
 
     stats = asyncio.run(scenario())
-    assert stats.num_running == 0
-    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.gauges.num_running == 0
+    assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
 
 
 def test_stream_yields_deltas_that_join_to_the_full_text(core):

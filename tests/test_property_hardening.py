@@ -88,8 +88,8 @@ def test_random_requests_never_kill_the_core(core, batch):
             assert field in FIELDS, out.error[:300]
     assert proc.poll() is None
     stats = peer.stats()
-    assert stats.num_running == 0 and stats.num_waiting == 0
-    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.gauges.num_running == 0 and stats.gauges.num_waiting == 0
+    assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
 
 
 # ---- HTTP ---------------------------------------------------------------------------------------

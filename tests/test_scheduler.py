@@ -191,7 +191,7 @@ def test_max_num_seqs_limits_admission():
         sched.add_request(make_request(rid, [1, 2, 3], ignore_eos=True))
     out, _ = step(sched, model)
     assert [s.request.request_id for s in out.scheduled] == ["a", "b"]
-    assert sched.get_stats().num_waiting == 1 and sched.get_stats().num_running == 2
+    assert sched.get_stats().gauges.num_waiting == 1 and sched.get_stats().gauges.num_running == 2
 
 
 def test_preemption_takes_the_newest_and_recompute_gives_the_same_outputs():
@@ -209,7 +209,7 @@ def test_preemption_takes_the_newest_and_recompute_gives_the_same_outputs():
     assert [r.request_id for r in sched.waiting] == ["b", "c"]  # back at the front of the queue
     b = sched.waiting[0]
     assert (b.request_id, b.status, b.num_computed_tokens, b.num_preemptions) == ("b", RequestStatus.PREEMPTED, 0, 1)
-    assert b.block_ids == [] and sched.get_stats().num_preemptions == 1
+    assert b.block_ids == [] and sched.get_stats().totals.num_preemptions == 1
     run_all(sched, model, outputs)
     # b's first token came before the preemption, the rest after recomputing prompt + that token
     for rid, p in (prompts | {"c": [9]}).items():
@@ -333,9 +333,10 @@ def test_prefix_hits_are_reported_and_reused():
     assert (out.scheduled[0].num_computed_tokens_before, out.scheduled[0].num_new_tokens) == (12, 2)
     assert results[0].num_cached_tokens == 12
     stats = sched.get_stats()
-    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (13 + 14, 12)
-    assert stats.num_prompt_tokens == 2 and stats.num_generation_tokens == 1
-    assert stats.num_total_blocks == 16 and stats.num_running == 1
+    assert (stats.totals.prefix_cache_queries, stats.totals.prefix_cache_hits) == (13 + 14, 12)
+    step_counts = sched.step_counts()
+    assert step_counts.num_prompt_tokens == 2 and step_counts.num_generation_tokens == 1
+    assert stats.gauges.num_total_blocks == 16 and stats.gauges.num_running == 1
 
 
 def test_stats_count_prompt_and_generation_tokens_per_step():
@@ -344,8 +345,10 @@ def test_stats_count_prompt_and_generation_tokens_per_step():
     sched.add_request(make_request("b", list(range(1, 9)), ignore_eos=True))
     step(sched, model)  # a: 3 prompt tokens (sampled), b: 2
     stats = sched.get_stats()
-    assert (stats.num_prompt_tokens, stats.num_generation_tokens) == (5, 1)
-    assert 0 < stats.kv_cache_usage <= 1 and stats.num_free_blocks + 2 == stats.num_total_blocks
+    step_counts = sched.step_counts()
+    assert (step_counts.num_prompt_tokens, step_counts.num_generation_tokens) == (5, 1)
+    gauges = stats.gauges
+    assert 0 < gauges.kv_cache_usage <= 1 and gauges.num_free_blocks + 2 == gauges.num_total_blocks
 
 
 def test_same_outputs_with_or_without_preemption_and_caching():
@@ -355,7 +358,7 @@ def test_same_outputs_with_or_without_preemption_and_caching():
         sched, model = make_scheduler(**kw)
         for rid, p in prompts.items():
             sched.add_request(make_request(rid, p, max_tokens=12, ignore_eos=True))
-        return run_all(sched, model), sched.get_stats().num_preemptions
+        return run_all(sched, model), sched.get_stats().totals.num_preemptions
 
     roomy, n0 = run(num_blocks=128, caching=False)
     tight, n1 = run(num_blocks=9, block_size=4, budget=7, caching=True)

@@ -55,8 +55,8 @@ def test_greedy_tokens_identical_under_batching_chunking_and_preemption(loopy_mo
                   kv_cache_memory=14 * 2 * 2 * 16 * 2 * HEAD_DIM[arch] * 4)
     plain, _ = _run(loopy_models[arch], prompts, params, **engine)
     spec, stats = _run(loopy_models[arch], prompts, params, speculative_config=NGRAM, **engine)
-    kept, rejected = stats.spec_num_accepted_tokens, stats.spec_num_draft_tokens - stats.spec_num_accepted_tokens
-    assert kept > 10 and rejected > 10 and stats.num_preemptions > 0
+    kept, rejected = stats.totals.spec_num_accepted_tokens, stats.totals.spec_num_draft_tokens - stats.totals.spec_num_accepted_tokens
+    assert kept > 10 and rejected > 10 and stats.totals.num_preemptions > 0
     for a, b in zip(plain, spec):
         assert b.outputs[0].token_ids == a.outputs[0].token_ids
         # equal up to the float32 rounding that a step's shape changes here (a preempted request
@@ -71,7 +71,7 @@ def test_bf16_verification_rows_are_the_decode_rows_bit_for_bit(loopy_models):
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2)
     plain, _ = _run(loopy_models["qwen3"], prompts, params, dtype="bfloat16")
     spec, stats = _run(loopy_models["qwen3"], prompts, params, dtype="bfloat16", speculative_config=NGRAM)
-    assert stats.spec_num_accepted_tokens > 10
+    assert stats.totals.spec_num_accepted_tokens > 10
     for a, b in zip(plain, spec):
         assert b.outputs[0].token_ids == a.outputs[0].token_ids and _logprobs(b) == _logprobs(a)
 
@@ -97,7 +97,7 @@ def test_default_model_greedy_identical_with_ngram_speculation(default_model_dir
         llm.shutdown()
     spec, stats = _run(None, prompts, params, speculative_config=NGRAM)
     assert [o.outputs[0].token_ids for o in spec] == plain
-    assert stats.spec_num_accepted_tokens > 30
+    assert stats.totals.spec_num_accepted_tokens > 30
 
 
 def test_seeded_sampling_repeats_alone_and_in_a_batch(loopy_models):
@@ -111,7 +111,7 @@ def test_seeded_sampling_repeats_alone_and_in_a_batch(loopy_models):
         again = llm.generate([prompts[0]], seeded, use_tqdm=False)[0].outputs[0].token_ids
         batch = llm.generate(prompts[1:3] + [prompts[0]] + prompts[3:], [other, other, seeded, other], use_tqdm=False)
         assert alone == again == batch[2].outputs[0].token_ids and len(alone) == 30
-        assert llm.client.get_stats().spec_num_accepted_tokens > 0
+        assert llm.client.get_stats().totals.spec_num_accepted_tokens > 0
     finally:
         llm.shutdown()
 
@@ -129,8 +129,8 @@ def test_draft_model_greedy_identical_under_preemption(loopy_models, tiny_models
     spec_config = {"model": target if draft == "same" else tiny_models["llama"], "num_speculative_tokens": 3}
     # 12 blocks again: each block holds the draft model's keys and values too
     spec, stats = _run(target, prompts, params, speculative_config=spec_config, kv_cache_memory=24 * per_block, **engine)
-    assert stats.num_preemptions > 0 and stats.spec_num_draft_tokens > 50
-    kept = stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens
+    assert stats.totals.num_preemptions > 0 and stats.totals.spec_num_draft_tokens > 50
+    kept = stats.totals.spec_num_accepted_tokens / stats.totals.spec_num_draft_tokens
     assert kept > 0.9 if draft == "same" else kept < 0.5
     assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
 

@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 from common.config import EngineArgs
-from common.protocol import SchedulerStats
+from common.protocol import SchedulerStats, SchedulerTotals
 from common.sampling_params import SamplingParams
 from common.speculative import SpeculativeConfig, parse_speculative_config
 from engine_core.kv_cache_manager import KVCacheManager
@@ -166,7 +166,7 @@ def test_proposal_blocks_are_allocated_then_rolled_back_and_kept_blocks_cached()
     assert (sched.spec_num_drafts, sched.spec_num_draft_tokens, sched.spec_num_accepted_tokens) == (1, 6, 3)
     assert sched.spec_accepted_per_position == [1, 1, 1, 0, 0, 0]
     stats = sched.get_stats()
-    assert (stats.spec_num_draft_tokens, stats.spec_accepted_per_position[:3]) == (6, [1, 1, 1])
+    assert (stats.totals.spec_num_draft_tokens, stats.totals.spec_accepted_per_position[:3]) == (6, [1, 1, 1])
 
 
 def test_proposals_respect_max_tokens_budget_and_free_blocks_and_a_stop_among_them():
@@ -215,8 +215,8 @@ def test_prometheus_counters_and_log_line(caplog):
 
     from engine_core.stats_log import ThroughputLog
     from frontend.api.metrics import Metrics
-    stats = SchedulerStats(spec_num_drafts=10, spec_num_draft_tokens=40, spec_num_accepted_tokens=30,
-                           spec_accepted_per_position=[10, 9, 7, 4])
+    stats = SchedulerStats(totals=SchedulerTotals(spec_num_drafts=10, spec_num_draft_tokens=40,
+                                                  spec_num_accepted_tokens=30, spec_accepted_per_position=[10, 9, 7, 4]))
     metrics = Metrics()
     metrics.engine.stats = stats
     text = generate_latest(metrics.registry).decode()

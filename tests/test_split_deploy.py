@@ -420,16 +420,16 @@ def test_frontend_survives_core_restarts(tiny_models, tmp_path):
 # ---- one frontend, two cores ----------------------------------------------------------------------
 
 def test_router_picks_least_loaded_core():
-    from common.protocol import SchedulerStats
+    from common.protocol import SchedulerGauges, SchedulerStats
     from frontend.engine_router import EngineRouter, sum_stats
 
     clients = [SimpleNamespace(dead_reason=None, address=f"tcp://h{i}:5555") for i in range(3)]
     router = EngineRouter(clients, None)
     for link in router.links:
         link.up, link.fingerprint = True, "m"
-    router.links[0].note_stats(SchedulerStats(num_running=4, num_waiting=2))
-    router.links[1].note_stats(SchedulerStats(num_running=3))
-    router.links[2].note_stats(SchedulerStats(num_running=1, num_waiting=1))
+    router.links[0].note_stats(SchedulerStats(gauges=SchedulerGauges(num_running=4, num_waiting=2)))
+    router.links[1].note_stats(SchedulerStats(gauges=SchedulerGauges(num_running=3)))
+    router.links[2].note_stats(SchedulerStats(gauges=SchedulerGauges(num_running=1, num_waiting=1)))
     assert router.pick("m").index == 2
     router.links[2].sent_since_stats = 2  # sent there since its last stats: now 4 > 3
     assert router.pick("m").index == 1
@@ -441,10 +441,12 @@ def test_router_picks_least_loaded_core():
         link.note_stats(SchedulerStats())
     clients[1].dead_reason = None
     assert [router.pick("m").index for _ in range(6)] == [0, 1, 2, 0, 1, 2]
-    total = sum_stats([SchedulerStats(num_running=1, num_free_blocks=10, num_total_blocks=20, kv_cache_usage=0.5),
-                       SchedulerStats(num_running=2, num_free_blocks=30, num_total_blocks=60, kv_cache_usage=0.5)])
-    assert (total.num_running, total.num_free_blocks, total.num_total_blocks) == (3, 40, 80)
-    assert total.kv_cache_usage == pytest.approx(0.5)
+    total = sum_stats([SchedulerStats(gauges=SchedulerGauges(num_running=1, num_free_blocks=10, num_total_blocks=20,
+                                                             kv_cache_usage=0.5)),
+                       SchedulerStats(gauges=SchedulerGauges(num_running=2, num_free_blocks=30, num_total_blocks=60,
+                                                             kv_cache_usage=0.5))])
+    assert (total.gauges.num_running, total.gauges.num_free_blocks, total.gauges.num_total_blocks) == (3, 40, 80)
+    assert total.gauges.kv_cache_usage == pytest.approx(0.5)
 
 
 def test_one_frontend_two_cores(tiny_models, tmp_path):
@@ -468,7 +470,7 @@ def test_one_frontend_two_cores(tiny_models, tmp_path):
         served = []
         for a in addresses:
             llm = LLM.connect(a)
-            served.append(llm.get_stats().prefix_cache_queries)
+            served.append(llm.get_stats().totals.prefix_cache_queries)
             llm.shutdown()
         results = []
 
@@ -485,7 +487,7 @@ def test_one_frontend_two_cores(tiny_models, tmp_path):
             assert _complete(base).status_code == 200
         for a, before in zip(addresses, served):
             llm = LLM.connect(a)
-            assert llm.get_stats().prefix_cache_queries > before, f"no request reached the core at {a}"
+            assert llm.get_stats().totals.prefix_cache_queries > before, f"no request reached the core at {a}"
             llm.shutdown()
 
         cores[0].proc.kill()  # requests right away: any sent to the dead core move to the live one

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from common.protocol import SchedulerStats
+from common.protocol import SchedulerGauges, SchedulerStats, SchedulerTotals, StepCounts
 from engine_core.stats_log import ThroughputLog
 
 pytestmark = pytest.mark.unit
@@ -24,9 +24,10 @@ def test_one_line_per_interval_with_rates_and_occupancy(caplog):
     caplog.set_level(logging.INFO, logger="nvllm")
     for step in range(20):  # 20 steps of 0.5 s: 100 prompt + 30 generated tokens each
         clock.now += 0.5
-        log.record(SchedulerStats(num_running=3, num_waiting=1, kv_cache_usage=0.25, num_prompt_tokens=100,
-                                  num_generation_tokens=30, prefix_cache_queries=200 * (step + 1),
-                                  prefix_cache_hits=50 * (step + 1)))
+        log.record(SchedulerStats(gauges=SchedulerGauges(num_running=3, num_waiting=1, kv_cache_usage=0.25),
+                                  totals=SchedulerTotals(prefix_cache_queries=200 * (step + 1),
+                                                         prefix_cache_hits=50 * (step + 1)),
+                                  step=StepCounts(num_prompt_tokens=100, num_generation_tokens=30)))
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["engine: prompt 200.0 tok/s, generation 60.0 tok/s; 3 running, 1 waiting; KV cache 25.0% used; "
                      "prefix cache hit rate 25.0%"]
@@ -39,5 +40,5 @@ def test_idle_spells_are_not_counted(caplog):
     clock.now += 3600  # an hour idle, then 11 s of work
     for _ in range(11):
         clock.now += 1
-        log.record(SchedulerStats(num_running=1, num_generation_tokens=20))
+        log.record(SchedulerStats(gauges=SchedulerGauges(num_running=1), step=StepCounts(num_generation_tokens=20)))
     assert [r.getMessage().split(";")[0] for r in caplog.records] == ["engine: prompt 0.0 tok/s, generation 20.0 tok/s"]

@@ -115,7 +115,7 @@ def test_tp2_with_ngram_speculation_equals_tp1(models, tmp_path):
               **ENGINE)
     try:
         got = [(o.outputs[0].token_ids, o.outputs[0].text) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-        assert llm.client.get_stats().spec_num_accepted_tokens > 0
+        assert llm.client.get_stats().totals.spec_num_accepted_tokens > 0
     finally:
         llm.shutdown()
     assert got == expected

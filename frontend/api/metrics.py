@@ -42,15 +42,15 @@ class EngineStatsCollector:
                                  "requests this frontend holds state for (sent to a core, not finished)")
         mine.add_metric([], float(self.frontend_requests))
         yield mine
-        s = self.stats
-        if s is None:
+        if self.stats is None:
             return
+        g, s = self.stats.gauges, self.stats.totals
         gauges = [
-            ("nvllm:num_requests_running", "requests the core scheduler is running", s.num_running),
-            ("nvllm:num_requests_waiting", "requests waiting in the core scheduler's queue", s.num_waiting),
-            ("nvllm:kv_cache_usage_perc", "fraction of KV cache blocks in use (0 to 1)", s.kv_cache_usage),
-            ("nvllm:kv_cache_free_blocks", "KV cache blocks not held by any request", s.num_free_blocks),
-            ("nvllm:kv_cache_total_blocks", "KV cache blocks in the pool", s.num_total_blocks),
+            ("nvllm:num_requests_running", "requests the core scheduler is running", g.num_running),
+            ("nvllm:num_requests_waiting", "requests waiting in the core scheduler's queue", g.num_waiting),
+            ("nvllm:kv_cache_usage_perc", "fraction of KV cache blocks in use (0 to 1)", g.kv_cache_usage),
+            ("nvllm:kv_cache_free_blocks", "KV cache blocks not held by any request", g.num_free_blocks),
+            ("nvllm:kv_cache_total_blocks", "KV cache blocks in the pool", g.num_total_blocks),
             ("nvllm:prefix_cache_hit_rate", "prompt tokens found in the prefix cache / tokens looked up, since start",
              s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0),
         ]

@@ -109,7 +109,7 @@ def run_latency(args) -> int:
     one_per_step = tpot  # what a step that makes one token costs, for the bound's ratio
     if spec is not None:
         one_per_step = statistics.median(r[1] for r in runs[1]) * 1e3
-        s = stats[0]
+        s = stats[0].totals
         kept = s.spec_num_accepted_tokens / max(1, s.spec_num_draft_tokens)
         per_step = 1 + s.spec_num_accepted_tokens / max(1, s.spec_num_drafts)
         result["speculative"] = {"config": msgspec.to_builtins(spec), "ms_per_output_token_without": round(one_per_step, 3),
