@@ -31,7 +31,3 @@ def tokenizer_from_files(files: dict[str, str]) -> PreTrainedTokenizerBase:
             with open(os.path.join(folder, safe_file_name(name)), "w", encoding="utf-8") as f:
                 f.write(text)
         return PreTrainedTokenizerFast.from_pretrained(folder)
-
-
-def tokenizer_from_folder(folder: str) -> PreTrainedTokenizerBase:
-    return PreTrainedTokenizerFast.from_pretrained(folder)

@@ -1,13 +1,13 @@
 """Incremental detokenization and stop strings on the real SmolLM2 tokenizer."""
 
 import pytest
+from transformers import PreTrainedTokenizerFast
 
+from common.limits import RequestLimits
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from common.sampling_params import RequestOutputKind, SamplingParams
-from common.limits import RequestLimits
 from frontend.output_processor import OutputProcessor
 from frontend.processor import Processor
-from frontend.tokenizer import tokenizer_from_folder
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +18,7 @@ TEXTS = ["Hello, world! Ça va? 日本語のテキスト 🙂🚀 naïve café �
 
 @pytest.fixture(scope="module")
 def tokenizer(default_model_dir):
-    return tokenizer_from_folder(default_model_dir)
+    return PreTrainedTokenizerFast.from_pretrained(default_model_dir)
 
 
 def _stream(tokenizer, token_ids, params, prompt_ids=(1, 2, 3)):
