@@ -14,10 +14,19 @@ NVLLM = [sys.executable, "-m", "frontend.cli.main"]  # `nvllm` without needing `
 SMALL_ENGINE = ["--kv-cache-memory", "512MiB", "--max-model-len", "2048"]
 
 
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody listens on now, never one this test process was given before: the kernel may hand
+    the same free port to two bind(0) calls in a row, and two services of one test then collide."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 class Proc:
