@@ -90,7 +90,6 @@ class MPClientBase:
         self.sock.setsockopt(zmq.ROUTING_ID, self.identity)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)
         limit_socket(self.sock)
-        self._plain = zmq.Socket.shadow(self.sock.underlying)  # sends that never wait, from either client
         if socket_setup is not None:
             socket_setup(self.sock)  # CURVE client keys
         # connection events, read without blocking through a plain socket on the same context
@@ -126,23 +125,15 @@ class MPClientBase:
         """A core this client did not start may come back; a child process is restarted if restart_core."""
         return self.proc is None or self.restart_core
 
-    def _send_now(self, frames: list[bytes]) -> bool:
-        """Sends without waiting (through a plain socket on the same ZeroMQ socket, so the sync and the
-        asyncio client share this); False when the queue to the core has no room or no connection."""
-        try:
-            self._plain.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
-            return False
-        self.last_sent = time.monotonic()
-        return True
-
-    def _hello_turn(self, resume: bool = False) -> None:
-        """One turn of waiting for READY: connection events, a retry after a refused CURVE handshake,
-        and HELLO again every HELLO_INTERVAL_SECONDS."""
+    def _hello_if_due(self, resume: bool = False) -> list[bytes] | None:
+        """One turn of waiting for READY: connection events, a retry after a refused CURVE handshake;
+        then the HELLO to send if one is due (every HELLO_INTERVAL_SECONDS, see _hello_sent)."""
         self._drain_monitor()
         self._retry_failed_connection()
-        if time.monotonic() >= self._next_hello and self._send_now(hello_frames(self.client_name, resume)):
-            self._next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
+        return hello_frames(self.client_name, resume) if time.monotonic() >= self._next_hello else None
+
+    def _hello_sent(self) -> None:
+        self._next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
 
     def _handshake_timeout(self, timeout: float) -> TimeoutError:
         return TimeoutError(f"the engine core at {self.address} did not answer within {timeout:.0f} s "
@@ -190,9 +181,8 @@ class MPClientBase:
     def _frames_waiting(self) -> bool:
         return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
-    def _heartbeat(self) -> None:
-        if time.monotonic() - self.last_sent >= HEARTBEAT_SECONDS:
-            self._send_now([P.HEARTBEAT, b""])  # a full queue: the core hears those frames instead
+    def _heartbeat_due(self) -> bool:
+        return time.monotonic() - self.last_sent >= HEARTBEAT_SECONDS
 
     def _session_may_be_gone(self) -> bool:
         """Quiet for half the core's limit: it may have ended this frontend's session."""
@@ -307,8 +297,8 @@ class MPClientBase:
                 self._die("a restarted engine core answered")
 
     def _close(self) -> None:
-        try:  # through the plain socket: an asyncio one would leave a future nobody awaits
-            self._plain.send_multipart([P.GOODBYE, b""], zmq.NOBLOCK)
+        try:  # through a plain socket: an asyncio one would leave a future nobody awaits
+            zmq.Socket.shadow(self.sock.underlying).send_multipart([P.GOODBYE, b""], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
         self._release()
@@ -338,7 +328,9 @@ class SyncMPClient(MPClientBase):
         self._next_hello = 0.0
         while time.monotonic() < deadline:
             self._check_process_at_start()
-            self._hello_turn(resume)
+            hello = self._hello_if_due(resume)
+            if hello and self._send_now(hello):
+                self._hello_sent()
             if self.sock.poll(100):
                 kind, body = self._recv()
                 if self._handle_ready(kind, body):
@@ -383,6 +375,19 @@ class SyncMPClient(MPClientBase):
     def _recv(self) -> tuple[bytes, bytes]:
         frames = self.sock.recv_multipart()
         return frames[0], frames[1] if len(frames) > 1 else b""
+
+    def _send_now(self, frames: list[bytes]) -> bool:
+        """Sends without waiting; False when the queue to the core has no room (or no connection)."""
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        self.last_sent = time.monotonic()
+        return True
+
+    def _heartbeat(self) -> None:
+        if self._heartbeat_due():
+            self._send_now([P.HEARTBEAT, b""])  # a full queue: the core hears those frames instead
 
     def _send(self, frames: list[bytes]) -> None:
         self._resume_session()
@@ -479,17 +484,32 @@ class AsyncMPClient(MPClientBase):
                 self._start_new_core()
                 logger.info("started a new engine core process (pid %d)", self.proc.pid)
                 self._next_hello = 0.0
-            self._hello_turn()
+            hello = self._hello_if_due()
+            if hello and await self._send_now(hello):
+                self._hello_sent()
             if await self.sock.poll(100):
                 frames = await self.sock.recv_multipart()
                 if self._handle_ready(frames[0], frames[1] if len(frames) > 1 else b""):
                     return self.model_info
         raise self._handshake_timeout(timeout)
 
+    async def _send_now(self, frames: list[bytes]) -> bool:
+        """Sends without waiting; False when the queue to the core has no room (or no connection)."""
+        try:
+            await self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        self.last_sent = time.monotonic()
+        return True
+
+    async def _heartbeat(self) -> None:
+        if self._heartbeat_due():
+            await self._send_now([P.HEARTBEAT, b""])  # a full queue: the core hears those frames instead
+
     async def _send(self, frames: list[bytes]) -> None:
         while True:
             self._check_alive()
-            if self._send_now(frames):
+            if await self._send_now(frames):
                 return
             await self.sock.poll(100, zmq.POLLOUT)  # the queue to the core is full, or the connection is down
 
@@ -499,14 +519,14 @@ class AsyncMPClient(MPClientBase):
     async def abort_requests(self, request_ids: list[str]) -> None:
         frames, deadline = self._abort_frames(request_ids), time.monotonic() + ABORT_SEND_SECONDS
         # a dropped abort would leave the requests running: wait for room
-        while frames and not self._send_now(frames) and self._abort_can_wait(deadline):
+        while frames and not await self._send_now(frames) and self._abort_can_wait(deadline):
             await self.sock.poll(50, zmq.POLLOUT)
 
     async def get_output(self) -> EngineCoreOutputs:
         """The next outputs batch; raises EngineDeadError when the core is gone. Sends the heartbeats."""
         while True:
             self._check_alive()
-            self._heartbeat()
+            await self._heartbeat()
             if not await self.sock.poll(100):
                 continue
             frames = await self.sock.recv_multipart()
