@@ -175,14 +175,20 @@ def test_async_llm_streams_a_request_and_forgets_it(ready):
     asyncio.run(run())
 
 
+async def _held_core_and_a_busier_one(ready):
+    """Two cores: requests go to the first (the other reports 9 running), which holds them."""
+    held = FakeCoreClient(ready, "fake://0", hold=True)
+    other = FakeCoreClient(ready, "fake://1")
+    other.stats = SchedulerStats(gauges=SchedulerGauges(num_running=9))
+    engine = await _started([held, other])
+    other._outputs.put_nowait(EngineCoreOutputs(scheduler_stats=other.stats))
+    await asyncio.sleep(0)
+    return engine, held, other
+
+
 def test_a_request_moves_when_its_core_is_lost_before_any_output(ready):
     async def run():
-        held = FakeCoreClient(ready, "fake://0", hold=True)
-        other = FakeCoreClient(ready, "fake://1")
-        other.stats = SchedulerStats(gauges=SchedulerGauges(num_running=9))  # the held core is picked first
-        engine = await _started([held, other])
-        other._outputs.put_nowait(EngineCoreOutputs(scheduler_stats=other.stats))
-        await asyncio.sleep(0)
+        engine, held, other = await _held_core_and_a_busier_one(ready)
         task = asyncio.create_task(_collect(engine, engine.process("r", "Hello", SamplingParams(max_tokens=2))))
         while not held.added:
             await asyncio.sleep(0)
@@ -197,12 +203,7 @@ def test_a_request_moves_when_its_core_is_lost_before_any_output(ready):
 
 def test_a_request_that_produced_fails_with_its_core(ready):
     async def run():
-        held = FakeCoreClient(ready, "fake://0", hold=True)
-        other = FakeCoreClient(ready, "fake://1")
-        other.stats = SchedulerStats(gauges=SchedulerGauges(num_running=9))
-        engine = await _started([held, other])
-        other._outputs.put_nowait(EngineCoreOutputs(scheduler_stats=other.stats))
-        await asyncio.sleep(0)
+        engine, held, other = await _held_core_and_a_busier_one(ready)
         stream = engine.stream(engine.process("r", "Hello", SamplingParams(max_tokens=3)))
         first = asyncio.create_task(stream.__anext__())
         while not held.added:
