@@ -86,6 +86,11 @@ class AsyncLLM:
         return self.model.processor if self.model else None
 
     @property
+    def limits(self):
+        """What one request may ask for (the served model's, from its core's READY)."""
+        return self.model.processor.limits if self.model else None
+
+    @property
     def output_processor(self) -> OutputProcessor | None:
         return self.model.output_processor if self.model else None
 

@@ -78,7 +78,7 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
                 raise bad_request(e, rename={"prompt": param}) from None
             processed.append(request)
             cost += request_token_cost(request.params, request.params.max_tokens)
-        limit = engine.processor.limits.max_request_tokens
+        limit = engine.limits.max_request_tokens
         if cost > limit:
             raise APIError(400, f"max_tokens: the request's prompts ask for n x max_tokens x (1 + logprobs) = "
                            f"{cost} in all, more than one request may ({limit}, --max-request-tokens)",

@@ -30,7 +30,7 @@ async def detokenize(state: ServerState, body: DetokenizeRequest) -> DetokenizeR
 
     def work() -> str:
         try:
-            check_token_ids("tokens", tokens, engine.processor.limits)
+            check_token_ids("tokens", tokens, engine.limits)
         except InvalidParameter as e:
             raise bad_request(e) from None
         return engine.tokenizer.decode(tokens)
