@@ -9,7 +9,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds common/, engine_core/, frontend/
 
 
-def spawn_module(module: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+def checkout_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with this checkout first on PYTHONPATH."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen([sys.executable, "-m", module, *args], env=env)
+    return env
+
+
+def spawn_module(module: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", module, *args], env=checkout_env(env))

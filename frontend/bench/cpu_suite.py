@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from common.child_process import ROOT, checkout_env
 from common.cpu_load import all_cpus, busy_ticks
 from frontend.bench.cpu_serve import run_serving
 from frontend.bench.cpu_workloads import WORKLOADS, workload
@@ -24,7 +25,6 @@ from frontend.bench.cpu_workloads import WORKLOADS, workload
 ALL_WORKLOADS = WORKLOADS + ("serve",)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def _run_child(cmd: list[str], env: dict, timeout: float = 1800) -> dict:
@@ -101,8 +101,7 @@ def run_suite(args) -> int:
     unknown = [w for w in args.workloads if w not in ALL_WORKLOADS]
     if unknown:
         raise ValueError(f"--workloads: {', '.join(unknown)} not among {', '.join(ALL_WORKLOADS)}")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env = checkout_env()
     peak = _run_child([sys.executable, "-m", "engine_core.gemm_peak"] + ([args.model] if args.model else []), env)
     folder = peak["model_dir"]
     print(f"bf16 GEMM peak on {os.path.basename(folder)}'s layer shapes: {peak['peak_gflops']:.0f} GFLOP/s "
