@@ -69,6 +69,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     # speculative decoding (common/speculative.py); a dict or JSON text is converted on construction
     speculative_config: SpeculativeConfig | None = None
     enforce_eager: bool = False
+    # a request's result depends on it alone (batch, budget, prefix cache, preemption): README Determinism
+    batch_invariant: bool = True
     cpu_threads: int | None = None  # CPU: torch threads of the core; None: sized to the CPUs other work leaves
     usage: str = "server"  # server | offline (set by `LLM`): picks defaults such as the token budget
     # what one request may ask for (common/limits.py); the core sends them to its frontends

@@ -71,6 +71,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     attention_backend: str
     quantization: str
     enforce_eager: bool
+    batch_invariant: bool
     kv_cache_memory: int | None  # bytes; None: from device memory (gpu_memory_utilization) or the CPU default
     gpu_memory_utilization: float
     speculative_config: SpeculativeConfig | None
@@ -121,6 +122,7 @@ def resolve_engine_config(args: EngineArgs) -> EngineConfig:
         attention_backend=args.attention_backend,
         quantization=args.quantization,
         enforce_eager=args.enforce_eager,
+        batch_invariant=args.batch_invariant,
         kv_cache_memory=None if args.kv_cache_memory is None else parse_size(args.kv_cache_memory),
         gpu_memory_utilization=args.gpu_memory_utilization,
         speculative_config=None if spec is None else msgspec.structs.replace(spec),  # not shared with args

@@ -13,6 +13,7 @@ import torch
 
 from common.protocol import Logprobs
 from common.sampling_params import SamplingParams
+from engine_core import batch_invariance
 from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.capabilities import AttentionSetup
 from engine_core.attention.metadata import AttentionMetadata
@@ -48,6 +49,7 @@ class ModelRunner:
         self.hidden_size = hf_config.hidden_size
         self.graph_runner: DecodeGraphRunner | None = None
         self.activation_peak: int | None = None  # bytes, once profile_run has measured it
+        batch_invariance.set_batch_invariant(config.batch_invariant)  # before packing: it picks kernels
         start = time.perf_counter()
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)

@@ -30,13 +30,13 @@ def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int
                   rms_norm_eps=1e-5, tie_word_embeddings=False, eos_token_id=2, bos_token_id=1)
     common.update(overrides)
     if arch == "llama":
-        config = transformers.LlamaConfig(head_dim=16, **common)
+        config = transformers.LlamaConfig(**({"head_dim": 16} | common))
         model = transformers.LlamaForCausalLM(config)
     elif arch == "qwen2":
         config = transformers.Qwen2Config(**common)
         model = transformers.Qwen2ForCausalLM(config)
     elif arch == "qwen3":
-        config = transformers.Qwen3Config(head_dim=32, **common)
+        config = transformers.Qwen3Config(**({"head_dim": 32} | common))
         model = transformers.Qwen3ForCausalLM(config)
     else:
         raise ValueError(arch)

@@ -1,13 +1,15 @@
 """Quantized linear kernels (cpu_quant.c) against a plain dequantize-then-matmul reference: every GGUF
-format they take and per-channel int8, shapes with column and row tails, both paths (small M on the
-quantized integers, large M through bf16 panels), the gated gate/up form, and a row's result independent
-of the other rows and the thread count within a path."""
+format they take and per-channel int8, shapes with column and row tails, the paths (small M on the
+quantized integers; large M batch-invariant, the same arithmetic through unpacked slabs, or with
+--no-batch-invariant through bf16 panels), the gated gate/up form, and a row's result independent of
+the other rows and the thread count (at every M when batch-invariant, within a path otherwise)."""
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
+from engine_core import batch_invariance
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 
 pytestmark = [pytest.mark.integration,
@@ -28,6 +30,14 @@ def _quantized(qtype: str, n: int, k: int, seed: int) -> tuple[cpu_quant.Quantiz
 
 def _x(m: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@pytest.fixture
+def shape_tuned():
+    """The kernels --no-batch-invariant picks, for the test's length."""
+    batch_invariance.set_batch_invariant(False)
+    yield
+    batch_invariance.set_batch_invariant(True)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
@@ -59,7 +69,7 @@ def test_small_m_reads_every_weight_where_it_belongs(qtype):
 
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("n,k", [(15, 64), (100, 576), (1000, 96)])
-def test_large_m_is_the_bf16_kernel_on_the_dequantized_weights(qtype, n, k):
+def test_large_m_is_the_bf16_kernel_on_the_dequantized_weights(qtype, n, k, shape_tuned):
     weight, dequantized = _quantized(qtype, n, k, seed=3 * n + k)
     quantized, bf16 = cpu_quant.QuantPanelWeight(weight), cpu_gemm.PanelWeight(dequantized.to(torch.bfloat16))
     bias = _x(1, n, seed=5)[0]
@@ -69,7 +79,29 @@ def test_large_m_is_the_bf16_kernel_on_the_dequantized_weights(qtype, n, k):
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
-def test_a_row_does_not_depend_on_the_other_rows_or_threads(qtype):
+@pytest.mark.parametrize("gated", [False, True])
+def test_batch_invariant_rows_equal_the_row_alone_at_every_m(qtype, gated):
+    """The default: a row's bits are those it gets alone (M = 1), whatever M, its place and the threads."""
+    n, k = (256, 576) if gated else (200, 1536)
+    weight, _ = _quantized(qtype, n, k, seed=21)
+    packed = (cpu_quant.GatedQuantPanelWeight(weight, cpu_ops.silu_table()) if gated
+              else cpu_quant.QuantPanelWeight(weight))
+    run = packed.silu_and_mul if gated else packed.matmul
+    bias = _x(1, n, seed=22)[0]
+    x = _x(301, k, seed=23)
+    alone = torch.cat([run(x[i:i + 1], bias) for i in range(x.shape[0])])
+    threads = torch.get_num_threads()
+    try:
+        for lo, hi in ((0, 16), (5, 22), (0, 64), (7, 301), (0, 301)):
+            assert torch.equal(run(x[lo:hi], bias), alone[lo:hi]), (lo, hi)
+        torch.set_num_threads(1)
+        assert torch.equal(run(x[3:200], bias), alone[3:200])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_a_row_does_not_depend_on_the_other_rows_or_threads(qtype, shape_tuned):
     weight, _ = _quantized(qtype, 200, 576, seed=11)
     packed = cpu_quant.QuantPanelWeight(weight)
     x = _x(60, 576, seed=12)

@@ -75,6 +75,10 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                    help="CPU: threads the model runs on (default: as many as the CPUs other processes leave free, "
                         "checked every second)")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=d.batch_invariant,
+                   help="kernels whose result for a request does not depend on the rest of the batch, the token "
+                        "budget, prefix-cache hits or preemption (README: Determinism); --no-batch-invariant "
+                        "takes the shape-tuned kernels")
     r = parser.add_argument_group("request limits (what one request may ask for; more is a 400)")
     r.add_argument("--max-n", type=positive_int, default=d.max_n, help="sequences per prompt (n)")
     r.add_argument("--max-logprobs", type=non_negative_int, default=d.max_logprobs,

@@ -7,7 +7,15 @@ call to the chunk kernel, with no gathered copy and no mask. It answers to `--at
 C decoder loop (models/cpu_decoder.py), which calls the same kernels and may run the layers instead.
 A call the kernels decline all the same (a tensor not laid out as they read it) goes to the torch
 backend's path, whose code this backend inherits.
+
+Batch-invariant (engine_core/batch_invariance.py, the default): decodes go through the chunk kernel
+too, as one-row chunks. The decode kernel sums a row's scores in another order, so a token computed
+as a decode would differ in its last bits from the same token computed in a prefill chunk (a prompt
+whose prefix was cached, a recomputation after preemption, a speculative verification). Costs about
+3% of offline throughput here (the chunk kernel prepares each key tile for one row).
 """
+
+import logging
 
 import torch
 
@@ -15,7 +23,21 @@ from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.capabilities import BackendCapabilities
 from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
 from engine_core.attention.metadata import AttentionMetadata
-from engine_core.attention.torch_backend import TorchAttentionBackend
+from engine_core.attention.torch_backend import TorchAttentionBackend, write_kv_cache
+from engine_core.batch_invariance import batch_invariant
+
+logger = logging.getLogger("nvllm")
+_declined_before = False  # warned once per process
+
+
+def _warn_declined(q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    # the selector only picks this backend for shapes the kernel takes: this is a layout the caller made
+    global _declined_before
+    if _declined_before:
+        return
+    _declined_before = True
+    logger.warning("the CPU chunk attention kernel declined q %s (stride %s), caches %s: this step's attention "
+                   "ran through SDPA and is not batch-invariant", tuple(q.shape), q.stride(), tuple(k_cache.shape))
 
 
 class CpuKernelAttentionBackend(TorchAttentionBackend):
@@ -32,6 +54,17 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
             return ("the CPU attention kernels (cpu_decode.c) are not built here: they need AVX512-BF16 and a C "
                     "compiler, and NVLLM_CPU_DECODE_KERNEL=0 turns them off")
         return None
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if not batch_invariant():
+            return super().forward(q, k, v, k_cache, v_cache, meta, scale)
+        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        # every row the same way, one-token rows included (see the module's docstring)
+        if paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale, out):
+            return out
+        _warn_declined(q, k_cache)
+        return super().forward(q, k, v, k_cache, v_cache, meta, scale)
 
     def _decodes(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
         nd = meta.num_decodes

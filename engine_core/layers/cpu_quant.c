@@ -23,6 +23,12 @@
  * fp32, whatever the tile, thread or M. The two paths round differently (the small-M path does not round
  * weights to bf16), so a row's bits depend on which path its step took (QUANT_LARGE_M).
  *
+ * Batch-invariant (every_row_alike = 1, the engine's default): every M takes the small-M arithmetic, so a
+ * row's result never depends on how many rows its step has. From QUANT_LARGE_M rows the weights' bf16
+ * words (0x4300 | q ...) are unpacked once per slab of panels into memory that stays in L2 and every
+ * tile of rows reads them there (unpacked_columns): the same vectors qtile makes on the fly, in the
+ * same order, so the same bits, without unpacking each weight again for every 6 rows.
+ *
  * Packed layout, panels of 16 output columns, each a run of blocks of 32 inputs:
  *   Q4 block (320 bytes): d[16], m[16] (fp16), then 4 groups of 32 words; word 2c+p of group g holds in
  *     its nibble i the q of column c, input k = 2 (4 g + i) + p.
@@ -151,6 +157,10 @@ static inline __m512bh nibble(__m512i z, int shift, int exponent) {
     return (__m512bh)_mm512_ternarylogic_epi32(s, _mm512_set1_epi16(15), _mm512_set1_epi16(exponent), 0xEA);
 }
 
+/* bf16 weight vectors (16 columns x one input pair, or one nibble part of it) per block: Q4 one per input
+ * pair, Q8 two (its low and high nibbles), in the order qtile consumes them */
+static inline long unpacked_vectors(int format) { return format == FORMAT_Q4 ? QBLOCK / 2 : QBLOCK; }
+
 /* the output columns' epilogue, shared with cpu_gemm.c's: bias (fp32) added, rounded to bf16, stored;
  * gated (store_gated): panels j, j + 1 are the gate and up columns of 16 outputs */
 static inline __attribute__((always_inline)) void store_columns(__m512 acc, const float *bias, bf16 *out, long n,
@@ -177,9 +187,11 @@ static inline __attribute__((always_inline)) void store_gated(__m512 gate_acc, _
 static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_stride, const float *sums,
                                                         const uint8_t *panels, long K, int format,
                                                         const float *bias, bf16 *out, long out_stride, long n0,
-                                                        long N, const bf16 *silu, const int mr, const int nr) {
+                                                        long N, const bf16 *silu, const int mr, const int nr,
+                                                        const __m512bh *slab) {
     const long blocks = K / QBLOCK, bb = block_bytes(format), panel_bytes = blocks * bb;
     const int header = format == FORMAT_Q4 ? 64 : 32;
+    const long vectors = unpacked_vectors(format), slab_panel = blocks * vectors; /* slab: vectors per panel */
     __m512 total[SMALL_MR][SMALL_NR], blk[SMALL_MR][SMALL_NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) total[i][j] = _mm512_setzero_ps();
@@ -190,11 +202,12 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
         if (format == FORMAT_Q4) {
             for (int g = 0; g < 4; g++) {
                 __m512i z[SMALL_NR];
-                for (int j = 0; j < nr; j++)
+                for (int j = 0; j < nr && !slab; j++)
                     z[j] = _mm512_loadu_si512(panels + j * panel_bytes + b * bb + header + g * 64);
                 for (int s = 0; s < 4; s++) {
                     __m512bh w[SMALL_NR];
-                    for (int j = 0; j < nr; j++) w[j] = nibble(z[j], 4 * s, 0x4300);
+                    for (int j = 0; j < nr; j++)
+                        w[j] = slab ? slab[j * slab_panel + b * vectors + 4 * g + s] : nibble(z[j], 4 * s, 0x4300);
                     for (int i = 0; i < mr; i++) {
                         const __m512bh a = broadcast_pair(xb + i * x_stride + 2 * (4 * g + s));
                         for (int j = 0; j < nr; j++) blk[i][j] = _mm512_dpbf16_ps(blk[i][j], a, w[j]);
@@ -204,12 +217,14 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
         } else {
             for (int g = 0; g < 8; g++) {
                 __m512i z[SMALL_NR];
-                for (int j = 0; j < nr; j++)
+                for (int j = 0; j < nr && !slab; j++)
                     z[j] = _mm512_loadu_si512(panels + j * panel_bytes + b * bb + header + g * 64);
                 for (int h = 0; h < 2; h++) { /* the low byte: inputs of pair 2g; the high byte: pair 2g + 1 */
                     for (int part = 0; part < 2; part++) { /* low nibble (128 + l), high nibble (2048 + 16 h) */
                         __m512bh w[SMALL_NR];
-                        for (int j = 0; j < nr; j++) w[j] = nibble(z[j], 8 * h + 4 * part, part ? 0x4500 : 0x4300);
+                        for (int j = 0; j < nr; j++)
+                            w[j] = slab ? slab[j * slab_panel + b * vectors + 4 * g + 2 * h + part]
+                                        : nibble(z[j], 8 * h + 4 * part, part ? 0x4500 : 0x4300);
                         for (int i = 0; i < mr; i++) {
                             const __m512bh a = broadcast_pair(xb + i * x_stride + 2 * (2 * g + h));
                             for (int j = 0; j < nr; j++) blk[i][j] = _mm512_dpbf16_ps(blk[i][j], a, w[j]);
@@ -243,7 +258,7 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
 
 #define QTILE(MRV, NRV) \
     qtile(x + m * x_stride, x_stride, sums + m * blocks, panels, K, format, bias, out + m * out_stride, out_stride, \
-          n0, N, silu, MRV, NRV)
+          n0, N, silu, MRV, NRV, NULL)
 
 /* panels [p_begin, p_end) for every row; panel tiles of 8 for one row (more weight streams in flight: 1.1x
  * per decode step than 4), 4 for two, 2 for 3-6 rows (the block sums and totals of mr x nr tiles live in
@@ -282,6 +297,74 @@ static void small_columns(const bf16 *x, long M, long K, long x_stride, const fl
             case 80 + 2: QTILE(5, 2); break;
             case 96 + 1: QTILE(6, 1); break;
             default: QTILE(6, 2); break;
+            }
+        }
+    }
+}
+
+/* ---- large M, every row alike: qtile's weight vectors unpacked once per slab ------------------------ */
+
+/* panel p's bf16 words, as qtile makes them (nibble), block after block: unpacked_vectors(format) per block */
+static void unpack_panel(const uint8_t *panel, long K, int format, __m512bh *dst) {
+    const long blocks = K / QBLOCK, bb = block_bytes(format);
+    const int header = format == FORMAT_Q4 ? 64 : 32;
+    for (long b = 0; b < blocks; b++) {
+        const uint8_t *words = panel + b * bb + header;
+        if (format == FORMAT_Q4) {
+            for (int g = 0; g < 4; g++) {
+                const __m512i z = _mm512_loadu_si512(words + g * 64);
+                for (int s = 0; s < 4; s++) *dst++ = nibble(z, 4 * s, 0x4300);
+            }
+        } else {
+            for (int g = 0; g < 8; g++) {
+                const __m512i z = _mm512_loadu_si512(words + g * 64);
+                for (int h = 0; h < 2; h++)
+                    for (int part = 0; part < 2; part++) *dst++ = nibble(z, 8 * h + 4 * part, part ? 0x4500 : 0x4300);
+            }
+        }
+    }
+}
+
+/* panels [p_begin, p_end) for every row, with qtile's arithmetic: a slab of panels unpacked at a time, then
+ * rows in chunks whose inputs stay in L2, 6 rows x 2 panels per tile (a gated weight's gate/up pair) */
+static void unpacked_columns(const bf16 *x, long M, long K, long x_stride, const float *sums, const uint8_t *packed,
+                             int format, long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
+                             long p_begin, long p_end, long slab, __m512bh *buffer) {
+    const long blocks = K / QBLOCK, panel_bytes = blocks * block_bytes(format);
+    const long slab_panel = blocks * unpacked_vectors(format);
+    long chunk = ROW_CHUNK_BYTES / (K * (long)sizeof(bf16)) / SMALL_MR * SMALL_MR;
+    if (chunk < SMALL_MR) chunk = SMALL_MR;
+    for (long s = p_begin; s < p_end; s += slab) {
+        const long count = p_end - s < slab ? p_end - s : slab;
+        for (long p = 0; p < count; p++) unpack_panel(packed + (s + p) * panel_bytes, K, format, buffer + p * slab_panel);
+        for (long m0 = 0; m0 < M; m0 += chunk) {
+            const long m_end = M - m0 < chunk ? M : m0 + chunk;
+            for (long p = 0; p < count; p += 2) {
+                const int nr = count - p < 2 ? 1 : 2;
+                const uint8_t *panels = packed + (s + p) * panel_bytes;
+                const __m512bh *w = buffer + p * slab_panel;
+                const long n0 = (s + p) * LANES;
+                for (long m = m0; m < m_end; m += SMALL_MR) {
+                    const long mr = m_end - m < SMALL_MR ? m_end - m : SMALL_MR;
+#define UTILE(MRV, NRV)                                                                                         \
+    qtile(x + m * x_stride, x_stride, sums + m * blocks, panels, K, format, bias, out + m * out_stride, out_stride, \
+          n0, N, silu, MRV, NRV, w)
+                    switch (mr * 16 + nr) {
+                    case 16 + 1: UTILE(1, 1); break;
+                    case 16 + 2: UTILE(1, 2); break;
+                    case 32 + 1: UTILE(2, 1); break;
+                    case 32 + 2: UTILE(2, 2); break;
+                    case 48 + 1: UTILE(3, 1); break;
+                    case 48 + 2: UTILE(3, 2); break;
+                    case 64 + 1: UTILE(4, 1); break;
+                    case 64 + 2: UTILE(4, 2); break;
+                    case 80 + 1: UTILE(5, 1); break;
+                    case 80 + 2: UTILE(5, 2); break;
+                    case 96 + 1: UTILE(6, 1); break;
+                    default: UTILE(6, 2); break;
+                    }
+#undef UTILE
+                }
             }
         }
     }
@@ -345,18 +428,23 @@ static void large_columns(const bf16 *x, long M, long K, long x_stride, const ui
 /* ---- entry points ---------------------------------------------------------------------------------- */
 
 static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
-                     const float *bias, bf16 *out, long out_stride, const bf16 *silu, int num_threads) {
+                     const float *bias, bf16 *out, long out_stride, const bf16 *silu, int every_row_alike,
+                     int num_threads) {
     const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
     const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit;
-    const int large = M >= QUANT_LARGE_M;
+    const int large = M >= QUANT_LARGE_M, dequantize = large && !every_row_alike;
     float *sums = NULL;
-    if (!large) {
+    if (!dequantize) {
         sums = malloc(sizeof(float) * M * (K / QBLOCK));
         if (!sums) return -1;
         block_sums(x, M, K, x_stride, sums);
     }
     long slab = SLAB_BYTES / (K * LANES * (long)sizeof(bf16)) / NR * NR;
     if (slab < NR) slab = NR;
+    /* unpacked words: Q4 as many bytes as bf16 panels, Q8 twice; slabs of whole gate/up pairs */
+    const long unpacked_panel_bytes = K / QBLOCK * unpacked_vectors(format) * 64;
+    long unpacked_slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
+    if (unpacked_slab < NR) unpacked_slab = NR;
     const int threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -365,7 +453,17 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
         const long t = omp_get_thread_num(), n = omp_get_num_threads();
         const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
         const long p_end = end < panels ? end : panels;
-        if (large) {
+        if (large && every_row_alike) {
+            __m512bh *buffer = aligned_alloc(64, unpacked_slab * unpacked_panel_bytes);
+            if (!buffer) {
+#pragma omp atomic write
+                failed = 1;
+            } else {
+                unpacked_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end,
+                                 unpacked_slab, buffer);
+                free(buffer);
+            }
+        } else if (dequantize) {
             bf16 *buffer = aligned_alloc(64, slab * K * LANES * sizeof(bf16));
             if (!buffer) {
 #pragma omp atomic write
@@ -383,11 +481,12 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     return failed ? -1 : 0;
 }
 
-/* out [M, N] = x [M, K] @ W^T + bias (fp32 in column order, or NULL); format FORMAT_Q4 / FORMAT_Q8.
- * Returns 0, or -1 when out of memory. */
+/* out [M, N] = x [M, K] @ W^T + bias (fp32 in column order, or NULL); format FORMAT_Q4 / FORMAT_Q8;
+ * every_row_alike: 1 for the small-M arithmetic at every M (batch-invariant), 0 to dequantize from
+ * QUANT_LARGE_M rows. Returns 0, or -1 when out of memory. */
 int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
-                      const float *bias, bf16 *out, long out_stride, int num_threads) {
-    return quant_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL, num_threads);
+                      const float *bias, bf16 *out, long out_stride, int every_row_alike, int num_threads) {
+    return quant_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL, every_row_alike, num_threads);
 }
 
 /* out [M, I] = silu(x @ gate^T + gate bias) * (x @ up^T + up bias), each rounded to bf16 first (as
@@ -395,8 +494,9 @@ int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_
  * order (groups of 32 gate, 32 up) or NULL; silu: cpu_ops' table. */
 int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format,
                                long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
-                               int num_threads) {
-    return quant_run(x, M, K, x_stride, packed, format, 2 * I, bias, out, out_stride, silu, num_threads);
+                               int every_row_alike, int num_threads) {
+    return quant_run(x, M, K, x_stride, packed, format, 2 * I, bias, out, out_stride, silu, every_row_alike,
+                     num_threads);
 }
 
 /* rows of a packed weight's columns, dequantized (an embedding lookup): out[r] = column ids[r] of W as

@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from engine_core.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import load_library
 from engine_core.layers import cpu_gemm
 
@@ -35,10 +36,10 @@ def load():
     library.quant_packed_bytes.restype = long
     library.quant_pack.argtypes = [ptr, long, int_, long, long, int_, ptr]
     library.quant_pack.restype = int_
-    library.quant_linear_bf16.argtypes = [ptr, long, long, long, ptr, int_, long, ptr, ptr, long, int_]
+    library.quant_linear_bf16.argtypes = [ptr, long, long, long, ptr, int_, long, ptr, ptr, long, int_, int_]
     library.quant_linear_bf16.restype = int_
     library.quant_linear_silu_mul_bf16.argtypes = [ptr, long, long, long, ptr, int_, long, ptr, ptr, long, ptr,
-                                                   int_]
+                                                   int_, int_]
     library.quant_linear_silu_mul_bf16.restype = int_
     library.quant_rows_bf16.argtypes = [ptr, int_, long, ptr, long, ptr]
     library.quant_rows_bf16.restype = None
@@ -99,7 +100,9 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         kernel could not get its scratch memory."""
 
         def call(x, rows, k, x_stride, panels, width, bias, out, out_stride, *rest):
-            if function(x, rows, k, x_stride, panels, self.format, width, bias, out, out_stride, *rest):
+            *extra, threads = rest  # batch-invariant: the same arithmetic at every row count (cpu_quant.c)
+            if function(x, rows, k, x_stride, panels, self.format, width, bias, out, out_stride, *extra,
+                        int(batch_invariant()), threads):
                 raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
         return call
 

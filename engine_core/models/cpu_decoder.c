@@ -21,9 +21,10 @@ typedef void (*LinearFn)(const bf16 *x, long M, long K, long x_stride, const bf1
 typedef void (*GatedFn)(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long I,
                         const float *bias, bf16 *out, long out_stride, const bf16 *silu, int threads);
 typedef int (*QuantLinearFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int format, long N,
-                             const float *bias, bf16 *out, long out_stride, int threads);
+                             const float *bias, bf16 *out, long out_stride, int every_row_alike, int threads);
 typedef int (*QuantGatedFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int format, long I,
-                            const float *bias, bf16 *out, long out_stride, const bf16 *silu, int threads);
+                            const float *bias, bf16 *out, long out_stride, const bf16 *silu, int every_row_alike,
+                            int threads);
 typedef int (*NormFn)(const bf16 *x, long xs0, long xs1, bf16 *residual, long rs0, long rs1, bf16 *out, long os0,
                       long os1, const bf16 *weight, long n0, long n1, long n, float eps, int threads);
 typedef int (*RotaryFn)(bf16 *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
@@ -70,6 +71,7 @@ typedef struct {
      * stream on return; x [T, hidden] the last layer's output on return; the rest are scratch */
     bf16 *residual, *x, *normed, *qkv, *attn, *act, *q_normed, *k_normed; /* q/k_normed: with q_norm only */
     int threads;
+    int every_row_alike; /* batch-invariant: quantized matmuls take one arithmetic at every M (cpu_quant.c) */
 } Step;
 
 /* the new tokens' keys and values into their cache slots (slot = block * block_size + offset) */
@@ -83,22 +85,22 @@ static void write_cache(const Layer *l, const Step *s, const bf16 *k, long k_row
 }
 
 /* a linear layer through the kernel its weights need; 0, or nonzero when a kernel ran out of memory */
-static int linear(const Model *m, const bf16 *x, long M, long K, const void *w, long format, long N,
-                  const float *bias, bf16 *out, int threads) {
+static int linear(const Model *m, const Step *s, const bf16 *x, long M, long K, const void *w, long format, long N,
+                  const float *bias, bf16 *out) {
     if (format < 0) {
-        m->linear(x, M, K, K, w, N, bias, out, N, threads);
+        m->linear(x, M, K, K, w, N, bias, out, N, s->threads);
         return 0;
     }
-    return m->quant_linear(x, M, K, K, w, (int)format, N, bias, out, N, threads);
+    return m->quant_linear(x, M, K, K, w, (int)format, N, bias, out, N, s->every_row_alike, s->threads);
 }
 
-static int gated(const Model *m, const bf16 *x, long M, long K, const void *w, long format, long I,
-                 const float *bias, bf16 *out, int threads) {
+static int gated(const Model *m, const Step *s, const bf16 *x, long M, long K, const void *w, long format, long I,
+                 const float *bias, bf16 *out) {
     if (format < 0) {
-        m->gated(x, M, K, K, w, I, bias, out, I, m->silu_table, threads);
+        m->gated(x, M, K, K, w, I, bias, out, I, m->silu_table, s->threads);
         return 0;
     }
-    return m->quant_gated(x, M, K, K, w, (int)format, I, bias, out, I, m->silu_table, threads);
+    return m->quant_gated(x, M, K, K, w, (int)format, I, bias, out, I, m->silu_table, s->every_row_alike, s->threads);
 }
 
 /* The decoder layers for one step. 0 when done; -1 when a kernel declined its input (a position past
@@ -118,7 +120,7 @@ int decoder_layers_bf16(const Model *m, const Step *s) {
         if (li == 0 ? m->norm(s->residual, H, 0, NULL, 0, 0, s->normed, H, 0, l->input_norm, T, 1, H, m->eps, th)
                     : m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->input_norm, T, 1, H, m->eps, th))
             return failed;
-        if (linear(m, normed, T, H, l->qkv, l->qkv_format, qkv_width, l->qkv_bias, s->qkv, th)) return failed;
+        if (linear(m, s, normed, T, H, l->qkv, l->qkv_format, qkv_width, l->qkv_bias, s->qkv)) return failed;
         const bf16 *q, *k, *v = s->qkv + q_size + kv_size;
         long q_row, k_row;
         if (l->q_norm) { /* Qwen3: per-head norms into their own buffers, then each rotated */
@@ -149,10 +151,10 @@ int decoder_layers_bf16(const Model *m, const Step *s) {
                      s->seq_lens + nd, s->query_start_loc + nd, s->attn, q_size, (int)(s->num_seqs - nd),
                      (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, th))
             return failed;
-        if (linear(m, s->attn, T, q_size, l->o, l->o_format, H, NULL, s->x, th) ||
+        if (linear(m, s, s->attn, T, q_size, l->o, l->o_format, H, NULL, s->x) ||
             m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
-            gated(m, s->x, T, H, l->gate_up, l->gate_up_format, I, l->gate_up_bias, s->act, th) ||
-            linear(m, s->act, T, I, l->down, l->down_format, H, NULL, s->x, th))
+            gated(m, s, s->x, T, H, l->gate_up, l->gate_up_format, I, l->gate_up_bias, s->act) ||
+            linear(m, s, s->act, T, I, l->down, l->down_format, H, NULL, s->x))
             return -2;
     }
     return 0;

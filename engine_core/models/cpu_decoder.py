@@ -17,6 +17,7 @@ import os
 import torch
 
 from engine_core.attention import cpu_decode_kernel
+from engine_core.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import load_library
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.forward_context import get_forward_context
@@ -52,7 +53,7 @@ class _Step(ctypes.Structure):
                  ("query_start_loc", _ptr)]
                 + [(name, _ptr) for name in ("residual", "x", "normed", "qkv", "attn", "act", "q_normed",
                                              "k_normed")]
-                + [("threads", ctypes.c_int)])
+                + [("threads", ctypes.c_int), ("every_row_alike", ctypes.c_int)])
 
 
 @functools.cache
@@ -180,12 +181,15 @@ class CpuDecoder:
         positions = positions.contiguous()
         step = _Step(
             tokens=tokens, positions=positions.data_ptr(), slot_mapping=meta.slot_mapping.data_ptr(),
-            num_seqs=meta.num_seqs, num_decodes=meta.num_decodes, table_row=meta.block_tables.stride(0),
+            num_seqs=meta.num_seqs, table_row=meta.block_tables.stride(0),
+            # batch-invariant: one-token rows through the chunk kernel too (cpu_kernel_backend.py says why)
+            num_decodes=0 if batch_invariant() else meta.num_decodes,
             block_tables=meta.block_tables.data_ptr(), seq_lens=meta.seq_lens.data_ptr(),
             query_start_loc=meta.query_start_loc.data_ptr(), residual=embeddings.data_ptr(), x=x.data_ptr(),
             normed=normed.data_ptr(), qkv=qkv.data_ptr(), attn=attn.data_ptr(), act=act.data_ptr(),
             q_normed=None if q_normed is None else q_normed.data_ptr(),
-            k_normed=None if k_normed is None else k_normed.data_ptr(), threads=torch.get_num_threads())
+            k_normed=None if k_normed is None else k_normed.data_ptr(), threads=torch.get_num_threads(),
+            every_row_alike=int(batch_invariant()))
         status = load().decoder_layers_bf16(ctypes.byref(self._struct), ctypes.byref(step))
         if status == -1:
             return None
