@@ -150,6 +150,18 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def top_token_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, k] ids of each row's k largest values, ties going to the lower id. topk alone picks among
+    equal values (common in bf16 logits) by k and by the batch; a request's top logprobs would then
+    depend on what another request asked for. Each value's bits (ordered like the floats) and its
+    inverted id make one int64 key, unique per row, so topk has nothing to choose."""
+    bits = logprobs.float().view(torch.int32).long()
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats: larger bits are smaller
+    ids = torch.arange(logprobs.shape[-1], device=logprobs.device)
+    keys = (ordered << 32) | (0xFFFFFFFF - ids)
+    return keys.topk(k, dim=-1).indices
+
+
 def with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor,
                    reqs: list[Request]) -> tuple[list[int], list[Logprobs | None]]:
     """Token ids and the requested logprobs, computed for the whole batch on the device and brought
@@ -159,8 +171,8 @@ def with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor,
     ranks = (raw_logprobs > chosen).sum(dim=-1, keepdim=True) + 1
     columns = [tokens[:, None].double(), chosen.double(), ranks.double()]
     if top_n:
-        top = raw_logprobs.topk(top_n, dim=-1)
-        columns += [top.indices.double(), top.values.double()]
+        top_ids = top_token_ids(raw_logprobs, top_n)
+        columns += [top_ids.double(), raw_logprobs.gather(1, top_ids).double()]
     table = torch.cat(columns, dim=1).tolist()  # float64 holds the ids, ranks and float32 values exactly
     token_list, logprobs = [], []
     for r, row in zip(reqs, table):

@@ -68,3 +68,11 @@ def pytest_collection_modifyitems(config, items):
                 if not any(item.get_closest_marker(kind) for kind in ("unit", "integration"))]
     if unmarked:
         raise pytest.UsageError(f"tests without a unit/integration marker: {', '.join(unmarked[:5])}")
+
+
+@pytest.fixture(autouse=True)
+def batch_invariant_by_default():
+    """A test that ran an engine with --no-batch-invariant (a process-wide switch) leaves the default behind."""
+    yield
+    from engine_core import batch_invariance
+    batch_invariance.set_batch_invariant(True)

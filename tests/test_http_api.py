@@ -197,6 +197,18 @@ def test_chat_whole_and_streamed(client, server):
     assert old.choices[0].message.content == choice.message.content
 
 
+def test_the_same_chat_request_gets_the_same_answer_streamed_or_not_cold_or_warm(client):
+    """The issue's report: the second "Say hello." hit the prefix cache, was computed in another shape and
+    answered differently. Batch-invariant by default: one text for all four (n-gram speculation on, too)."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16, temperature=0)
+    texts = []
+    for _ in range(2):
+        texts.append(client.chat.completions.create(**kwargs).choices[0].message.content)
+        chunks = client.chat.completions.create(stream=True, **kwargs)
+        texts.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+    assert len(set(texts)) == 1 and texts[0], texts
+
+
 def test_chat_logprobs_n2_stop(client):
     out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True,
                                          top_logprobs=2, n=2)

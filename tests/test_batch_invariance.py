@@ -1,0 +1,156 @@
+"""Same request, same answer: a request's greedy tokens, their logprobs (bit for bit) and its seeded
+samples depend on that request alone. Hypothesis draws what else runs with it (other requests of random
+lengths, some sharing its prefix, at random places in the batch); each engine adds one way a step's shape
+changes: token budgets of 16, 32 and 2048 (chunked prefill), a warm prefix cache, a KV cache small
+enough that requests are preempted and recomputed. Checked on the default model and on tiny random
+Llama and Qwen3 models in bfloat16 (the C kernels); and shown to fail with --no-batch-invariant."""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.sampling_params import SamplingParams
+from conftest import build_tiny_model
+
+pytestmark = pytest.mark.integration
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, logprobs=2, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=12, logprobs=1, ignore_eos=True)
+# budgets and KV sizes of the engines (blocks of 16 tokens; the small one preempts)
+ENGINES = {
+    "budget-2048-prefix-cache": dict(max_num_batched_tokens=2048, enable_prefix_caching=True),
+    "budget-16-prefix-cache": dict(max_num_batched_tokens=16, enable_prefix_caching=True),
+    "budget-32-preempting": dict(max_num_batched_tokens=32, enable_prefix_caching=False, kv_blocks=14,
+                                 max_model_len=160),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, default_model_dir):
+    """Tiny random models whose head dims the C attention kernels take (multiples of 32)."""
+    root = tmp_path_factory.mktemp("invariance")
+    return {"default": default_model_dir,
+            "llama": build_tiny_model(str(root / "llama"), "llama", default_model_dir, head_dim=32),
+            "qwen3": build_tiny_model(str(root / "qwen3"), "qwen3", default_model_dir)}
+
+
+def _targets(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 10000) for _ in range(n)] for n in (7, 29, 50)]
+
+
+def _llm(model: str, dtype: str, max_num_batched_tokens: int, enable_prefix_caching: bool, kv_blocks: int | None = None,
+         max_model_len: int = 256, **extra):
+    from frontend.llm import LLM
+    kv = None
+    if kv_blocks is not None:
+        from engine_core.engine_config import ModelConfig
+        facts = ModelConfig.from_folder(model).hf_config
+        head_dim = facts.get("head_dim") or facts["hidden_size"] // facts["num_attention_heads"]
+        per_block = 2 * facts["num_hidden_layers"] * 16 * facts["num_key_value_heads"] * head_dim * 2
+        kv = kv_blocks * per_block
+    return LLM(model, multiprocess=False, dtype=dtype, max_model_len=max_model_len, max_num_seqs=8,
+               max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
+               kv_cache_memory=kv, **extra)
+
+
+def _results(outputs) -> list[tuple]:
+    """(tokens, each token's logprob, the top logprobs) per request: compared bit for bit."""
+    return [(tuple(o.outputs[0].token_ids),
+             tuple(lp[t].logprob for lp, t in zip(o.outputs[0].logprobs or [], o.outputs[0].token_ids)),
+             tuple(tuple(sorted((i, x.logprob) for i, x in lp.items())) for lp in o.outputs[0].logprobs or []))
+            for o in outputs]
+
+
+def _alone(llm, targets) -> list[tuple]:
+    """Each target request by itself, greedy and seeded."""
+    return [_results(llm.generate([t], [params], use_tqdm=False))[0] for t in targets for params in (GREEDY, SEEDED)]
+
+
+@st.composite
+def compositions(draw, num_targets: int):
+    """Other requests (random lengths, some starting with a target's prefix, random outputs and sampling)
+    with the targets put at random places among them."""
+    others = []
+    for _ in range(draw(st.integers(0, 5))):
+        length = draw(st.integers(1, 90))
+        seed = draw(st.integers(0, 2**16))
+        rng = random.Random(seed)
+        prefix_of = draw(st.none() | st.integers(0, num_targets - 1))
+        others.append((prefix_of, [rng.randrange(100, 10000) for _ in range(length)],
+                       SamplingParams(temperature=draw(st.sampled_from([0, 1.0])), max_tokens=draw(st.integers(1, 20)),
+                                      ignore_eos=True)))
+    picked = draw(st.lists(st.integers(0, 2 * num_targets - 1), min_size=1, max_size=3, unique=True))
+    places = [draw(st.integers(0, len(others) + i)) for i in range(len(picked))]
+    return others, picked, places
+
+
+def _run_composition(llm, targets, composition) -> dict[int, tuple]:
+    """Runs the drawn batch; {target index (target * 2 + greedy/seeded): its result}."""
+    others, picked, places = composition
+    prompts = []
+    for prefix_of, tokens, params in others:
+        head = targets[prefix_of][: len(targets[prefix_of]) * 2 // 3] if prefix_of is not None else []
+        prompts.append((None, head + tokens, params))
+    for which, place in zip(picked, places):
+        prompts.insert(place, (which, targets[which // 2], (GREEDY, SEEDED)[which % 2]))
+    results = _results(llm.generate([p for _, p, _ in prompts], [s for _, _, s in prompts], use_tqdm=False))
+    return {which: result for (which, _, _), result in zip(prompts, results) if which is not None}
+
+
+def _check_engine(llm, targets, reference):
+    @settings(max_examples=6, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(compositions(len(targets)))
+    def same_as_alone(composition):
+        for which, result in _run_composition(llm, targets, composition).items():
+            assert result == reference[which], (which, composition)
+    same_as_alone()
+
+
+@pytest.fixture(scope="module")
+def references(models):
+    """{(model, dtype): each target alone, on an engine with nothing cached and the default budget}."""
+    cache = {}
+
+    def alone(model: str, dtype: str):
+        if (model, dtype) not in cache:
+            llm = _llm(models[model], dtype, 2048, False)
+            try:
+                cache[model, dtype] = _alone(llm, _targets(seed=len(model)))
+            finally:
+                llm.shutdown()
+        return cache[model, dtype]
+    return alone
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("model", ["default", "llama", "qwen3"])
+def test_a_request_gets_the_answer_it_gets_alone(models, references, model, engine):
+    dtype = "bfloat16"
+    targets = _targets(seed=len(model))
+    reference = references(model, dtype)
+    llm = _llm(models[model], dtype, **ENGINES[engine])
+    try:
+        _check_engine(llm, targets, reference)
+        # and again, now that the targets' prefixes are cached (where the engine caches)
+        assert _alone(llm, targets) == reference
+        if "preempting" in engine:
+            assert llm.client.get_stats().totals.num_preemptions > 0
+    finally:
+        llm.shutdown()
+
+
+def test_the_check_fails_with_the_shape_tuned_kernels(models):
+    """--no-batch-invariant: the same targets alone and under a budget of 16 (chunked prefills, decodes
+    through the decode kernel, quantized prefill matmuls through dequantized panels) differ somewhere."""
+    targets = _targets(seed=7)
+    engines = [_llm(models["default"], "bfloat16", budget, True, batch_invariant=False) for budget in (2048, 16)]
+    try:
+        first, chunked = (_alone(llm, targets) for llm in engines)
+    finally:
+        for llm in engines:
+            llm.shutdown()
+    assert first != chunked
