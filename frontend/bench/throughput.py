@@ -28,7 +28,7 @@ def make_workload(args):
     return prompts, out_lens
 
 
-def run_nvllm(args, prompts, out_lens, mode: str) -> dict:
+def run_nvllm(args, prompts, out_lens, mode: str, label: str | None = None) -> dict:
     from common.cli.engine_args import engine_args_from
     from frontend.llm import LLM
 
@@ -43,7 +43,8 @@ def run_nvllm(args, prompts, out_lens, mode: str) -> dict:
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     info = {"dtype": llm.model_info.dtype, "model": llm.model_info.model_name}
     llm.shutdown()
-    return _figures("nvllm" if args.engine_mode != "both" else f"nvllm-{mode}", elapsed, prompts, out_tokens) | info
+    label = label or ("nvllm" if args.engine_mode != "both" else f"nvllm-{mode}")
+    return _figures(label, elapsed, prompts, out_tokens) | info
 
 
 def run_hf(args, prompts, out_lens, dtype: str) -> dict:
@@ -59,12 +60,38 @@ def _figures(name, elapsed, prompts, out_tokens) -> dict:
             "total_tok_s": round((prompt_tokens + out_tokens) / elapsed, 1)}
 
 
+def _compare_batch_invariant(args, prompts, out_lens) -> int:
+    """The workload with the batch-invariant kernels (the default) and with --no-batch-invariant, in
+    alternating pairs (this machine's load drifts: pairs taken side by side compare fairly)."""
+    mode = "inproc" if args.engine_mode == "both" else args.engine_mode
+    results, ratios = [], []
+    for _ in range(args.compare_batch_invariant):
+        pair = []
+        for invariant in (True, False):
+            args.batch_invariant = invariant
+            pair.append(run_nvllm(args, prompts, out_lens, mode, "invariant" if invariant else "shape-tuned"))
+            r = pair[-1]
+            print(f"{r['backend']:>12}: {r['output_tok_s']:8.1f} output tok/s, {r['total_tok_s']:8.1f} total tok/s "
+                  f"({r['output_tokens']} output + {r['prompt_tokens']} prompt tokens in {r['seconds']} s)")
+        results += pair
+        ratios.append(round(pair[0]["output_tok_s"] / pair[1]["output_tok_s"], 3))
+    median = sorted(ratios)[len(ratios) // 2]
+    print(f"batch-invariant / shape-tuned output throughput: {median:.3f} (median of pairs {ratios})")
+    results.append({"invariant_over_shape_tuned": median, "pairs": ratios})
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
 def run_throughput(args) -> int:
     if getattr(args, "random_model", None):
         if args.model:
             raise SystemExit("pass either a model or --random-model, not both")
         args.model = engine_seam.random_model_folder(args.random_model)
     prompts, out_lens = make_workload(args)
+    if getattr(args, "compare_batch_invariant", 0):
+        return _compare_batch_invariant(args, prompts, out_lens)
     modes = ["inproc", "mp"] if args.engine_mode == "both" else [args.engine_mode]
     results = [run_nvllm(args, prompts, out_lens, mode) for mode in modes]
     if args.backend == "hf":

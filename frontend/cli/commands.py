@@ -28,6 +28,9 @@ def register_bench(sub) -> None:
                     help="hf also runs the workload through transformers' batched generate and prints the ratio")
     tp.add_argument("--engine-mode", default="inproc", choices=["inproc", "mp", "both"],
                     help="core in this process, in a background process, or both one after the other (and their ratio)")
+    tp.add_argument("--compare-batch-invariant", type=int, default=0, metavar="PAIRS",
+                    help="run the workload PAIRS times with the batch-invariant kernels and with "
+                         "--no-batch-invariant, alternating, and print the median ratio")
     tp.add_argument("--output-json", default=None, help="write the figures here")
     tp.add_argument("--random-model", default=None, choices=["qwen3-0.6b"],
                     help="benchmark a random-weight model of this shape (written once into the model cache) "
