@@ -46,6 +46,9 @@ enum { FORMAT_Q4 = 0, FORMAT_Q8 = 1 };
 #define Q8_BLOCK_BYTES 544
 #define SMALL_MR 6 /* rows per tile of the small-M path */
 #define SMALL_NR 8 /* panels per tile of one row (more streams of weights in flight) */
+#ifndef UNPACKED_NR
+#define UNPACKED_NR 4 /* panels per tile of the unpacked path: 6 x 4 block sums in registers, totals spill */
+#endif
 #ifndef QUANT_LARGE_M
 #define QUANT_LARGE_M 16 /* from this many rows, dequantize to bf16 panels and run the bf16 kernel */
 #endif
@@ -326,7 +329,7 @@ static void unpack_panel(const uint8_t *panel, long K, int format, __m512bh *dst
 }
 
 /* panels [p_begin, p_end) for every row, with qtile's arithmetic: a slab of panels unpacked at a time, then
- * rows in chunks whose inputs stay in L2, 6 rows x 2 panels per tile (a gated weight's gate/up pair) */
+ * rows in chunks whose inputs stay in L2, 6 rows x UNPACKED_NR panels per tile (whole gate/up pairs) */
 static void unpacked_columns(const bf16 *x, long M, long K, long x_stride, const float *sums, const uint8_t *packed,
                              int format, long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                              long p_begin, long p_end, long slab, __m512bh *buffer) {
@@ -339,8 +342,8 @@ static void unpacked_columns(const bf16 *x, long M, long K, long x_stride, const
         for (long p = 0; p < count; p++) unpack_panel(packed + (s + p) * panel_bytes, K, format, buffer + p * slab_panel);
         for (long m0 = 0; m0 < M; m0 += chunk) {
             const long m_end = M - m0 < chunk ? M : m0 + chunk;
-            for (long p = 0; p < count; p += 2) {
-                const int nr = count - p < 2 ? 1 : 2;
+            for (long p = 0; p < count; p += UNPACKED_NR) {
+                const int nr = count - p < UNPACKED_NR ? (int)(count - p) : UNPACKED_NR;
                 const uint8_t *panels = packed + (s + p) * panel_bytes;
                 const __m512bh *w = buffer + p * slab_panel;
                 const long n0 = (s + p) * LANES;
@@ -349,20 +352,22 @@ static void unpacked_columns(const bf16 *x, long M, long K, long x_stride, const
 #define UTILE(MRV, NRV)                                                                                         \
     qtile(x + m * x_stride, x_stride, sums + m * blocks, panels, K, format, bias, out + m * out_stride, out_stride, \
           n0, N, silu, MRV, NRV, w)
-                    switch (mr * 16 + nr) {
-                    case 16 + 1: UTILE(1, 1); break;
-                    case 16 + 2: UTILE(1, 2); break;
-                    case 32 + 1: UTILE(2, 1); break;
-                    case 32 + 2: UTILE(2, 2); break;
-                    case 48 + 1: UTILE(3, 1); break;
-                    case 48 + 2: UTILE(3, 2); break;
-                    case 64 + 1: UTILE(4, 1); break;
-                    case 64 + 2: UTILE(4, 2); break;
-                    case 80 + 1: UTILE(5, 1); break;
-                    case 80 + 2: UTILE(5, 2); break;
-                    case 96 + 1: UTILE(6, 1); break;
-                    default: UTILE(6, 2); break;
+#define UTILE_NR(MRV)                  \
+    switch (nr) {                      \
+    case 1: UTILE(MRV, 1); break;      \
+    case 2: UTILE(MRV, 2); break;      \
+    case 3: UTILE(MRV, 3); break;      \
+    default: UTILE(MRV, UNPACKED_NR); break; \
+    }
+                    switch (mr) {
+                    case 1: UTILE_NR(1); break;
+                    case 2: UTILE_NR(2); break;
+                    case 3: UTILE_NR(3); break;
+                    case 4: UTILE_NR(4); break;
+                    case 5: UTILE_NR(5); break;
+                    default: UTILE_NR(6); break;
                     }
+#undef UTILE_NR
 #undef UTILE
                 }
             }
