@@ -231,7 +231,7 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.view({4: torch.int32, 2: torch.int16}[x.element_size()])
 
 
-def assert_rows_invariant(lengths, num_kv_heads, group, head_dim, dtype, block_size=16, seed=0):
+def assert_rows_invariant(lengths, num_kv_heads, group, head_dim, dtype, block_size=16, seed=0, chunk_sizes=(3, 16)):
     """Every row of `lengths`' sequences computed in every way of paged_attention_scenarios is the
     same bits; and the rows match the fp32 reference."""
     rng = random.Random(seed)
@@ -245,7 +245,7 @@ def assert_rows_invariant(lengths, num_kv_heads, group, head_dim, dtype, block_s
         return reference_paged_attention(q.float(), kc.float(), vc.float(), qsl, lens, tables, scale)
 
     first = {}  # row -> (how it was first computed, its output)
-    for how, batches in scenarios(lengths, rng).items():
+    for how, batches in scenarios(lengths, rng, chunk_sizes).items():
         for batch in batches:
             for row, out in run_batch(seqs, batch, kernel, block_size, rng, DEVICE):
                 was_how, was = first.setdefault(row, (how, out))
@@ -271,9 +271,9 @@ def test_row_is_the_same_bits_however_it_is_batched(dtype, num_kv_heads, group, 
 
 
 def test_each_mode_launches_its_own_tiling(monkeypatch, invariant_switch):
-    """What the interpreter cannot show (it computes a row the same in either tiling, see
-    TRITON_DETERMINISM.md): invariant mode launches one tiling for decode-only and mixed steps; off,
-    a decode-only step takes the smaller decode tile, a separately compiled kernel on a GPU."""
+    """What the interpreter cannot show (its dots are numpy sums of fixed order, so either tiling
+    gives a row the same bits there): invariant mode launches one tiling for decode-only and mixed
+    steps; off, a decode-only step takes the smaller decode tile, a separately compiled kernel on a GPU."""
     launches = []
 
     class Recorder:
@@ -314,3 +314,15 @@ def test_large_mixed_batch_gpu(group, head_dim, dtype):
     prefills = [(1000, 1000), (2500, 700), (4097, 513), (300, 299), (64, 64)]
     check_attention(decodes + prefills, 16, 8, group, head_dim, dtype, seed=12)
     check_attention(decodes, 32, 8, group, head_dim, dtype, seed=13)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (large shapes are too slow in the interpreter)")
+@pytest.mark.parametrize("dtype,group,head_dim", [(torch.bfloat16, 4, 128), (torch.float16, 8, 128),
+                                                  (torch.float32, 2, 64), (torch.bfloat16, 1, 256)])
+def test_row_is_the_same_bits_however_it_is_batched_gpu(dtype, group, head_dim, invariant_switch):
+    """On a GPU a tiling is a compiled kernel of its own (MMA shape, reduction layout): long sequences,
+    many key tiles, chunks of every common size."""
+    invariant_switch(True)
+    rng = random.Random(f"{dtype}{group}")
+    lengths = [rng.randrange(300, 1100) for _ in range(2)] + [rng.randrange(1, 300) for _ in range(3)]
+    assert_rows_invariant(lengths, 2, group, head_dim, dtype, seed=group, chunk_sizes=(3, 16, 61, 256))

@@ -27,8 +27,9 @@ the same bits whether p is a decode, anywhere in a prefill chunk of any length, 
 prefix, at any index of any batch, with its blocks anywhere in the cache, because:
 * one compiled kernel (one tiling, triton_tiles.invariant_tiles) serves every step;
 * key tiles start at absolute positions 0, BLOCK_N, 2 * BLOCK_N, ... and the row passes through
-  exactly the tiles 0 .. p // BLOCK_N (tiles past p, there for tile-mates, leave its state as is);
-  inside its last tile the keys past p are masked to -inf, so they add exact zeros;
+  exactly the tiles 0 .. p // BLOCK_N (tiles past p, there for tile-mates, scale its state by
+  exactly 1 and add zeros); inside its last tile the keys past p are masked to -inf, so they add
+  exact zeros; the sign of a zero result is made +0.0;
 * no split over keys: one program walks all of a row's keys, in order;
 * each row keeps its own running max, sum and accumulator; the dots and row reductions compute
   each row from that row alone, in an order fixed by the compiled kernel (on a GPU the MMA
@@ -130,7 +131,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,  # keys per tile
     IEEE_DOT: tl.constexpr,  # fp32 inputs: exact fp32 dots, not tf32
     UPCAST: tl.constexpr,  # interpreter only: dot operands in fp32 (values already rounded)
-    INVARIANT: tl.constexpr,  # rows skip the key tiles past their position (see the loop)
+    INVARIANT: tl.constexpr,  # rows pass through exactly their own key tiles (see the loop)
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -191,25 +192,28 @@ def _paged_attention_kernel(
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
+        if INVARIANT:
+            # A tile wholly before a row's position is here only for a tile-mate. All its scores are
+            # -inf, so m_new == m_i and p == 0; scaling by exactly 1 (not by exp2(0), which a GPU
+            # approximates) leaves m, l and acc as they were, up to the sign of an exact zero.
+            alpha = tl.where(n0 <= q_pos, alpha, 1.0)
         p = tl.exp2(s - m_new[:, None])
-        l_new = l_i * alpha + tl.sum(p, axis=1)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
 
         v = tl.load(v_cache_ptr + (block * stride_vb + offset * stride_vo + kv_head * stride_vh)[:, None]
                     + d[None, :], mask=kv_mask, other=0.0)
         v = v.to(q.dtype)
-        acc_new = acc * alpha[:, None] + _mma(p.to(v.dtype), v, IEEE_DOT, UPCAST)
-        if INVARIANT:
-            # A tile wholly past a row's position exists only because a tile-mate sees further; it
-            # would be a no-op (alpha = 1, p = 0) only up to exp2(0) == 1 and the sign of a zero sum.
-            # Leave such a row's state untouched, so it passes through exactly its own tiles.
-            sees_tile = n0 <= q_pos
-            m_new = tl.where(sees_tile, m_new, m_i)
-            l_new = tl.where(sees_tile, l_new, l_i)
-            acc_new = tl.where(sees_tile[:, None], acc_new, acc)
-        m_i, l_i, acc = m_new, l_new, acc_new
+        acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, IEEE_DOT, UPCAST)
+        m_i = m_new
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # only rows that are masked out anyway
     acc = acc / l_i[:, None]
+    if INVARIANT:
+        # Masked keys and skipped tiles add exact zeros (0 * v, v a real key or a masked-out load), so
+        # a row's result can differ between batches in nothing but the sign of an exact zero (from an
+        # underflow, or how an MMA signs a sum of zeros). x + 0.0 is x, except -0.0 becomes +0.0
+        # (IEEE; compilers keep it unless told that signed zeros do not matter, which Triton does not).
+        acc = acc + 0.0
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :])
 
