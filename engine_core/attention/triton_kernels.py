@@ -25,7 +25,8 @@ possibly following a cached prefix). Its grid is (query blocks, kv heads):
 Batch invariance (the default; batch_invariance.py). The output row of the query at position p is
 the same bits whether p is a decode, anywhere in a prefill chunk of any length, after a cached
 prefix, at any index of any batch, with its blocks anywhere in the cache, because:
-* one compiled kernel (one tiling, triton_tiles.invariant_tiles) serves every step;
+* one compiled kernel (one tiling, triton_tiles.invariant_tiles; no specialization on per-step
+  integers) serves every step;
 * key tiles start at absolute positions 0, BLOCK_N, 2 * BLOCK_N, ... and the row passes through
   exactly the tiles 0 .. p // BLOCK_N (tiles past p, there for tile-mates, scale its state by
   exactly 1 and add zeros); inside its last tile the keys past p are masked to -inf, so they add
@@ -113,7 +114,9 @@ def _mma(a, b, IEEE_DOT: tl.constexpr, UPCAST: tl.constexpr):
     return c
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+# Per-step integers are not specialized (a value of 1 or a multiple of 16 would compile another
+# kernel): the block tables are as wide as the step's longest sequence needs.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
