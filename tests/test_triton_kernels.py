@@ -10,6 +10,7 @@ subprocess with the variable set from the start. That is robust whatever the imp
 """
 
 import os
+import random
 import subprocess
 import sys
 
@@ -25,9 +26,11 @@ if not CUDA:
 
 pytest.importorskip("triton")
 
-from engine_core.attention import triton_kernels  # noqa: E402
+from engine_core import batch_invariance  # noqa: E402
+from engine_core.attention import triton_kernels, triton_tiles  # noqa: E402
 from engine_core.attention.metadata import AttentionMetadata  # noqa: E402
 from attention_reference import reference_paged_attention  # noqa: E402
+from paged_attention_scenarios import Piece, Sequences, run_batch, scenarios  # noqa: E402
 
 IN_PROCESS = CUDA or (not TRITON_IMPORTED_LATE and triton_kernels._INTERPRETED)
 
@@ -215,6 +218,93 @@ def test_reference_matches_dense_causal_attention():
     torch.testing.assert_close(ref, dense[-5:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.fixture
+def invariant_switch():
+    """Sets the process-wide batch-invariance switch for one test and puts it back after."""
+    was = batch_invariance.batch_invariant()
+    yield batch_invariance.set_batch_invariant
+    batch_invariance.set_batch_invariant(was)
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """x's storage as integers: equal bits, not merely equal values (-0.0 is not 0.0, NaN is NaN)."""
+    return x.view({4: torch.int32, 2: torch.int16}[x.element_size()])
+
+
+def assert_rows_invariant(lengths, num_kv_heads, group, head_dim, dtype, block_size=16, seed=0, chunk_sizes=(3, 16)):
+    """Every row of `lengths`' sequences computed in every way of paged_attention_scenarios is the
+    same bits; and the rows match the fp32 reference."""
+    rng = random.Random(seed)
+    seqs = Sequences(lengths, num_kv_heads, group, head_dim, dtype, seed=seed)
+    scale = head_dim ** -0.5
+
+    def kernel(q, kc, vc, qsl, lens, tables, max_query_len, max_seq_len):
+        return triton_kernels.paged_attention(q, kc, vc, qsl, lens, tables, scale, max_query_len, max_seq_len)
+
+    def reference(q, kc, vc, qsl, lens, tables, max_query_len, max_seq_len):
+        return reference_paged_attention(q.float(), kc.float(), vc.float(), qsl, lens, tables, scale)
+
+    first = {}  # row -> (how it was first computed, its output)
+    for how, batches in scenarios(lengths, rng, chunk_sizes).items():
+        for batch in batches:
+            for row, out in run_batch(seqs, batch, kernel, block_size, rng, DEVICE):
+                was_how, was = first.setdefault(row, (how, out))
+                if not torch.equal(_bits(out), _bits(was)):
+                    pytest.fail(f"row {row} (lengths {lengths}): computed as '{how}' differs from '{was_how}' "
+                                f"by up to {(out.float() - was.float()).abs().max().item():.3g}")
+    assert sorted(first) == seqs.rows()
+    for s, n in enumerate(lengths):
+        want = torch.stack([out for _, out in run_batch(seqs, [Piece(s, 0, n)], reference, block_size, rng, DEVICE)])
+        got = torch.stack([first[(s, p)][1] for p in range(n)])
+        torch.testing.assert_close(got.float(), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype,num_kv_heads,group", [(torch.float32, 2, 1), (torch.bfloat16, 1, 3),
+                                                      (torch.float16, 1, 2)], ids=["fp32", "bf16", "fp16"])
+def test_row_is_the_same_bits_however_it_is_batched(dtype, num_kv_heads, group, invariant_switch):
+    """Batch invariance: one long sequence (two or more key tiles in every dtype) and three of random
+    lengths; each row as a decode, in chunks, after a cached prefix, in mixed batches."""
+    invariant_switch(True)
+    rng = random.Random(str(dtype))
+    lengths = [rng.randrange(66, 90)] + [rng.randrange(1, 66) for _ in range(3)]
+    assert_rows_invariant(lengths, num_kv_heads, group, 64, dtype, seed=len(str(dtype)))
+
+
+def test_each_mode_launches_its_own_tiling(monkeypatch, invariant_switch):
+    """What the interpreter cannot show (its dots are numpy sums of fixed order, so either tiling
+    gives a row the same bits there): invariant mode launches one tiling for decode-only and mixed
+    steps; off, a decode-only step takes the smaller decode tile, a separately compiled kernel on a GPU."""
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **constexprs: launches.append(constexprs)
+
+    monkeypatch.setattr(triton_kernels, "_paged_attention_kernel", Recorder())
+    q, kc, vc, qsl, lens, tables, _ = make_batch(DECODES, 16, 2, 4, 64, torch.bfloat16)
+    mq, mk, mv, mqsl, mlens, mtables, _ = make_batch(MIXED, 16, 2, 4, 64, torch.bfloat16)
+    tiling = lambda c: (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"])  # noqa: E731
+    for on in (True, False):
+        invariant_switch(on)
+        launches.clear()
+        triton_kernels.paged_attention(q, kc, vc, qsl, lens, tables, 0.125, 1, 80)
+        triton_kernels.paged_attention(mq, mk, mv, mqsl, mlens, mtables, 0.125, 29, 80)
+        decode, mixed = launches
+        assert decode["INVARIANT"] is mixed["INVARIANT"] is on
+        assert tiling(mixed) == triton_tiles.invariant_tiles(4, 64, 2)
+        assert (tiling(decode) == tiling(mixed)) is on
+    assert tiling(decode) == triton_tiles.shape_tuned_tiles(4, 64, 2, max_query_len=1) == (16, 64, 4)
+
+
+@pytest.mark.parametrize("group,head_dim,elem_size", [(1, 64, 4), (4, 128, 2), (8, 128, 2), (3, 80, 4),
+                                                      (32, 256, 2)])
+def test_invariant_tiling_ignores_the_step(group, head_dim, elem_size):
+    tiles = triton_tiles.invariant_tiles(group, head_dim, elem_size)
+    assert tiles.block_m >= group and tiles.block_m >= 64 and tiles.block_m & (tiles.block_m - 1) == 0
+    assert triton_tiles.shape_tuned_tiles(group, head_dim, elem_size, max_query_len=7) == tiles
+    assert triton_tiles.shape_tuned_tiles(group, head_dim, elem_size, max_query_len=1).block_n == tiles.block_n
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a GPU (large shapes are too slow in the interpreter)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("group,head_dim", [(4, 128), (3, 64), (8, 128)])
@@ -224,3 +314,15 @@ def test_large_mixed_batch_gpu(group, head_dim, dtype):
     prefills = [(1000, 1000), (2500, 700), (4097, 513), (300, 299), (64, 64)]
     check_attention(decodes + prefills, 16, 8, group, head_dim, dtype, seed=12)
     check_attention(decodes, 32, 8, group, head_dim, dtype, seed=13)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (large shapes are too slow in the interpreter)")
+@pytest.mark.parametrize("dtype,group,head_dim", [(torch.bfloat16, 4, 128), (torch.float16, 8, 128),
+                                                  (torch.float32, 2, 64), (torch.bfloat16, 1, 256)])
+def test_row_is_the_same_bits_however_it_is_batched_gpu(dtype, group, head_dim, invariant_switch):
+    """On a GPU a tiling is a compiled kernel of its own (MMA shape, reduction layout): long sequences,
+    many key tiles, chunks of every common size."""
+    invariant_switch(True)
+    rng = random.Random(f"{dtype}{group}")
+    lengths = [rng.randrange(300, 1100) for _ in range(2)] + [rng.randrange(1, 300) for _ in range(3)]
+    assert_rows_invariant(lengths, 2, group, head_dim, dtype, seed=group, chunk_sizes=(3, 16, 61, 256))

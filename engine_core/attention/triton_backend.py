@@ -1,5 +1,8 @@
 """Attention through Triton kernels over the paged KV cache (GPU; the kernels also run on CPU under
-TRITON_INTERPRET=1, which is how the tests check them, so a CPU run may name it but auto never takes it)."""
+TRITON_INTERPRET=1, which is how the tests check them, so a CPU run may name it but auto never takes it).
+
+Batch-invariant by default: a row's attention output is the same bits however its step is made up
+(triton_kernels.py says why); --no-batch-invariant lets decode-only steps take a faster tiling."""
 
 import importlib
 
@@ -13,7 +16,8 @@ from engine_core.attention.metadata import AttentionMetadata
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     option = "triton"
-    # every per-step value is read from device tensors inside the kernels: decode steps can be captured
+    # every per-step value is read from device tensors inside the kernels and the grid is sized from
+    # tensor shapes alone (in either invariance mode): decode steps can be captured
     capabilities = BackendCapabilities(label="the triton attention backend", devices=frozenset({"cuda"}),
                                        named_only_devices=frozenset({"cpu"}), cuda_graphs=True)
 

@@ -9,8 +9,9 @@ possibly following a cached prefix). Its grid is (query blocks, kv heads):
 
 * A program owns one kv head and BLOCK_M "rows"; a row is (query token, query head of that kv head's
   group), token-major, so BLOCK_Q = BLOCK_M // group tokens of one sequence share every K/V tile they
-  load (GQA costs no extra K/V traffic). For a pure decode batch BLOCK_M is the smallest tile that
-  holds the group, so a program is one (sequence, kv head) with all its query heads.
+  load (GQA costs no extra K/V traffic). The tiles come from triton_tiles.py: in batch-invariant
+  mode one tiling for every step; with --no-batch-invariant a pure decode batch takes the smallest
+  tile that holds the group, so a program is one (sequence, kv head) with all its query heads.
 * Sequence i gets at most query_len_i // BLOCK_Q + 1 programs; program ids are laid out so that
   sequence i starts at query_start_loc[i] // BLOCK_Q + i. The grid is therefore sized from shapes
   alone (num_tokens // BLOCK_Q + num_seqs, no host sync) and each program finds its sequence by a
@@ -20,11 +21,30 @@ possibly following a cached prefix). Its grid is (query blocks, kv heads):
   with blocks), with an online softmax in fp32 (exp2, running max and sum) and fp32 accumulation.
   Query token j of a chunk of length L in a sequence of length S sits at position S - L + j and sees
   keys 0 .. S - L + j.
+
+Batch invariance (the default; batch_invariance.py). The output row of the query at position p is
+the same bits whether p is a decode, anywhere in a prefill chunk of any length, after a cached
+prefix, at any index of any batch, with its blocks anywhere in the cache, because:
+* one compiled kernel (one tiling, triton_tiles.invariant_tiles; no specialization on per-step
+  integers) serves every step;
+* key tiles start at absolute positions 0, BLOCK_N, 2 * BLOCK_N, ... and the row passes through
+  exactly the tiles 0 .. p // BLOCK_N (tiles past p, there for tile-mates, scale its state by
+  exactly 1 and add zeros); inside its last tile the keys past p are masked to -inf, so they add
+  exact zeros; the sign of a zero result is made +0.0;
+* no split over keys: one program walks all of a row's keys, in order;
+* each row keeps its own running max, sum and accumulator; the dots and row reductions compute
+  each row from that row alone, in an order fixed by the compiled kernel (on a GPU the MMA
+  instruction and reduction layout; in the interpreter numpy sums of fixed shapes).
+Keys past the sequence's length are never loaded (masked loads), so stale or NaN cache slots
+cannot reach a row.
 """
 
 import torch
 import triton
 import triton.language as tl
+
+from engine_core.attention.triton_tiles import invariant_tiles, padded_head_dim, shape_tuned_tiles
+from engine_core.batch_invariance import batch_invariant
 
 _LOG2E = 1.4426950408889634
 
@@ -94,7 +114,9 @@ def _mma(a, b, IEEE_DOT: tl.constexpr, UPCAST: tl.constexpr):
     return c
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+# Per-step integers are not specialized (a value of 1 or a multiple of 16 would compile another
+# kernel): the block tables are as wide as the step's longest sequence needs.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
@@ -112,6 +134,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,  # keys per tile
     IEEE_DOT: tl.constexpr,  # fp32 inputs: exact fp32 dots, not tf32
     UPCAST: tl.constexpr,  # interpreter only: dot operands in fp32 (values already rounded)
+    INVARIANT: tl.constexpr,  # rows pass through exactly their own key tiles (see the loop)
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -172,6 +195,11 @@ def _paged_attention_kernel(
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
+        if INVARIANT:
+            # A tile wholly before a row's position is here only for a tile-mate. All its scores are
+            # -inf, so m_new == m_i and p == 0; scaling by exactly 1 (not by exp2(0), which a GPU
+            # approximates) leaves m, l and acc as they were, up to the sign of an exact zero.
+            alpha = tl.where(n0 <= q_pos, alpha, 1.0)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
@@ -183,6 +211,12 @@ def _paged_attention_kernel(
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # only rows that are masked out anyway
     acc = acc / l_i[:, None]
+    if INVARIANT:
+        # Masked keys and skipped tiles add exact zeros (0 * v, v a real key or a masked-out load), so
+        # a row's result can differ between batches in nothing but the sign of an exact zero (from an
+        # underflow, or how an MMA signs a sum of zeros). x + 0.0 is x, except -0.0 becomes +0.0
+        # (IEEE; compilers keep it unless told that signed zeros do not matter, which Triton does not).
+        acc = acc + 0.0
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :])
 
@@ -191,31 +225,20 @@ def _paged_attention_kernel(
 _INTERPRETED = type(_paged_attention_kernel).__name__ == "InterpretedFunction"
 
 
-def _launch_config(group: int, max_query_len: int, head_dim: int, elem_size: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps). tl.dot wants >= 16 in every dim on GPU. Chosen so that head dims
-    64..256 in bf16/fp16 and 64/128 in fp32 compile for sm_90 without register spills (ptxas -v, with
-    16-byte aligned pointers and strides as the JIT specializes them)."""
-    dim_pad = max(16, triton.next_power_of_2(head_dim))
-    if elem_size >= 4:  # fp32 dots run as exact fp32 FMAs, not tensor cores: smaller key tiles
-        block_n = 32 if dim_pad <= 64 else 16
-    else:
-        block_n = 64 if dim_pad <= 128 else 32
-    group_pad = max(16, triton.next_power_of_2(group))
-    if max_query_len <= 1:  # decode only: one program per (sequence, kv head) with all its query heads
-        return group_pad, block_n, 4
-    return max(64, group_pad), block_n, 4 if dim_pad * elem_size <= 128 else 8
-
-
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                     scale: float, max_query_len: int, max_seq_len: int,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, invariant: bool | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged keys/values -> out [T, H, D].
 
     Sequence i owns query rows query_start_loc[i]:query_start_loc[i+1] (its last query_len tokens,
     at positions seq_lens[i] - query_len ..) and keys 0 .. seq_lens[i] - 1 through block_tables[i].
-    max_query_len picks the tile shape; max_seq_len is accepted for the backend interface but not
-    needed (each program reads its own length on the device). No host sync.
+    max_seq_len is accepted for the backend interface but not needed (each program reads its own
+    length on the device). No host sync.
+
+    invariant (default: the process switch, batch_invariance.batch_invariant()): one tiling for every
+    step and rows that pass through exactly their own key tiles, so each row's bits depend on its
+    sequence's q/k/v up to its position alone. Off: max_query_len may pick a decode-only tiling.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -231,7 +254,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_tables = _last_dim_contiguous(block_tables)
     assert out.stride(-1) == 1, "out head_dim must be contiguous"
 
-    block_m, block_n, num_warps = _launch_config(group, max_query_len, head_dim, q.element_size())
+    if invariant is None:
+        invariant = batch_invariant()
+    if invariant:
+        block_m, block_n, num_warps = invariant_tiles(group, head_dim, q.element_size())
+    else:
+        block_m, block_n, num_warps = shape_tuned_tiles(group, head_dim, q.element_size(), max_query_len)
     block_q = block_m // group
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
@@ -243,9 +271,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         BLOCK_SIZE=block_size, GROUP=group,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=padded_head_dim(head_dim),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
-        IEEE_DOT=q.dtype == torch.float32, UPCAST=_INTERPRETED,
+        IEEE_DOT=q.dtype == torch.float32, UPCAST=_INTERPRETED, INVARIANT=invariant,
         num_warps=num_warps, num_stages=2,
     )
     return out
