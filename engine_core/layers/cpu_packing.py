@@ -49,6 +49,7 @@ def _onednn_available() -> bool:
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model of this device and dtype gets packed weights (pack_model) at load."""
     if device.type != "cpu":
         return False
     if dtype == torch.float32:
@@ -57,6 +58,8 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def pack(weight: torch.Tensor) -> PackedWeight:
+    """The packed copy of a 2-D CPU weight: nvllm's AVX512-BF16 panels where they run, else (batch-invariant)
+    the generic fixed-order panels, else oneDNN's layout (bf16 only)."""
     if cpu_gemm.can_pack(weight):
         return cpu_gemm.PanelWeight(weight)
     if batch_invariant() and cpu_gemm_f32.can_pack(weight):
