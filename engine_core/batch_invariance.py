@@ -5,8 +5,11 @@ with the same arithmetic in the same order whatever else the step holds: how man
 beside it, how a prompt was chunked, whether its prefix came from the cache or was recomputed after
 preemption. A request's tokens and logprobs then depend on that request alone. The kernels that keep
 this pick their path by the row alone, never by the step's shape: linear layers (cpu_gemm.c,
-cpu_quant.c, the float32 kernel), attention (one kernel for prefill chunks, cached prefixes and
-decodes), norms, rotary and the sampler work row by row.
+cpu_quant.c; cpu_gemm_f32.c for float32 and for bf16 where cpu_gemm.c cannot run), attention (one
+kernel for prefill chunks, cached prefixes and decodes: cpu_decode.c, else cpu_generic_attention.c),
+norms (cpu_ops.c, else torch with cpu_rms.c's fixed-order row statistic), rotary and the sampler work
+row by row (torch's elementwise ops, log_softmax, argmax and topk over [rows, vocab] were measured
+row-invariant).
 
 Off, kernels may choose by shape (a faster attention kernel for one-token rows, the quantized matmul's
 dequantize-and-GEMM path for many rows, oneDNN where the CPU has AMX), and a row's last bits may

@@ -80,7 +80,12 @@ class ModelRunner:
         layer = self.attn_layers[0]
         setup = AttentionSetup(self.device.type, self.dtype, self.block_size, layer.num_heads, layer.num_kv_heads,
                                layer.head_dim)
-        return select_attention_backend(self.config.attention_backend, setup, warn=tp_rank() == 0)
+        backend = select_attention_backend(self.config.attention_backend, setup, warn=tp_rank() == 0)
+        if (batch_invariance.batch_invariant() and self.device.type == "cpu" and tp_rank() == 0
+                and not backend.capabilities.batch_invariant):
+            logger.warning("attention backend %s is not batch-invariant: a request's last bits may depend on its batch",
+                           backend.name)
+        return backend
 
     # ---- KV cache ---------------------------------------------------------------------------
 

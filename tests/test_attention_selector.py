@@ -9,11 +9,13 @@ import torch
 
 from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.capabilities import AttentionSetup
+from engine_core.attention.cpu_generic_backend import CpuGenericAttentionBackend
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from engine_core.attention.flash_attn_backend import FlashAttnBackend
 from engine_core.attention.selector import auto_backend, named_backend, select_attention_backend
 from engine_core.attention.torch_backend import TorchAttentionBackend
 from engine_core.attention.triton_backend import TritonAttentionBackend
+from engine_core.batch_invariance import batch_invariant, set_batch_invariant
 
 pytestmark = pytest.mark.unit
 
@@ -28,6 +30,21 @@ def setup(device="cpu", dtype=torch.bfloat16, block_size=16, **shape) -> Attenti
 def kernels_built(monkeypatch):
     """As on a CPU where cpu_decode.c builds, whatever this machine is."""
     monkeypatch.setattr(CpuKernelAttentionBackend, "missing", classmethod(lambda cls: None))
+
+
+@pytest.fixture
+def not_invariant():
+    """As with --no-batch-invariant: the selection of before batch invariance."""
+    before = batch_invariant()
+    set_batch_invariant(False)
+    yield
+    set_batch_invariant(before)
+
+
+@pytest.fixture
+def generic_built(monkeypatch):
+    """As on a CPU where cpu_generic_attention.c builds, whatever this machine is."""
+    monkeypatch.setattr(CpuGenericAttentionBackend, "missing", classmethod(lambda cls: None))
 
 
 @pytest.fixture
@@ -51,7 +68,7 @@ def test_bf16_cpu_takes_the_c_kernels(kernels_built, option):
 @pytest.mark.parametrize("changed", [dict(dtype=torch.float32), dict(dtype=torch.float16), dict(head_dim=48),
                                      dict(head_dim=288), dict(num_heads=16, num_kv_heads=1)])
 @pytest.mark.parametrize("option", ["auto", "torch"])
-def test_cpu_setups_the_kernels_do_not_take_use_torch(kernels_built, option, changed, caplog):
+def test_cpu_setups_the_kernels_do_not_take_use_torch(not_invariant, kernels_built, option, changed, caplog):
     caplog.set_level(logging.WARNING, logger="nvllm")
     backend = select_attention_backend(option, setup(**changed))
     assert type(backend) is TorchAttentionBackend and backend.name == "torch"
@@ -59,9 +76,33 @@ def test_cpu_setups_the_kernels_do_not_take_use_torch(kernels_built, option, cha
     assert not caplog.records  # a faster variant of the same option passed over: nothing to say
 
 
-def test_cpu_without_the_kernels_uses_torch(monkeypatch):
+@pytest.mark.parametrize("changed", [dict(dtype=torch.float32), dict(head_dim=16), dict(head_dim=48),
+                                     dict(head_dim=288), dict(num_heads=16, num_kv_heads=1)])
+@pytest.mark.parametrize("option", ["auto", "torch"])
+def test_batch_invariant_cpu_setups_the_kernels_do_not_take_use_the_generic_kernel(kernels_built, generic_built,
+                                                                                   option, changed, caplog):
+    caplog.set_level(logging.WARNING, logger="nvllm")
+    backend = select_attention_backend(option, setup(**changed))
+    assert type(backend) is CpuGenericAttentionBackend and backend.name == "cpu_generic"
+    assert not backend.capabilities.fused_cpu_decoder and not backend.capabilities.cuda_graphs
+    assert not caplog.records
+
+
+def test_the_generic_kernel_serves_float32_and_bf16_only(kernels_built, generic_built):
+    assert type(select_attention_backend("auto", setup(dtype=torch.float16))) is TorchAttentionBackend
+
+
+def test_cpu_without_the_kernels_uses_torch(not_invariant, monkeypatch):
     monkeypatch.setattr(CpuKernelAttentionBackend, "missing", classmethod(lambda cls: "not built"))
     assert type(select_attention_backend("torch", setup())) is TorchAttentionBackend
+    assert type(select_attention_backend("auto", setup())) is TorchAttentionBackend
+
+
+def test_batch_invariant_cpu_without_the_bf16_kernels_uses_the_generic_kernel(generic_built, monkeypatch):
+    monkeypatch.setattr(CpuKernelAttentionBackend, "missing", classmethod(lambda cls: "not built"))
+    assert type(select_attention_backend("torch", setup())) is CpuGenericAttentionBackend
+    assert type(select_attention_backend("auto", setup())) is CpuGenericAttentionBackend
+    monkeypatch.setattr(CpuGenericAttentionBackend, "missing", classmethod(lambda cls: "not built"))
     assert type(select_attention_backend("auto", setup())) is TorchAttentionBackend
 
 
@@ -89,9 +130,14 @@ def test_auto_on_cuda_without_flash_attn_takes_triton_silently(flash_absent, cap
     assert not caplog.records
 
 
-def test_auto_never_takes_gpu_backends_on_cpu(flash_installed, kernels_built):
+def test_auto_never_takes_gpu_backends_on_cpu(flash_installed, kernels_built, generic_built):
     assert auto_backend(setup("cpu", block_size=256)) is CpuKernelAttentionBackend
-    assert auto_backend(setup("cpu", torch.float32, block_size=256)) is TorchAttentionBackend
+    assert auto_backend(setup("cpu", torch.float32, block_size=256)) is CpuGenericAttentionBackend
+    set_batch_invariant(False)
+    try:
+        assert auto_backend(setup("cpu", torch.float32, block_size=256)) is TorchAttentionBackend
+    finally:
+        set_batch_invariant(True)
 
 
 def test_named_backends(flash_installed, kernels_built):
@@ -134,8 +180,8 @@ def test_declared_capabilities():
     assert TritonAttentionBackend.capabilities.cuda_graphs and FlashAttnBackend.capabilities.cuda_graphs
     assert not TorchAttentionBackend.capabilities.cuda_graphs
     assert [b.capabilities.fused_cpu_decoder for b in (TorchAttentionBackend, CpuKernelAttentionBackend,
-                                                       TritonAttentionBackend, FlashAttnBackend)] == [
-        False, True, False, False]
+                                                       CpuGenericAttentionBackend, TritonAttentionBackend,
+                                                       FlashAttnBackend)] == [False, True, False, False, False]
 
 
 @pytest.mark.skipif(cpu_decode_kernel.load() is None, reason="needs a CPU with AVX512-BF16 and a C compiler")

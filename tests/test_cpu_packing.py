@@ -1,10 +1,13 @@
-"""bfloat16 linear layers with oneDNN-packed weights compute what F.linear computes."""
+"""Linear layers with packed weights compute what F.linear computes; which kernel packs which weight
+(bfloat16: cpu_gemm or oneDNN, or the generic fixed-order kernel where cpu_gemm cannot run; float32:
+the generic kernel when batch-invariant, else F.linear)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_core.layers import cpu_packing
+from engine_core.batch_invariance import batch_invariant, set_batch_invariant
+from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_packing
 from engine_core.layers.embedding import ParallelLMHead
 from engine_core.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
@@ -44,6 +47,58 @@ def test_packing_frees_linear_weights_but_not_a_tied_head():
     assert head.weight.shape == (1000, 64)  # the embedding it may be tied to still reads it
 
 
-def test_only_bfloat16_on_the_cpu_is_packed():
+@pytest.fixture
+def not_invariant():
+    before = batch_invariant()
+    set_batch_invariant(False)
+    yield
+    set_batch_invariant(before)
+
+
+def test_without_batch_invariance_only_bfloat16_on_the_cpu_is_packed(not_invariant):
     assert not cpu_packing.can_pack(torch.device("cpu"), torch.float32)
     assert not cpu_packing.can_pack(torch.device("cuda"), torch.bfloat16)
+
+
+needs_generic = pytest.mark.skipif(cpu_gemm_f32.load() is None, reason="no C compiler: the generic kernel is not built")
+
+
+@needs_generic
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_batch_invariant_float32_layers_use_the_generic_kernel(rows):
+    assert cpu_packing.can_pack(torch.device("cpu"), torch.float32)
+    assert not cpu_packing.can_pack(torch.device("cuda"), torch.float32)
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(1))
+    layers = [ColumnParallelLinear(64, 96, bias=True), RowParallelLinear(64, 48), QKVParallelLinear(64, 16, 4, 2),
+              ParallelLMHead(1000, 64)]
+    for layer in layers:
+        for p in layer.parameters():
+            p.data = torch.randn(p.shape, generator=torch.Generator().manual_seed(0))
+        expected = F.linear(x, layer.weight, getattr(layer, "bias", None))
+        assert cpu_packing.pack_model(layer) == 1
+        assert isinstance(layer.packed_weight, cpu_gemm_f32.GenericPanelWeight)
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-4)
+    assert layers[0].weight.numel() == 0 and layers[3].weight.shape == (1000, 64)  # a tied head keeps its weight
+
+
+@needs_generic
+def test_batch_invariant_bfloat16_without_avx512_bf16_uses_the_generic_kernel(monkeypatch):
+    monkeypatch.setattr(cpu_gemm, "load", lambda: None)  # as on a CPU without AVX512-BF16
+    w = torch.randn(96, 64).to(torch.bfloat16)
+    assert isinstance(cpu_packing.pack(w), cpu_gemm_f32.GenericPanelWeight)
+    set_batch_invariant(False)
+    try:
+        assert isinstance(cpu_packing.pack(w), cpu_packing.OneDnnWeight)
+    finally:
+        set_batch_invariant(True)
+
+
+@pytest.mark.skipif(cpu_gemm._library() is None, reason="no AVX512-BF16: cpu_gemm.c does not run here")
+def test_amx_cpus_keep_cpu_gemm_when_batch_invariant(monkeypatch):
+    monkeypatch.setattr(cpu_gemm, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    assert cpu_gemm.load() is not None
+    set_batch_invariant(False)
+    try:
+        assert cpu_gemm.load() is None  # oneDNN's AMX kernels, faster but not batch-invariant
+    finally:
+        set_batch_invariant(True)

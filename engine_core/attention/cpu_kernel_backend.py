@@ -46,7 +46,7 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
     # the shapes cpu_decode.c takes (its -1 return otherwise); keep in step with it
     capabilities = BackendCapabilities(
         label="the CPU attention kernels", devices=frozenset({"cpu"}), dtypes=(torch.bfloat16,),
-        head_dim_multiple=32, max_head_dim=256, max_group=8, fused_cpu_decoder=True)
+        head_dim_multiple=32, max_head_dim=256, max_group=8, fused_cpu_decoder=True, batch_invariant=True)
 
     @classmethod
     def missing(cls) -> str | None:

@@ -1,10 +1,11 @@
 """Picks the attention backend by asking the backends' declared capabilities.
 
 `--attention-backend` is an option: auto, torch, triton or flash_attn. BACKENDS lists every backend,
-fastest first; an option is served by the backends that answer to it (the CPU kernels and plain torch
-both answer to torch), auto by all of them. The first that can be had here (`missing`) and serves the
-setup (`unsupported_reason`) is taken. So auto is flash_attn on CUDA when it imports and serves the
-setup, else triton on CUDA; on CPU the C kernels where they are built and take the model, else torch.
+fastest first; an option is served by the backends that answer to it (the CPU kernels, the generic
+CPU kernel and plain torch all answer to torch), auto by all of them. The first that can be had here
+(`missing`) and serves the setup (`unsupported_reason`) is taken. So auto is flash_attn on CUDA when it imports and serves the
+setup, else triton on CUDA; on CPU the C kernels where they are built and take the model, else (batch
+invariance on, the default) the generic CPU kernel, else torch.
 
 Auto passes silently over backends for other devices, ones that cannot be had, and a faster variant
 of the option it takes (float32 on CPU: torch without the C kernels); passing over one of another
@@ -16,6 +17,7 @@ import logging
 
 from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.capabilities import AttentionSetup
+from engine_core.attention.cpu_generic_backend import CpuGenericAttentionBackend
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from engine_core.attention.flash_attn_backend import FlashAttnBackend
 from engine_core.attention.torch_backend import TorchAttentionBackend
@@ -24,7 +26,8 @@ from engine_core.attention.triton_backend import TritonAttentionBackend
 logger = logging.getLogger("nvllm")
 
 BACKENDS: tuple[type[AttentionBackend], ...] = (
-    FlashAttnBackend, TritonAttentionBackend, CpuKernelAttentionBackend, TorchAttentionBackend)
+    FlashAttnBackend, TritonAttentionBackend, CpuKernelAttentionBackend, CpuGenericAttentionBackend,
+    TorchAttentionBackend)
 OPTIONS = ("auto", "torch", "triton", "flash_attn")
 
 

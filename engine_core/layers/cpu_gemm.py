@@ -3,9 +3,9 @@
 Against oneDNN's packed bf16 linear on the default model's shapes (2 Zen4 cores, no AMX): 1.5-1.7x
 faster at 1-8 rows (decode steps, where the weights stream from memory), 1.07-1.3x at 16-64, the
 same at 512 (prefill). Each output row is one fixed-order sum, so a row's result does not depend
-on how many rows the step has. CPUs with AMX keep oneDNN, which runs its matmuls on AMX tiles (several
-times AVX512-BF16's rate; not measured against this kernel: the development machine has no AMX).
-NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
+on how many rows the step has. CPUs with AMX keep oneDNN with --no-batch-invariant, which runs its matmuls on AMX tiles (several
+times AVX512-BF16's rate; not measured against this kernel: the development machine has no AMX);
+batch-invariant runs use this kernel there too. NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
 """
 
 import ctypes
@@ -14,18 +14,25 @@ import os
 
 import torch
 
+from engine_core.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import load_library
 from engine_core.platform import cpu_flags
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_gemm.c")
 LANES = 16  # output columns per packed panel (cpu_gemm.c)
 
-@functools.cache
 def load():
-    """The kernel library, or None where it does not apply (no AVX512-BF16, AMX present, turned off,
-    no compiler)."""
-    flags = cpu_flags()
-    if os.environ.get("NVLLM_CPU_GEMM", "nvllm") == "onednn" or "avx512_bf16" not in flags or "amx_bf16" in flags:
+    """The kernel library, or None where it does not apply (no AVX512-BF16, turned off, no compiler;
+    AMX present and batch invariance off: oneDNN's AMX kernels are faster, but choose their sum order
+    by the row count, so batch-invariant runs keep this kernel on AMX CPUs too)."""
+    if "amx_bf16" in cpu_flags() and not batch_invariant():
+        return None
+    return _library()
+
+
+@functools.cache
+def _library():
+    if os.environ.get("NVLLM_CPU_GEMM", "nvllm") == "onednn" or "avx512_bf16" not in cpu_flags():
         return None
     library = load_library(SOURCE, (), "the bf16 linear kernel (cpu_gemm.c)")
     if library is None:

@@ -1,16 +1,28 @@
-"""bfloat16 linear layers on the CPU with each weight packed once at load.
+"""Linear layers on the CPU with each weight packed once at load.
 
-Where the CPU has AVX512-BF16 and no AMX, weights go into nvllm's own panels (cpu_gemm.py): faster
-than oneDNN for the few rows of decode steps, as fast for prefills, and a fixed reduction order per
-row. Elsewhere oneDNN reorders the weight into the blocked layout its bf16 (AMX / AVX512-BF16)
-kernels read; plain F.linear would do that reorder on every call. The packed copy replaces the
-weight (which is freed, except a tied LM head's, which the embedding still reads).
+bfloat16: where the CPU has AVX512-BF16 (and no AMX, or batch invariance on), weights go into
+nvllm's own panels (cpu_gemm.py): faster than oneDNN for the few rows of decode steps, as fast for
+prefills, and a fixed reduction order per row. Batch-invariant runs on CPUs without AVX512-BF16 take
+the generic fixed-order kernel (cpu_gemm_f32.py) instead. Elsewhere (--no-batch-invariant) oneDNN
+reorders the weight into the blocked layout its bf16 (AMX / AVX512-BF16) kernels read; plain F.linear
+would do that reorder on every call.
+
+float32: packed only when batch-invariant, into the generic kernel's fp32 panels (MKL's F.linear picks
+its blocking, and so a row's sum order, by the row count); --no-batch-invariant keeps F.linear.
+
+The packed copy replaces the weight (which is freed, except a tied LM head's, which the embedding
+still reads).
 """
+
+import logging
 
 import torch
 import torch.nn.functional as F
 
-from engine_core.layers import cpu_gemm, cpu_quant
+from engine_core.batch_invariance import batch_invariant
+from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant
+
+logger = logging.getLogger("nvllm")
 
 BATCH_HINT = 32  # the row count oneDNN tunes its packed layout for; any row count works
 
@@ -29,16 +41,47 @@ class OneDnnWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
+PackedWeight = cpu_gemm.PanelWeight | cpu_gemm_f32.GenericPanelWeight | OneDnnWeight
+
+
+def _onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """Whether a model of this device and dtype gets packed weights (pack_model) at load."""
+    if device.type != "cpu":
+        return False
+    if dtype == torch.float32:
+        return batch_invariant() and cpu_gemm_f32.load() is not None
+    return dtype == torch.bfloat16 and (_onednn_available() or (batch_invariant() and cpu_gemm_f32.load() is not None))
 
 
-def pack(weight: torch.Tensor) -> cpu_gemm.PanelWeight | OneDnnWeight:
-    return cpu_gemm.PanelWeight(weight) if cpu_gemm.can_pack(weight) else OneDnnWeight(weight)
+def pack(weight: torch.Tensor) -> PackedWeight:
+    """The packed copy of a 2-D CPU weight: nvllm's AVX512-BF16 panels where they run, else (batch-invariant)
+    the generic fixed-order panels, else oneDNN's layout (bf16 only)."""
+    if cpu_gemm.can_pack(weight):
+        return cpu_gemm.PanelWeight(weight)
+    if batch_invariant() and cpu_gemm_f32.can_pack(weight):
+        return cpu_gemm_f32.GenericPanelWeight(weight)
+    if weight.dtype != torch.bfloat16:
+        raise ValueError(f"no packed linear kernel for a {weight.dtype} weight here")
+    _warn_not_invariant()
+    return OneDnnWeight(weight)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: cpu_gemm.PanelWeight | OneDnnWeight | None,
+_warned = False
+
+
+def _warn_not_invariant() -> None:
+    global _warned
+    if batch_invariant() and not _warned:
+        _warned = True
+        logger.warning("no fixed-order linear kernel could be built here (see above): bf16 linear layers run in "
+                       "oneDNN, and a request's last bits may depend on its batch")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias, through the packed weight when there is one."""
     if packed is None:
@@ -51,7 +94,7 @@ class PackableWeight:
     copy once `pack_weight` has made it. A layer given a `quantized_weight` (weights/quantized.py) packs
     that instead, and keeps it quantized."""
 
-    packed_weight: cpu_gemm.PanelWeight | OneDnnWeight | None = None
+    packed_weight: PackedWeight | None = None
     quantized_weight: cpu_quant.QuantizedTensor | None = None
     keeps_weight = False  # True where another layer reads the weight too (a tied LM head's embedding)
 
@@ -63,7 +106,7 @@ class PackableWeight:
         if not self.keeps_weight:
             self.weight.data = self.weight.data.new_empty(0)
 
-    def packed_form(self, weight: torch.Tensor) -> cpu_gemm.PanelWeight | OneDnnWeight:
+    def packed_form(self, weight: torch.Tensor) -> PackedWeight:
         """The packed copy of `weight` this layer computes with (a layer may pick a special layout)."""
         return pack(weight)
 

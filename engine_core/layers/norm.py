@@ -1,7 +1,8 @@
 import torch
 from torch import nn
 
-from engine_core.layers import cpu_ops
+from engine_core.batch_invariance import batch_invariant
+from engine_core.layers import cpu_ops, cpu_rms
 
 
 class RMSNorm(nn.Module):
@@ -14,8 +15,12 @@ class RMSNorm(nn.Module):
         # in float32, as transformers does, so float32 runs match it to rounding
         dtype = x.dtype
         x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # batch-invariant: the statistic from a fixed-order row kernel (torch may split one row's sum
+        # across threads when a step has few rows, see cpu_rms.c); the elementwise rest is per row anyway
+        scale = cpu_rms.inverse_rms(x, self.eps) if batch_invariant() else None
+        if scale is None:
+            scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * (x * scale).to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """With a residual, adds it first and returns (normed, new residual).

@@ -1,0 +1,208 @@
+/* Batch-invariant paged attention for any x86-64 CPU, float32 or bfloat16 caches, any head dim.
+ *
+ * What cpu_decode.c does not take (float32; bf16 head dims that are not a multiple of 32, more than 8
+ * query heads per KV head; CPUs without AVX512-BF16) comes here when batch invariance is on.
+ *
+ * Layouts: q [T, H, D] (row stride q_row elements, heads contiguous), caches [blocks, block_size, Hkv,
+ * D] contiguous, block_tables [num_seqs, table_row] int32, seq_lens [num_seqs] int32 (cached tokens
+ * after this step, the new ones already written), query_start_loc [num_seqs + 1] int32: sequence s
+ * owns rows query_start_loc[s] .. query_start_loc[s + 1] - 1, its last q_len tokens; the row at
+ * position p sees keys 0..p. out like q (row stride out_row).
+ *
+ * Invariant: a row's result depends only on its query, its position p and keys/values 0..p. Each
+ * (row, query head) walks the keys in tiles of TILE aligned to absolute key positions (tile t holds
+ * keys [t * TILE, t * TILE + TILE), the last one cut at p), in order, with an online softmax in fp32:
+ * per tile the scores (one fixed-order dot product each), the tile's max, the rescale of the running
+ * sum and output, then the values added key by key. Decodes, prefill chunks and chunks after cached
+ * blocks run this same code; how rows are grouped into work items, which thread runs an item, and
+ * which other rows share a tile change nothing in any row's arithmetic.
+ *
+ * Plain C: fmaf and ordinary adds round the same whether gcc vectorizes a loop or not; built with
+ * -ffp-contract=off so no a * b + c is fused in one inlined copy and not in another. expf is never
+ * vectorized (math-errno stays on), so every score goes through the same libm expf.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TILE 32  /* keys per tile, aligned to absolute positions */
+#define ROWS 16  /* query rows per work item */
+#define PART 16  /* partial sums of a dot product */
+
+typedef uint16_t bf16;
+
+typedef struct {
+    int seq, kv_head, row0;
+    long cost;
+} Item;
+
+typedef struct {
+    const void *q, *k_cache, *v_cache;
+    void *out;
+    const int32_t *block_tables, *seq_lens, *query_start_loc;
+    long q_row, out_row, table_row;
+    int num_heads, num_kv_heads, head_dim, block_size, is_bf16;
+    float scale;
+} Job;
+
+static inline float widen(bf16 b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* fp32 -> bf16, nearest even; a NaN stays a (quiet) NaN */
+static inline bf16 narrow(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
+    return (bf16)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+/* n values of a row of q or a cache (fp32 or bf16, element offset `at`) into dst as fp32 */
+static inline void load_row(const void *src, long at, int is_bf16, int n, float *dst) {
+    if (is_bf16) {
+        const bf16 *s = (const bf16 *)src + at;
+        for (int d = 0; d < n; d++) dst[d] = widen(s[d]);
+    } else {
+        memcpy(dst, (const float *)src + at, sizeof(float) * n);
+    }
+}
+
+/* sum of a[d] * b[d]: PART running sums (lane d % PART), then a fixed pairwise tree */
+static inline float dot(const float *a, const float *b, int n) {
+    float part[PART] = {0};
+    int d = 0;
+    for (; d + PART <= n; d += PART)
+        for (int l = 0; l < PART; l++) part[l] = fmaf(a[d + l], b[d + l], part[l]);
+    for (int l = 0; d + l < n; l++) part[l] = fmaf(a[d + l], b[d + l], part[l]);
+    for (int width = PART / 2; width >= 1; width /= 2)
+        for (int l = 0; l < width; l++) part[l] += part[l + width];
+    return part[0];
+}
+
+/* one item: rows [row0, row0 + ROWS) of a sequence, the query heads of one KV head.
+ * scratch: keys and values of a tile, the rows' queries, their running max / sum / output */
+static void run_item(const Job *job, const Item *item, float *scratch) {
+    const int D = job->head_dim, group = job->num_heads / job->num_kv_heads, s = item->seq, h = item->kv_head;
+    const int first = job->query_start_loc[s], q_len = job->query_start_loc[s + 1] - first;
+    const int rows = q_len - item->row0 < ROWS ? q_len - item->row0 : ROWS;
+    const int pos0 = job->seq_lens[s] - q_len + item->row0; /* position of the item's first row */
+    const int lanes = rows * group;                       /* (row, head) pairs, row-major */
+    float *keys = scratch, *values = keys + TILE * D, *queries = values + TILE * D;
+    float *acc = queries + (long)lanes * D, *run_max = acc + (long)lanes * D, *run_sum = run_max + lanes;
+    float scores[TILE];
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < group; g++) {
+            const long at = (long)(first + item->row0 + r) * job->q_row + (long)(h * group + g) * D;
+            load_row(job->q, at, job->is_bf16, D, queries + (long)(r * group + g) * D);
+        }
+    memset(acc, 0, sizeof(float) * lanes * D);
+    for (int i = 0; i < lanes; i++) run_max[i] = -INFINITY, run_sum[i] = 0.0f;
+    const int32_t *table = job->block_tables + (long)s * job->table_row;
+    const int end = pos0 + rows; /* keys the last row sees */
+    for (int t0 = 0; t0 < end; t0 += TILE) {
+        const int n = end - t0 < TILE ? end - t0 : TILE;
+        for (int j = 0; j < n; j++) {
+            const int key = t0 + j;
+            const long at = (((long)table[key / job->block_size] * job->block_size + key % job->block_size)
+                             * job->num_kv_heads + h) * D;
+            load_row(job->k_cache, at, job->is_bf16, D, keys + (long)j * D);
+            load_row(job->v_cache, at, job->is_bf16, D, values + (long)j * D);
+        }
+        for (int r = 0; r < rows; r++) {
+            const int seen = pos0 + r + 1 - t0; /* keys of this tile the row sees: the tile cut at its position */
+            if (seen <= 0) continue;
+            const int m = seen < n ? seen : n;
+            for (int g = 0; g < group; g++) {
+                const int lane = r * group + g;
+                const float *query = queries + (long)lane * D;
+                float tile_max = -INFINITY;
+                for (int j = 0; j < m; j++) {
+                    scores[j] = dot(query, keys + (long)j * D, D) * job->scale;
+                    tile_max = scores[j] > tile_max ? scores[j] : tile_max;
+                }
+                const float new_max = tile_max > run_max[lane] ? tile_max : run_max[lane];
+                const float correction = expf(run_max[lane] - new_max); /* 0 on the first tile */
+                float sum = run_sum[lane] * correction;
+                float *o = acc + (long)lane * D;
+                for (int d = 0; d < D; d++) o[d] *= correction;
+                for (int j = 0; j < m; j++) {
+                    const float p = expf(scores[j] - new_max);
+                    sum += p;
+                    const float *v = values + (long)j * D;
+                    for (int d = 0; d < D; d++) o[d] = fmaf(p, v[d], o[d]);
+                }
+                run_max[lane] = new_max;
+                run_sum[lane] = sum;
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < group; g++) {
+            const int lane = r * group + g;
+            const float *o = acc + (long)lane * D;
+            const float inv = 1.0f / run_sum[lane];
+            const long at = (long)(first + item->row0 + r) * job->out_row + (long)(h * group + g) * D;
+            if (job->is_bf16)
+                for (int d = 0; d < D; d++) ((bf16 *)job->out)[at + d] = narrow(o[d] * inv);
+            else
+                for (int d = 0; d < D; d++) ((float *)job->out)[at + d] = o[d] * inv;
+        }
+}
+
+static int costlier_first(const void *a, const void *b) {
+    const long x = ((const Item *)a)->cost, y = ((const Item *)b)->cost;
+    return (x < y) - (x > y);
+}
+
+/* Causal attention of every row of q into out (see the top of the file); is_bf16: q, caches and out
+ * are bfloat16, else float32. Returns 0, or -1 where the arguments do not fit (out untouched) or memory
+ * ran out (out partly written). */
+int generic_paged_attention(const void *q, long q_row, const void *k_cache, const void *v_cache,
+                            const int32_t *block_tables, long table_row, const int32_t *seq_lens,
+                            const int32_t *query_start_loc, void *out, long out_row, int num_seqs, int num_heads,
+                            int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int nthreads) {
+    if (head_dim < 1 || num_kv_heads < 1 || num_heads % num_kv_heads || block_size < 1) return -1;
+    const int group = num_heads / num_kv_heads;
+    long count = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
+        if (q_len < 0 || q_len > seq_lens[s]) return -1;
+        count += (long)(q_len + ROWS - 1) / ROWS * num_kv_heads;
+    }
+    Item *items = malloc(sizeof(Item) * (count ? count : 1));
+    if (!items) return -1;
+    long n = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
+        for (int row0 = 0; row0 < q_len; row0 += ROWS) {
+            const int rows = q_len - row0 < ROWS ? q_len - row0 : ROWS;
+            const long keys = seq_lens[s] - q_len + row0 + rows;
+            for (int h = 0; h < num_kv_heads; h++) items[n++] = (Item){s, h, row0, keys * rows};
+        }
+    }
+    /* longest first, so that the dynamic schedule ends with short items and the threads finish together */
+    qsort(items, n, sizeof(Item), costlier_first);
+    const Job job = {q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, q_row, out_row, table_row,
+                     num_heads, num_kv_heads, head_dim, block_size, is_bf16, scale};
+    const size_t scratch_floats = (size_t)2 * TILE * head_dim + (size_t)ROWS * group * (2 * head_dim + 2);
+    int failed = 0;
+    /* libgomp.so.1 is torch's, already loaded: these threads are torch's pool */
+#pragma omp parallel num_threads(n > 1 ? nthreads : 1)
+    {
+        float *scratch = malloc(sizeof(float) * scratch_floats);
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1) nowait
+        for (long i = 0; i < n; i++)
+            if (scratch) run_item(&job, &items[i], scratch);
+        free(scratch);
+    }
+    free(items);
+    return failed ? -1 : 0;
+}

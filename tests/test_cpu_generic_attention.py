@@ -1,0 +1,105 @@
+"""The generic CPU attention kernel (cpu_generic_attention.c): the attention it computes, and each row's
+result bit-identical however the rows are batched, chunked, or preceded by cached blocks."""
+
+import pytest
+import torch
+
+from engine_core.attention import cpu_generic_attention
+from tests.attention_reference import reference_paged_attention
+
+pytestmark = [pytest.mark.unit,
+              pytest.mark.skipif(cpu_generic_attention.load() is None, reason="no C compiler: the kernel is not built")]
+
+BLOCK = 16
+
+
+def _caches(dtype, num_blocks, num_kv_heads, head_dim, seed):
+    g = torch.Generator().manual_seed(seed)
+    shape = (num_blocks, BLOCK, num_kv_heads, head_dim)
+    return torch.randn(shape, generator=g).to(dtype), torch.randn(shape, generator=g).to(dtype)
+
+
+def _tables(seq_lens, num_blocks, seed):
+    """Each sequence's blocks: distinct, scattered over the pool."""
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    width = max(-(-n // BLOCK) for n in seq_lens)
+    rows, at = [], 0
+    for n in seq_lens:
+        used = -(-n // BLOCK)
+        rows.append(order[at: at + used] + [0] * (width - used))
+        at += used
+    return rows
+
+
+def _attend(q_rows, table_rows, seq_lens, q_lens, k_cache, v_cache, scale=0.3):
+    """The kernel over sequences given as (their query rows, block table, seq_len, q_len)."""
+    q = torch.cat(q_rows)
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    args = (q, k_cache, v_cache, torch.tensor(table_rows, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
+            torch.tensor(starts, dtype=torch.int32), scale)
+    out = torch.empty_like(q)
+    assert cpu_generic_attention.paged_attention(*args, out)
+    return out, args
+
+
+CASES = [  # dtype, heads, kv heads, head dim
+    (torch.float32, 4, 2, 16), (torch.bfloat16, 4, 2, 16), (torch.float32, 9, 3, 64),
+    (torch.bfloat16, 12, 1, 40), (torch.float32, 2, 2, 7)]
+
+
+@pytest.mark.parametrize("dtype,heads,kv_heads,head_dim", CASES)
+def test_matches_the_reference(dtype, heads, kv_heads, head_dim):
+    seq_lens, q_lens = [1, 37, 70, 16, 100], [1, 37, 5, 1, 33]
+    k_cache, v_cache = _caches(dtype, 40, kv_heads, head_dim, seed=head_dim)
+    tables = _tables(seq_lens, 40, seed=1)
+    g = torch.Generator().manual_seed(2)
+    q_rows = [torch.randn(n, heads, head_dim, generator=g).to(dtype) for n in q_lens]
+    out, args = _attend(q_rows, tables, seq_lens, q_lens, k_cache, v_cache)
+    q, _, _, block_tables, lens, starts, scale = args
+    expected = reference_paged_attention(q.float(), k_cache.float(), v_cache.float(), starts, lens, block_tables,
+                                         scale)
+    tolerance = 1e-5 if dtype is torch.float32 else 2**-7
+    assert torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_does_not_depend_on_batching_chunking_or_threads(dtype):
+    heads, kv_heads, head_dim, seq_len = 4, 2, 16, 75
+    k_cache, v_cache = _caches(dtype, 30, kv_heads, head_dim, seed=3)
+    table = _tables([seq_len], 30, seed=4)[0]
+    other_table = _tables([seq_len, 50], 30, seed=4)[1]
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(seq_len, heads, head_dim, generator=g).to(dtype)
+    # the whole prompt as one prefill chunk: the rows every other arrangement must reproduce
+    whole, _ = _attend([q], [table], [seq_len], [seq_len], k_cache, v_cache)
+    # each row as a decode (all keys before it "cached")
+    decodes, _ = _attend([q[p: p + 1] for p in range(seq_len)], [table] * seq_len, [p + 1 for p in range(seq_len)],
+                         [1] * seq_len, k_cache, v_cache)
+    assert torch.equal(decodes, whole)
+    # chunks of 16 (budget-sized), then odd chunks after a cached prefix of 33
+    for cuts in ([0, 16, 32, 48, 64, 75], [0, 33, 40, 41, 75]):
+        for a, b in zip(cuts, cuts[1:]):
+            chunk, _ = _attend([q[a:b]], [table], [b], [b - a], k_cache, v_cache)
+            assert torch.equal(chunk, whole[a:b]), (a, b)
+    # beside another sequence's chunk and decodes, at a different position in the batch, on one thread
+    other = torch.randn(20, heads, head_dim, generator=g).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            mixed, _ = _attend([q[74:75], q[40:75], other], [table, table, other_table], [seq_len, seq_len, 50],
+                               [1, 35, 20], k_cache, v_cache)
+            assert torch.equal(mixed[1:36], whole[40:75])
+            assert torch.equal(mixed[:1], whole[74:75])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_declines_what_it_does_not_take():
+    q = torch.randn(2, 4, 16, dtype=torch.float16)
+    cache = torch.zeros(4, BLOCK, 2, 16, dtype=torch.float16)
+    ints = torch.zeros(2, dtype=torch.int32)
+    assert not cpu_generic_attention.paged_attention(q, cache, cache, ints[None], ints[:1], ints, 1.0,
+                                                     torch.empty_like(q))
