@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from attention_reference import reference_paged_attention
+from engine_core import batch_invariance
 from engine_core.attention import cpu_decode_kernel
-from engine_core.attention.cpu_decode_kernel import paged_decode_attention
+from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
 
@@ -74,7 +75,9 @@ def test_a_sequence_result_does_not_depend_on_the_batch_or_the_work_split():
 
 @needs_kernel
 def test_backend_decodes_through_the_kernel_and_equal_sdpa(monkeypatch):
-    """The CPU kernel backend's decode rows come from the kernel, and equal its SDPA path to bf16 rounding."""
+    """With --no-batch-invariant the CPU kernel backend's decode rows come from the decode kernel, and
+    equal its SDPA path to bf16 rounding."""
+    batch_invariance.set_batch_invariant(False)
     lens = [40, 7, 129]
     q, k_cache, v_cache, tables, seq_lens = _case(9, 3, 64, 16, lens, seed=1)
     meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64),
@@ -92,6 +95,24 @@ def test_backend_decodes_through_the_kernel_and_equal_sdpa(monkeypatch):
     meta.plan = None  # the next forward builds its own plan
     through_sdpa = CpuKernelAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
     torch.testing.assert_close(through_kernel.float(), through_sdpa.float(), atol=2e-2, rtol=2e-2)
+
+
+@needs_kernel
+def test_batch_invariant_decodes_go_through_the_chunk_kernel(monkeypatch):
+    """The default: one-token rows take the chunk kernel, as the same tokens do inside prefill chunks."""
+    lens = [40, 7, 129]
+    q, k_cache, v_cache, tables, seq_lens = _case(9, 3, 64, 16, lens, seed=1)
+    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64),
+                             query_start_loc=torch.arange(len(lens) + 1, dtype=torch.int32), seq_lens=seq_lens,
+                             block_tables=tables, max_query_len=1, max_seq_len=max(lens), num_decodes=len(lens),
+                             query_start_loc_cpu=list(range(len(lens) + 1)), seq_lens_cpu=lens)
+    empty = torch.empty(0, 3, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr("engine_core.attention.cpu_kernel_backend.paged_decode_attention",
+                        lambda *a: pytest.fail("the decode kernel ran in a batch-invariant step"))
+    out = CpuKernelAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
+    chunk = torch.empty_like(q)
+    assert paged_attention(q, k_cache, v_cache, tables, seq_lens, meta.query_start_loc, 0.125, chunk)
+    assert torch.equal(out, chunk)
 
 
 def test_kernel_declines_what_it_does_not_serve():
