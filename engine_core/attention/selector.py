@@ -3,9 +3,9 @@
 `--attention-backend` is an option: auto, torch, triton or flash_attn. BACKENDS lists every backend,
 fastest first; an option is served by the backends that answer to it (the CPU kernels, the generic
 CPU kernel and plain torch all answer to torch), auto by all of them. The first that can be had here
-(`missing`) and serves the setup (`unsupported_reason`) is taken. So auto is flash_attn on CUDA when it imports and serves the
-setup, else triton on CUDA; on CPU the C kernels where they are built and take the model, else (batch
-invariance on, the default) the generic CPU kernel, else torch.
+(`missing`) and serves the setup (`unsupported_reason`) is taken. So auto is flash_attn on CUDA when
+it imports and serves the setup, else triton on CUDA; on CPU the C kernels where they are built and
+take the model, else (batch invariance on, the default) the generic CPU kernel, else torch.
 
 Auto passes silently over backends for other devices, ones that cannot be had, and a faster variant
 of the option it takes (float32 on CPU: torch without the C kernels); passing over one of another
