@@ -3,7 +3,8 @@ samples depend on that request alone. Hypothesis draws what else runs with it (o
 lengths, some sharing its prefix, at random places in the batch); each engine adds one way a step's shape
 changes: token budgets of 16, 32 and 2048 (chunked prefill), a warm prefix cache, a KV cache small
 enough that requests are preempted and recomputed. Checked on the default model and on tiny random
-Llama and Qwen3 models in bfloat16 (the C kernels); and shown to fail with --no-batch-invariant."""
+Llama and Qwen3 models, in bfloat16 (the AVX512-BF16 kernels) and float32 (the generic fixed-order
+kernels); and shown to fail with --no-batch-invariant."""
 
 import random
 
@@ -54,7 +55,8 @@ def _llm(model: str, dtype: str, max_num_batched_tokens: int, enable_prefix_cach
         from engine_core.engine_config import ModelConfig
         facts = ModelConfig.from_folder(model).hf_config
         head_dim = facts.get("head_dim") or facts["hidden_size"] // facts["num_attention_heads"]
-        per_block = 2 * facts["num_hidden_layers"] * 16 * facts["num_key_value_heads"] * head_dim * 2
+        per_block = 2 * facts["num_hidden_layers"] * 16 * facts["num_key_value_heads"] * head_dim * (
+            2 if dtype == "bfloat16" else 4)
         kv = kv_blocks * per_block
     return LLM(model, multiprocess=False, dtype=dtype, max_model_len=max_model_len, max_num_seqs=8,
                max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
@@ -105,8 +107,8 @@ def _run_composition(llm, targets, composition) -> dict[int, tuple]:
     return {which: result for (which, _, _), result in zip(prompts, results) if which is not None}
 
 
-def _check_engine(llm, targets, reference, greedy_only: bool):
-    @settings(max_examples=6, deadline=None, derandomize=True, database=None,
+def _check_engine(llm, targets, reference, greedy_only: bool, examples: int):
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(compositions(len(targets)))
     def same_as_alone(composition):
@@ -134,14 +136,16 @@ def references(models):
 
 @pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("model", ["default", "llama", "qwen3"])
-def test_a_request_gets_the_answer_it_gets_alone(models, references, model, engine):
-    dtype = "bfloat16"
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_request_gets_the_answer_it_gets_alone(models, references, model, engine, dtype):
     targets = _targets(seed=len(model))
     reference = references(model, dtype)
     llm = _llm(models[model], dtype, **ENGINES[engine])
     try:
         speculating = "speculation" in engine
-        _check_engine(llm, targets, reference, greedy_only=speculating)
+        # the default model in float32 takes seconds per batch here: fewer draws
+        examples = 3 if (model, dtype) == ("default", "float32") else 6
+        _check_engine(llm, targets, reference, greedy_only=speculating, examples=examples)
         # and again, now that the targets' prefixes are cached (where the engine caches)
         again = _alone(llm, targets)
         assert again[::2] == reference[::2] and (speculating or again == reference)
@@ -155,14 +159,17 @@ def test_a_request_gets_the_answer_it_gets_alone(models, references, model, engi
         llm.shutdown()
 
 
-def test_the_check_fails_with_the_shape_tuned_kernels(models):
-    """--no-batch-invariant: the same targets alone and under a budget of 16 (chunked prefills, decodes
-    through the decode kernel, quantized prefill matmuls through dequantized panels) differ somewhere."""
+@pytest.mark.parametrize("model,dtype", [("default", "bfloat16"), ("llama", "float32")])
+def test_the_check_fails_with_the_shape_tuned_kernels(models, model, dtype):
+    """--no-batch-invariant: the targets alone, and together in one batch under a budget of 16 (chunked
+    prefills; bf16: decodes through the decode kernel, quantized prefill matmuls through dequantized
+    panels; float32: MKL's matmuls and SDPA), differ somewhere."""
     targets = _targets(seed=7)
-    engines = [_llm(models["default"], "bfloat16", budget, True, batch_invariant=False) for budget in (2048, 16)]
+    engines = [_llm(models[model], dtype, budget, True, batch_invariant=False) for budget in (2048, 16)]
     try:
-        first, chunked = (_alone(llm, targets) for llm in engines)
+        alone = _alone(engines[0], targets)[::2]
+        together = _results(engines[1].generate(targets, GREEDY, use_tqdm=False))
     finally:
         for llm in engines:
             llm.shutdown()
-    assert first != chunked
+    assert alone != together
