@@ -70,6 +70,13 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests without a unit/integration marker: {', '.join(unmarked[:5])}")
 
 
+@pytest.fixture
+def not_invariant():
+    """As with --no-batch-invariant (the shape-tuned kernels), for the test's length."""
+    from engine_core import batch_invariance
+    batch_invariance.set_batch_invariant(False)
+
+
 @pytest.fixture(autouse=True)
 def batch_invariant_by_default():
     """A test that ran an engine with --no-batch-invariant (a process-wide switch) leaves the default behind."""

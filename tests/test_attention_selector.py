@@ -15,7 +15,7 @@ from engine_core.attention.flash_attn_backend import FlashAttnBackend
 from engine_core.attention.selector import auto_backend, named_backend, select_attention_backend
 from engine_core.attention.torch_backend import TorchAttentionBackend
 from engine_core.attention.triton_backend import TritonAttentionBackend
-from engine_core.batch_invariance import batch_invariant, set_batch_invariant
+from engine_core.batch_invariance import set_batch_invariant
 
 pytestmark = pytest.mark.unit
 
@@ -30,15 +30,6 @@ def setup(device="cpu", dtype=torch.bfloat16, block_size=16, **shape) -> Attenti
 def kernels_built(monkeypatch):
     """As on a CPU where cpu_decode.c builds, whatever this machine is."""
     monkeypatch.setattr(CpuKernelAttentionBackend, "missing", classmethod(lambda cls: None))
-
-
-@pytest.fixture
-def not_invariant():
-    """As with --no-batch-invariant: the selection of before batch invariance."""
-    before = batch_invariant()
-    set_batch_invariant(False)
-    yield
-    set_batch_invariant(before)
 
 
 @pytest.fixture

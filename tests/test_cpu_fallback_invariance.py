@@ -7,7 +7,7 @@ import pytest
 
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_ops
-from tests.test_float32_batch_invariance import PROMPTS, _answers
+from test_float32_batch_invariance import PROMPTS, _answers
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(cpu_gemm_f32.load() is None, reason="no C compiler: the generic kernels are not built")]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine_core.attention import cpu_generic_attention
-from tests.attention_reference import reference_paged_attention
+from attention_reference import reference_paged_attention
 
 pytestmark = [pytest.mark.unit,
               pytest.mark.skipif(cpu_generic_attention.load() is None, reason="no C compiler: the kernel is not built")]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_core.batch_invariance import batch_invariant, set_batch_invariant
+from engine_core.batch_invariance import set_batch_invariant
 from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_packing
 from engine_core.layers.embedding import ParallelLMHead
 from engine_core.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -45,14 +45,6 @@ def test_packing_frees_linear_weights_but_not_a_tied_head():
     cpu_packing.pack_model(head)
     assert linear.weight.numel() == 0
     assert head.weight.shape == (1000, 64)  # the embedding it may be tied to still reads it
-
-
-@pytest.fixture
-def not_invariant():
-    before = batch_invariant()
-    set_batch_invariant(False)
-    yield
-    set_batch_invariant(before)
 
 
 def test_without_batch_invariance_only_bfloat16_on_the_cpu_is_packed(not_invariant):

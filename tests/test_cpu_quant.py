@@ -9,7 +9,6 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from engine_core import batch_invariance
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 
 pytestmark = [pytest.mark.integration,
@@ -30,14 +29,6 @@ def _quantized(qtype: str, n: int, k: int, seed: int) -> tuple[cpu_quant.Quantiz
 
 def _x(m: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
-
-
-@pytest.fixture
-def shape_tuned():
-    """The kernels --no-batch-invariant picks, for the test's length."""
-    batch_invariance.set_batch_invariant(False)
-    yield
-    batch_invariance.set_batch_invariant(True)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
@@ -69,7 +60,7 @@ def test_small_m_reads_every_weight_where_it_belongs(qtype):
 
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("n,k", [(15, 64), (100, 576), (1000, 96)])
-def test_large_m_is_the_bf16_kernel_on_the_dequantized_weights(qtype, n, k, shape_tuned):
+def test_large_m_is_the_bf16_kernel_on_the_dequantized_weights(qtype, n, k, not_invariant):
     weight, dequantized = _quantized(qtype, n, k, seed=3 * n + k)
     quantized, bf16 = cpu_quant.QuantPanelWeight(weight), cpu_gemm.PanelWeight(dequantized.to(torch.bfloat16))
     bias = _x(1, n, seed=5)[0]
@@ -101,7 +92,7 @@ def test_batch_invariant_rows_equal_the_row_alone_at_every_m(qtype, gated):
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
-def test_a_row_does_not_depend_on_the_other_rows_or_threads(qtype, shape_tuned):
+def test_a_row_does_not_depend_on_the_other_rows_or_threads(qtype, not_invariant):
     weight, _ = _quantized(qtype, 200, 576, seed=11)
     packed = cpu_quant.QuantPanelWeight(weight)
     x = _x(60, 576, seed=12)

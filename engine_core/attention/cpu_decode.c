@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "paged_work_items.h"
+
 #define MAX_GROUP 8
 #define MAX_HEAD_DIM 256
 #define TILE 16 /* keys per step: one vector of scores */
@@ -308,9 +310,6 @@ typedef struct {
     float log2e_scale; /* scale / ln 2: e^(x scale) = 2^(x log2e_scale) */
 } ChunkJob;
 
-typedef struct {
-    int seq, kv_head, row0, cost;
-} Item;
 
 /* the 16x16 matrix of 32-bit elements in r, transposed: out[c] lane t = r[t] lane c */
 static inline void transpose16(const __m512i r[16], __m512i out[16]) {
@@ -451,7 +450,7 @@ static inline __attribute__((always_inline)) void diagonal_rows(const ChunkJob *
     }
 }
 
-static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j, const Item *item, float *scratch,
+static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j, const WorkItem *item, float *scratch,
                                                                const int G, const int D, const int R) {
     const Job *b = &j->base;
     const int seq = item->seq, kv_head = item->kv_head;
@@ -538,14 +537,14 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
 #define R3 2
 #endif
 #define CHUNK_INSTANCE(G, HD, R) \
-    static void chunk_g##G##_d##HD(const ChunkJob *j, const Item *item, float *s) { attend_chunk(j, item, s, G, HD, R); }
+    static void chunk_g##G##_d##HD(const ChunkJob *j, const WorkItem *item, float *s) { attend_chunk(j, item, s, G, HD, R); }
 CHUNK_INSTANCE(1, 64, 8) CHUNK_INSTANCE(2, 64, 4) CHUNK_INSTANCE(3, 64, R3) CHUNK_INSTANCE(4, 64, 2) CHUNK_INSTANCE(8, 64, 1)
 CHUNK_INSTANCE(1, 128, 8) CHUNK_INSTANCE(2, 128, 4) CHUNK_INSTANCE(4, 128, 2) CHUNK_INSTANCE(8, 128, 1)
-static void chunk_any(const ChunkJob *j, const Item *item, float *s) {
+static void chunk_any(const ChunkJob *j, const WorkItem *item, float *s) {
     attend_chunk(j, item, s, j->base.num_heads / j->base.num_kv_heads, j->base.head_dim, 1);
 }
 
-typedef void (*ChunkFn)(const ChunkJob *, const Item *, float *);
+typedef void (*ChunkFn)(const ChunkJob *, const WorkItem *, float *);
 
 static ChunkFn pick_chunk(int group, int head_dim) {
 #define CASE(G, HD) if (group == G && head_dim == HD) return chunk_g##G##_d##HD;
@@ -553,11 +552,6 @@ static ChunkFn pick_chunk(int group, int head_dim) {
     CASE(1, 128) CASE(2, 128) CASE(4, 128) CASE(8, 128)
 #undef CASE
     return chunk_any;
-}
-
-static int costlier_first(const void *a, const void *b) {
-    const Item *x = a, *y = b;
-    return (x->cost < y->cost) - (x->cost > y->cost);
 }
 
 /* Attention of every query row of num_seqs sequences: sequence i owns rows query_start_loc[i] ..
@@ -571,25 +565,9 @@ int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, cons
         !(scale > 0.0f)) /* the running max is taken over unscaled scores */
         return -1;
     const int group = num_heads / num_kv_heads;
-    long count = 0;
-    for (int s = 0; s < num_seqs; s++) {
-        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
-        if (q_len < 0 || q_len > seq_lens[s]) return -1;
-        count += (long)(q_len + ROWS - 1) / ROWS * num_kv_heads;
-    }
-    Item *items = malloc(sizeof(Item) * (count ? count : 1));
-    if (!items) return -1;
     long n = 0;
-    for (int s = 0; s < num_seqs; s++) {
-        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
-        for (int row0 = 0; row0 < q_len; row0 += ROWS) {
-            const int rows = q_len - row0 < ROWS ? q_len - row0 : ROWS;
-            const int keys = seq_lens[s] - q_len + row0 + rows; /* up to the last row's diagonal */
-            for (int h = 0; h < num_kv_heads; h++) items[n++] = (Item){s, h, row0, keys * rows};
-        }
-    }
-    /* longest first, so that the dynamic schedule ends with short items and the threads finish together */
-    qsort(items, n, sizeof(Item), costlier_first);
+    WorkItem *items = paged_work_items(query_start_loc, seq_lens, num_seqs, num_kv_heads, ROWS, &n);
+    if (!items) return -1;
     const ChunkJob job = {{q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row,
                            num_heads, num_kv_heads, head_dim, block_size, scale}, query_start_loc,
                          scale * 1.44269504088896341f};

@@ -26,16 +26,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "paged_work_items.h"
+
 #define TILE 32  /* keys per tile, aligned to absolute positions */
 #define ROWS 16  /* query rows per work item */
 #define PART 16  /* partial sums of a dot product */
 
 typedef uint16_t bf16;
 
-typedef struct {
-    int seq, kv_head, row0;
-    long cost;
-} Item;
 
 typedef struct {
     const void *q, *k_cache, *v_cache;
@@ -85,7 +83,7 @@ static inline float dot(const float *a, const float *b, int n) {
 
 /* one item: rows [row0, row0 + ROWS) of a sequence, the query heads of one KV head.
  * scratch: keys and values of a tile, the rows' queries, their running max / sum / output */
-static void run_item(const Job *job, const Item *item, float *scratch) {
+static void run_item(const Job *job, const WorkItem *item, float *scratch) {
     const int D = job->head_dim, group = job->num_heads / job->num_kv_heads, s = item->seq, h = item->kv_head;
     const int first = job->query_start_loc[s], q_len = job->query_start_loc[s + 1] - first;
     const int rows = q_len - item->row0 < ROWS ? q_len - item->row0 : ROWS;
@@ -153,11 +151,6 @@ static void run_item(const Job *job, const Item *item, float *scratch) {
         }
 }
 
-static int costlier_first(const void *a, const void *b) {
-    const long x = ((const Item *)a)->cost, y = ((const Item *)b)->cost;
-    return (x < y) - (x > y);
-}
-
 /* Causal attention of every row of q into out (see the top of the file); is_bf16: q, caches and out
  * are bfloat16, else float32. Returns 0, or -1 where the arguments do not fit (out untouched) or memory
  * ran out (out partly written). */
@@ -167,25 +160,9 @@ int generic_paged_attention(const void *q, long q_row, const void *k_cache, cons
                             int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int nthreads) {
     if (head_dim < 1 || num_kv_heads < 1 || num_heads % num_kv_heads || block_size < 1) return -1;
     const int group = num_heads / num_kv_heads;
-    long count = 0;
-    for (int s = 0; s < num_seqs; s++) {
-        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
-        if (q_len < 0 || q_len > seq_lens[s]) return -1;
-        count += (long)(q_len + ROWS - 1) / ROWS * num_kv_heads;
-    }
-    Item *items = malloc(sizeof(Item) * (count ? count : 1));
-    if (!items) return -1;
     long n = 0;
-    for (int s = 0; s < num_seqs; s++) {
-        const int q_len = query_start_loc[s + 1] - query_start_loc[s];
-        for (int row0 = 0; row0 < q_len; row0 += ROWS) {
-            const int rows = q_len - row0 < ROWS ? q_len - row0 : ROWS;
-            const long keys = seq_lens[s] - q_len + row0 + rows;
-            for (int h = 0; h < num_kv_heads; h++) items[n++] = (Item){s, h, row0, keys * rows};
-        }
-    }
-    /* longest first, so that the dynamic schedule ends with short items and the threads finish together */
-    qsort(items, n, sizeof(Item), costlier_first);
+    WorkItem *items = paged_work_items(query_start_loc, seq_lens, num_seqs, num_kv_heads, ROWS, &n);
+    if (!items) return -1;
     const Job job = {q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, q_row, out_row, table_row,
                      num_heads, num_kv_heads, head_dim, block_size, is_bf16, scale};
     const size_t scratch_floats = (size_t)2 * TILE * head_dim + (size_t)ROWS * group * (2 * head_dim + 2);
