@@ -487,14 +487,17 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
                 _mm_prefetch((const char *)(b->v_cache + next[t] + c), _MM_HINT_T0);
             }
         }
-        for (int n = 0; n < CT_PARTS; n++) /* kT[n * D / 2 + i]: key pair i of keys 16n .. 16n + 15 */
+        /* only the 16-key parts some row of the item sees: up to the last row's own position (a decode's last
+         * tile is mostly past it); which parts a row reads does not change */
+        const int parts = last - start >= CT - 1 ? CT_PARTS : (last - start) / 16 + 1;
+        for (int n = 0; n < parts; n++) /* kT[n * D / 2 + i]: key pair i of keys 16n .. 16n + 15 */
             for (int h = 0; h < D / 32; h++) {
                 __m512i r[16], out[16];
                 for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_si512(b->k_cache + at[16 * n + t] + h * 32);
                 transpose16(r, out);
                 for (int i = 0; i < 16; i++) kT[n * (D / 2) + h * 16 + i] = (__m512bh)out[i];
             }
-        for (int k = 0; k < CT / 2; k++)
+        for (int k = 0; k < parts * 8; k++)
             for (int c = 0; c < D / 32; c++) {
                 const __m512i x = _mm512_loadu_si512(b->v_cache + at[2 * k] + c * 32);
                 const __m512i y = _mm512_loadu_si512(b->v_cache + at[2 * k + 1] + c * 32);

@@ -11,9 +11,9 @@
  * so a vdpbf16ps on (0x4300 | q) pairs adds sum_k x_k (128 + q_k) to a per-block fp32 sum, exactly
  * (bf16 times an 8-bit integer is exact in fp32); at the block's end the column's total takes
  *     total += d * block + (m - 128 d) * sum_k x_k,
- * with sum_k x_k per row and block computed once per call. Q8_0's signed byte q is stored as
- * u = q + 128 = 16 h + l and taken as two nibble pairs: 0x4500 | h is 2048 + 16 h and 0x4300 | l is
- * 128 + l, both into the same block sum, which is then sum_k x_k (2304 + q_k).
+ * with sum_k x_k per row and block computed once per call. Q8_0's signed byte q (stored as u = q + 128)
+ * is exact in bf16 itself (8 significant bits): u - 128 in 16-bit lanes, widened to fp32 and narrowed to
+ * bf16 (exact), so one vdpbf16ps per input pair adds sum_k x_k q_k, and total += d * block.
  *
  * Large M (prefill): each thread dequantizes its columns into nvllm's bf16 panels (cpu_gemm.c), a slab
  * that stays in L2 at a time, and runs the bf16 kernel on it: the weights are then bf16(d q + m), the
@@ -47,7 +47,7 @@ enum { FORMAT_Q4 = 0, FORMAT_Q8 = 1 };
 #define SMALL_MR 6 /* rows per tile of the small-M path */
 #define SMALL_NR 8 /* panels per tile of one row (more streams of weights in flight) */
 #ifndef UNPACKED_NR
-#define UNPACKED_NR 4 /* panels per tile of the unpacked path: 6 x 4 block sums in registers, totals spill */
+#define UNPACKED_NR 4 /* panels per tile of the unpacked path (utile): 6 x 4 block sums in registers */
 #endif
 #ifndef QUANT_LARGE_M
 #define QUANT_LARGE_M 16 /* from this many rows, dequantize to bf16 panels and run the bf16 kernel */
@@ -162,7 +162,17 @@ static inline __m512bh nibble(__m512i z, int shift, int exponent) {
 
 /* bf16 weight vectors (16 columns x one input pair, or one nibble part of it) per block: Q4 one per input
  * pair, Q8 two (its low and high nibbles), in the order qtile consumes them */
-static inline long unpacked_vectors(int format) { return format == FORMAT_Q4 ? QBLOCK / 2 : QBLOCK; }
+static inline long unpacked_vectors(int format) { (void)format; return QBLOCK / 2; }
+
+/* the byte at `shift` (0 or 8) of every word of a Q8 group, u = q + 128, as the bf16 number q (exact:
+ * |q| <= 128); the words keep their order */
+static inline __m512bh signed_bytes(__m512i z, int shift) {
+    const __m512i q = _mm512_sub_epi16(_mm512_and_si512(_mm512_srli_epi16(z, shift), _mm512_set1_epi16(255)),
+                                       _mm512_set1_epi16(128));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(q)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(q, 1)));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+}
 
 /* the output columns' epilogue, shared with cpu_gemm.c's: bias (fp32) added, rounded to bf16, stored;
  * gated (store_gated): panels j, j + 1 are the gate and up columns of 16 outputs */
@@ -190,11 +200,9 @@ static inline __attribute__((always_inline)) void store_gated(__m512 gate_acc, _
 static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_stride, const float *sums,
                                                         const uint8_t *panels, long K, int format,
                                                         const float *bias, bf16 *out, long out_stride, long n0,
-                                                        long N, const bf16 *silu, const int mr, const int nr,
-                                                        const __m512bh *slab) {
+                                                        long N, const bf16 *silu, const int mr, const int nr) {
     const long blocks = K / QBLOCK, bb = block_bytes(format), panel_bytes = blocks * bb;
     const int header = format == FORMAT_Q4 ? 64 : 32;
-    const long vectors = unpacked_vectors(format), slab_panel = blocks * vectors; /* slab: vectors per panel */
     __m512 total[SMALL_MR][SMALL_NR], blk[SMALL_MR][SMALL_NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) total[i][j] = _mm512_setzero_ps();
@@ -205,12 +213,11 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
         if (format == FORMAT_Q4) {
             for (int g = 0; g < 4; g++) {
                 __m512i z[SMALL_NR];
-                for (int j = 0; j < nr && !slab; j++)
+                for (int j = 0; j < nr; j++)
                     z[j] = _mm512_loadu_si512(panels + j * panel_bytes + b * bb + header + g * 64);
                 for (int s = 0; s < 4; s++) {
                     __m512bh w[SMALL_NR];
-                    for (int j = 0; j < nr; j++)
-                        w[j] = slab ? slab[j * slab_panel + b * vectors + 4 * g + s] : nibble(z[j], 4 * s, 0x4300);
+                    for (int j = 0; j < nr; j++) w[j] = nibble(z[j], 4 * s, 0x4300);
                     for (int i = 0; i < mr; i++) {
                         const __m512bh a = broadcast_pair(xb + i * x_stride + 2 * (4 * g + s));
                         for (int j = 0; j < nr; j++) blk[i][j] = _mm512_dpbf16_ps(blk[i][j], a, w[j]);
@@ -220,32 +227,28 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
         } else {
             for (int g = 0; g < 8; g++) {
                 __m512i z[SMALL_NR];
-                for (int j = 0; j < nr && !slab; j++)
+                for (int j = 0; j < nr; j++)
                     z[j] = _mm512_loadu_si512(panels + j * panel_bytes + b * bb + header + g * 64);
                 for (int h = 0; h < 2; h++) { /* the low byte: inputs of pair 2g; the high byte: pair 2g + 1 */
-                    for (int part = 0; part < 2; part++) { /* low nibble (128 + l), high nibble (2048 + 16 h) */
-                        __m512bh w[SMALL_NR];
-                        for (int j = 0; j < nr; j++)
-                            w[j] = slab ? slab[j * slab_panel + b * vectors + 4 * g + 2 * h + part]
-                                        : nibble(z[j], 8 * h + 4 * part, part ? 0x4500 : 0x4300);
-                        for (int i = 0; i < mr; i++) {
-                            const __m512bh a = broadcast_pair(xb + i * x_stride + 2 * (2 * g + h));
-                            for (int j = 0; j < nr; j++) blk[i][j] = _mm512_dpbf16_ps(blk[i][j], a, w[j]);
-                        }
+                    __m512bh w[SMALL_NR];
+                    for (int j = 0; j < nr; j++) w[j] = signed_bytes(z[j], 8 * h);
+                    for (int i = 0; i < mr; i++) {
+                        const __m512bh a = broadcast_pair(xb + i * x_stride + 2 * (2 * g + h));
+                        for (int j = 0; j < nr; j++) blk[i][j] = _mm512_dpbf16_ps(blk[i][j], a, w[j]);
                     }
                 }
             }
         }
-        /* fold: total += d * block + (m - offset d) * (sum of the block's inputs) */
+        /* fold: total += d * block (Q4: + (m - 128 d) * (sum of the block's inputs)) */
         for (int j = 0; j < nr; j++) {
             const uint8_t *head = panels + j * panel_bytes + b * bb;
             const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
-            const __m512 m = format == FORMAT_Q4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)))
-                                                 : _mm512_setzero_ps();
-            const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(format == FORMAT_Q4 ? 128.0f : 2304.0f), d, m);
-            for (int i = 0; i < mr; i++) {
-                total[i][j] = _mm512_fmadd_ps(d, blk[i][j], total[i][j]);
-                total[i][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[i * blocks + b]), total[i][j]);
+            for (int i = 0; i < mr; i++) total[i][j] = _mm512_fmadd_ps(d, blk[i][j], total[i][j]);
+            if (format == FORMAT_Q4) {
+                const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)));
+                const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), d, m);
+                for (int i = 0; i < mr; i++)
+                    total[i][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[i * blocks + b]), total[i][j]);
             }
         }
     }
@@ -261,7 +264,7 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
 
 #define QTILE(MRV, NRV) \
     qtile(x + m * x_stride, x_stride, sums + m * blocks, panels, K, format, bias, out + m * out_stride, out_stride, \
-          n0, N, silu, MRV, NRV, NULL)
+          n0, N, silu, MRV, NRV)
 
 /* panels [p_begin, p_end) for every row; panel tiles of 8 for one row (more weight streams in flight: 1.1x
  * per decode step than 4), 4 for two, 2 for 3-6 rows (the block sums and totals of mr x nr tiles live in
@@ -321,12 +324,85 @@ static void unpack_panel(const uint8_t *panel, long K, int format, __m512bh *dst
         } else {
             for (int g = 0; g < 8; g++) {
                 const __m512i z = _mm512_loadu_si512(words + g * 64);
-                for (int h = 0; h < 2; h++)
-                    for (int part = 0; part < 2; part++) *dst++ = nibble(z, 8 * h + 4 * part, part ? 0x4500 : 0x4300);
+                for (int h = 0; h < 2; h++) *dst++ = signed_bytes(z, 8 * h);
             }
         }
     }
 }
+
+/* rows [0, mr) x panels [0, nr) from unpacked words, with qtile's arithmetic step for step: per block the
+ * sums of its vectors in registers (a 6 x 4 tile, as cpu_gemm.c's: each weight vector load serves 6 rows),
+ * folded into running totals that wait in `totals` (L1: 6 x 4 totals and block sums do not both fit in
+ * the registers). Vector v of a block is input pair v. */
+static inline __attribute__((always_inline)) void utile(const bf16 *x, long x_stride, const float *sums,
+                                                        const uint8_t *panels, long K, const __m512bh *slab,
+                                                        float *totals, const float *bias, bf16 *out, long out_stride,
+                                                        long n0, long N, const bf16 *silu, const int q8,
+                                                        const int mr, const int nr) {
+    const int format = q8 ? FORMAT_Q8 : FORMAT_Q4;
+    const long blocks = K / QBLOCK, bb = block_bytes(format), panel_bytes = blocks * bb;
+    const long vectors = unpacked_vectors(format), slab_panel = blocks * vectors;
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) _mm512_store_ps(totals + (i * UNPACKED_NR + j) * LANES, _mm512_setzero_ps());
+    for (long b = 0; b < blocks; b++) {
+        __m512 blk[SMALL_MR][UNPACKED_NR];
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) blk[i][j] = _mm512_setzero_ps();
+        const bf16 *xb = x + b * QBLOCK;
+        const __m512bh *wb = slab + b * vectors;
+        for (long v = 0; v < vectors; v++) {
+            __m512bh w[UNPACKED_NR];
+            for (int j = 0; j < nr; j++) w[j] = wb[j * slab_panel + v];
+            for (int i = 0; i < mr; i++) {
+                const __m512bh a = broadcast_pair(xb + i * x_stride + 2 * v);
+                for (int j = 0; j < nr; j++) blk[i][j] = _mm512_dpbf16_ps(blk[i][j], a, w[j]);
+            }
+        }
+        for (int j = 0; j < nr; j++) { /* qtile's fold, the same fused multiply-adds */
+            const uint8_t *head = panels + j * panel_bytes + b * bb;
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
+            const __m512 m = q8 ? _mm512_setzero_ps() : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)));
+            const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), d, m);
+            for (int i = 0; i < mr; i++) {
+                float *t = totals + (i * UNPACKED_NR + j) * LANES;
+                __m512 total = _mm512_fmadd_ps(d, blk[i][j], _mm512_load_ps(t));
+                if (!q8) total = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[i * blocks + b]), total);
+                _mm512_store_ps(t, total);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        const float *t = totals + i * UNPACKED_NR * LANES;
+        if (silu) {
+            for (int j = 0; j + 1 < nr; j += 2)
+                store_gated(_mm512_load_ps(t + j * LANES), _mm512_load_ps(t + (j + 1) * LANES), bias,
+                            (n0 + j * LANES) / 2, out + i * out_stride, silu);
+        } else {
+            for (int j = 0; j < nr; j++)
+                store_columns(_mm512_load_ps(t + j * LANES), bias, out + i * out_stride, n0 + j * LANES, N);
+        }
+    }
+}
+
+#define UTILE(Q8, MRV, NRV)                                                                                 \
+    utile(x + m * x_stride, x_stride, sums + m * blocks, panels, K, w, totals, bias, out + m * out_stride, \
+          out_stride, n0, N, silu, Q8, MRV, NRV)
+#define UTILE_NR(Q8, MRV)                  \
+    switch (nr) {                          \
+    case 1: UTILE(Q8, MRV, 1); break;      \
+    case 2: UTILE(Q8, MRV, 2); break;      \
+    case 3: UTILE(Q8, MRV, 3); break;      \
+    default: UTILE(Q8, MRV, UNPACKED_NR); break; \
+    }
+#define UTILE_MR(Q8)                 \
+    switch (mr) {                    \
+    case 1: UTILE_NR(Q8, 1); break;  \
+    case 2: UTILE_NR(Q8, 2); break;  \
+    case 3: UTILE_NR(Q8, 3); break;  \
+    case 4: UTILE_NR(Q8, 4); break;  \
+    case 5: UTILE_NR(Q8, 5); break;  \
+    default: UTILE_NR(Q8, 6); break; \
+    }
 
 /* panels [p_begin, p_end) for every row, with qtile's arithmetic: a slab of panels unpacked at a time, then
  * rows in chunks whose inputs stay in L2, 6 rows x UNPACKED_NR panels per tile (whole gate/up pairs) */
@@ -335,6 +411,7 @@ static void unpacked_columns(const bf16 *x, long M, long K, long x_stride, const
                              long p_begin, long p_end, long slab, __m512bh *buffer) {
     const long blocks = K / QBLOCK, panel_bytes = blocks * block_bytes(format);
     const long slab_panel = blocks * unpacked_vectors(format);
+    float totals[SMALL_MR * UNPACKED_NR * LANES] __attribute__((aligned(64)));
     long chunk = ROW_CHUNK_BYTES / (K * (long)sizeof(bf16)) / SMALL_MR * SMALL_MR;
     if (chunk < SMALL_MR) chunk = SMALL_MR;
     for (long s = p_begin; s < p_end; s += slab) {
@@ -348,32 +425,20 @@ static void unpacked_columns(const bf16 *x, long M, long K, long x_stride, const
                 const __m512bh *w = buffer + p * slab_panel;
                 const long n0 = (s + p) * LANES;
                 for (long m = m0; m < m_end; m += SMALL_MR) {
-                    const long mr = m_end - m < SMALL_MR ? m_end - m : SMALL_MR;
-#define UTILE(MRV, NRV)                                                                                         \
-    qtile(x + m * x_stride, x_stride, sums + m * blocks, panels, K, format, bias, out + m * out_stride, out_stride, \
-          n0, N, silu, MRV, NRV, w)
-#define UTILE_NR(MRV)                  \
-    switch (nr) {                      \
-    case 1: UTILE(MRV, 1); break;      \
-    case 2: UTILE(MRV, 2); break;      \
-    case 3: UTILE(MRV, 3); break;      \
-    default: UTILE(MRV, UNPACKED_NR); break; \
-    }
-                    switch (mr) {
-                    case 1: UTILE_NR(1); break;
-                    case 2: UTILE_NR(2); break;
-                    case 3: UTILE_NR(3); break;
-                    case 4: UTILE_NR(4); break;
-                    case 5: UTILE_NR(5); break;
-                    default: UTILE_NR(6); break;
+                    const int mr = m_end - m < SMALL_MR ? (int)(m_end - m) : SMALL_MR;
+                    if (format == FORMAT_Q8) {
+                        UTILE_MR(1)
+                    } else {
+                        UTILE_MR(0)
                     }
-#undef UTILE_NR
-#undef UTILE
                 }
             }
         }
     }
 }
+#undef UTILE_MR
+#undef UTILE_NR
+#undef UTILE
 
 /* ---- large M: dequantized per slab into bf16 panels ----------------------------------------------- */
 
@@ -446,7 +511,7 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     }
     long slab = SLAB_BYTES / (K * LANES * (long)sizeof(bf16)) / NR * NR;
     if (slab < NR) slab = NR;
-    /* unpacked words: Q4 as many bytes as bf16 panels, Q8 twice; slabs of whole gate/up pairs */
+    /* unpacked words: as many bytes as bf16 panels; slabs of whole gate/up pairs */
     const long unpacked_panel_bytes = K / QBLOCK * unpacked_vectors(format) * 64;
     long unpacked_slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
     if (unpacked_slab < NR) unpacked_slab = NR;
