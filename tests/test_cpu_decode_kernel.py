@@ -73,18 +73,22 @@ def test_a_sequence_result_does_not_depend_on_the_batch_or_the_work_split():
         torch.set_num_threads(threads)
 
 
-@needs_kernel
-def test_backend_decodes_through_the_kernel_and_equal_sdpa(monkeypatch):
-    """With --no-batch-invariant the CPU kernel backend's decode rows come from the decode kernel, and
-    equal its SDPA path to bf16 rounding."""
-    batch_invariance.set_batch_invariant(False)
-    lens = [40, 7, 129]
+def _decode_step(lens):
+    """A step of one-token sequences of these lengths, already in the cache: its tensors, metadata and empty k/v."""
     q, k_cache, v_cache, tables, seq_lens = _case(9, 3, 64, 16, lens, seed=1)
     meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64),
                              query_start_loc=torch.arange(len(lens) + 1, dtype=torch.int32), seq_lens=seq_lens,
                              block_tables=tables, max_query_len=1, max_seq_len=max(lens), num_decodes=len(lens),
                              query_start_loc_cpu=list(range(len(lens) + 1)), seq_lens_cpu=lens)
-    empty = torch.empty(0, 3, 64, dtype=torch.bfloat16)
+    return q, k_cache, v_cache, tables, seq_lens, meta, torch.empty(0, 3, 64, dtype=torch.bfloat16)
+
+
+@needs_kernel
+def test_backend_decodes_through_the_kernel_and_equal_sdpa(monkeypatch):
+    """With --no-batch-invariant the CPU kernel backend's decode rows come from the decode kernel, and
+    equal its SDPA path to bf16 rounding."""
+    batch_invariance.set_batch_invariant(False)
+    q, k_cache, v_cache, tables, seq_lens, meta, empty = _decode_step([40, 7, 129])
     calls = []
     real = paged_decode_attention
     monkeypatch.setattr("engine_core.attention.cpu_kernel_backend.paged_decode_attention",
@@ -100,13 +104,7 @@ def test_backend_decodes_through_the_kernel_and_equal_sdpa(monkeypatch):
 @needs_kernel
 def test_batch_invariant_decodes_go_through_the_chunk_kernel(monkeypatch):
     """The default: one-token rows take the chunk kernel, as the same tokens do inside prefill chunks."""
-    lens = [40, 7, 129]
-    q, k_cache, v_cache, tables, seq_lens = _case(9, 3, 64, 16, lens, seed=1)
-    meta = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.int64),
-                             query_start_loc=torch.arange(len(lens) + 1, dtype=torch.int32), seq_lens=seq_lens,
-                             block_tables=tables, max_query_len=1, max_seq_len=max(lens), num_decodes=len(lens),
-                             query_start_loc_cpu=list(range(len(lens) + 1)), seq_lens_cpu=lens)
-    empty = torch.empty(0, 3, 64, dtype=torch.bfloat16)
+    q, k_cache, v_cache, tables, seq_lens, meta, empty = _decode_step([40, 7, 129])
     monkeypatch.setattr("engine_core.attention.cpu_kernel_backend.paged_decode_attention",
                         lambda *a: pytest.fail("the decode kernel ran in a batch-invariant step"))
     out = CpuKernelAttentionBackend().forward(q, empty, empty, k_cache, v_cache, meta, 0.125)
