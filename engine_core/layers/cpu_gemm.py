@@ -62,6 +62,7 @@ class PanelWeight:
         panels = -(-self.out_features // LANES)
         self.panels = torch.empty(panels * LANES * self.in_features, dtype=torch.bfloat16, device="cpu")
         self._pack(library, weight)
+        self._library = library  # resolved once: load() checks the CPU and the batch-invariance switch
         self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (a bias, its float32 copy)
 
     def _pack(self, library, weight: torch.Tensor) -> None:
@@ -83,23 +84,12 @@ class PanelWeight:
         return self._bias[1]
 
     def _run(self, kernel, x: torch.Tensor, bias: torch.Tensor | None, width: int, *extra) -> torch.Tensor:
-        """`kernel` (linear_bf16's arguments, then `extra`, then the threads) over x [..., K] -> [..., width]."""
-        if x.dtype is not torch.bfloat16:
-            raise TypeError(f"a packed bf16 linear got a {x.dtype} input")
-        x2 = x.reshape(-1, self.in_features)
-        if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < self.in_features):
-            x2 = x2.contiguous()
-        rows = x2.shape[0]
-        out = torch.empty((rows, width), dtype=torch.bfloat16, device="cpu")
-        if rows:
-            bias_ptr = None if bias is None else self.float_bias(bias).data_ptr()
-            kernel(x2.data_ptr(), rows, self.in_features, x2.stride(0), self.panels.data_ptr(), width, bias_ptr,
-                   out.data_ptr(), width, *extra, torch.get_num_threads())
-        return out.view(*x.shape[:-1], width)
+        bias32 = None if bias is None else self.float_bias(bias)
+        return run_panel_kernel(kernel, self.panels, self.in_features, torch.bfloat16, x, bias32, width, *extra)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] bf16 @ W^T (+ bias, added in float32 before rounding) -> [..., N] bf16."""
-        return self._run(load().linear_bf16, x, bias, self.out_features)
+        return self._run(self._library.linear_bf16, x, bias, self.out_features)
 
 
 class GatedPanelWeight(PanelWeight):
@@ -123,7 +113,24 @@ class GatedPanelWeight(PanelWeight):
 
     def silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """silu(x @ gate^T + gate bias) * (x @ up^T + up bias) -> [..., I] bf16."""
-        return self._run(load().linear_silu_mul_bf16, x, bias, self.intermediate, self.silu_table.data_ptr())
+        return self._run(self._library.linear_silu_mul_bf16, x, bias, self.intermediate, self.silu_table.data_ptr())
+
+
+def run_panel_kernel(kernel, panels: torch.Tensor, in_features: int, dtype: torch.dtype, x: torch.Tensor,
+                     bias32: torch.Tensor | None, width: int, *extra) -> torch.Tensor:
+    """`kernel` of a panel-packed weight (arguments: x, rows, K, x's row stride, panels, width, float32 bias
+    or NULL, out, out's row stride, `extra`, threads) over x [..., K] -> [..., width] in `dtype`."""
+    if x.dtype is not dtype:
+        raise TypeError(f"a packed {str(dtype).removeprefix('torch.')} linear got a {x.dtype} input")
+    x2 = x.reshape(-1, in_features)
+    if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < in_features):
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    out = torch.empty((rows, width), dtype=dtype, device="cpu")
+    if rows:
+        kernel(x2.data_ptr(), rows, in_features, x2.stride(0), panels.data_ptr(), width,
+               None if bias32 is None else bias32.data_ptr(), out.data_ptr(), width, *extra, torch.get_num_threads())
+    return out.view(*x.shape[:-1], width)
 
 
 def gated_bias_order(width: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ import os
 import torch
 
 from engine_core.cpu_kernels import load_library
+from engine_core.layers import cpu_gemm
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_gemm_f32.c")
 LANES = 16  # output columns per packed panel (cpu_gemm_f32.c)
@@ -58,6 +59,7 @@ class GenericPanelWeight:
         self.panels = torch.empty(panels * LANES * self.in_features, dtype=self.dtype, device="cpu")
         pack = library.pack_weight_f32 if self.dtype is torch.float32 else library.pack_weight_bf16_generic
         pack(weight.data_ptr(), self.out_features, self.in_features, self.in_features, self.panels.data_ptr())
+        self._kernel = library.linear_f32 if self.dtype is torch.float32 else library.linear_bf16_generic
         self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (a bias, its float32 copy)
 
     @property
@@ -71,17 +73,6 @@ class GenericPanelWeight:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] @ W^T (+ bias, added in fp32 after the sum) -> [..., N], in the weight's dtype."""
-        if x.dtype is not self.dtype:
-            raise TypeError(f"a packed {self.dtype} linear got a {x.dtype} input")
-        x2 = x.reshape(-1, self.in_features)
-        if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < self.in_features):
-            x2 = x2.contiguous()
-        rows = x2.shape[0]
-        out = torch.empty((rows, self.out_features), dtype=self.dtype, device="cpu")
-        if rows:
-            library = load()
-            kernel = library.linear_f32 if self.dtype is torch.float32 else library.linear_bf16_generic
-            bias_ptr = None if bias is None else self._float_bias(bias).data_ptr()
-            kernel(x2.data_ptr(), rows, self.in_features, x2.stride(0), self.panels.data_ptr(), self.out_features,
-                   bias_ptr, out.data_ptr(), self.out_features, torch.get_num_threads())
-        return out.view(*x.shape[:-1], self.out_features)
+        bias32 = None if bias is None else self._float_bias(bias)
+        return cpu_gemm.run_panel_kernel(self._kernel, self.panels, self.in_features, self.dtype, x, bias32,
+                                         self.out_features)
