@@ -468,7 +468,9 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
         st.maxes[v] = -INFINITY;
     }
     __m512bh kT[CT_PARTS * MAX_HEAD_DIM / 2], vP[CT / 2 * MAX_HEAD_DIM / 16];
-    long tile_rows_at[2][CT]; /* cache rows of this tile and the next (prefetched meanwhile) */
+    /* cache rows of this tile and the next, prefetched meanwhile into L2 (into L1, as the decode kernel found,
+     * the misses in flight stall the loads: decode rows took this kernel 1.5x the one-token kernel's time) */
+    long tile_rows_at[2][CT];
     int block = 0, offset = 0;
     for (int t = 0; t < CT && t < len; t++) {
         tile_rows_at[0][t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
@@ -483,8 +485,8 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
             next[t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
             if (++offset == b->block_size) { offset = 0; block++; }
             for (int c = 0; c < D; c += 32) {
-                _mm_prefetch((const char *)(b->k_cache + next[t] + c), _MM_HINT_T0);
-                _mm_prefetch((const char *)(b->v_cache + next[t] + c), _MM_HINT_T0);
+                _mm_prefetch((const char *)(b->k_cache + next[t] + c), _MM_HINT_T1);
+                _mm_prefetch((const char *)(b->v_cache + next[t] + c), _MM_HINT_T1);
             }
         }
         /* only the 16-key parts some row of the item sees: up to the last row's own position (a decode's last
