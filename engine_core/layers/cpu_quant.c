@@ -46,9 +46,7 @@ enum { FORMAT_Q4 = 0, FORMAT_Q8 = 1 };
 #define Q8_BLOCK_BYTES 544
 #define SMALL_MR 6 /* rows per tile of the small-M path */
 #define SMALL_NR 8 /* panels per tile of one row (more streams of weights in flight) */
-#ifndef UNPACKED_NR
-#define UNPACKED_NR 4 /* panels per tile of the unpacked path (utile): 6 x 4 block sums in registers */
-#endif
+#define UNPACKED_NR 2 /* panels per tile of the unpacked path (utile): 6 x 2 block sums and totals in registers */
 #ifndef QUANT_LARGE_M
 #define QUANT_LARGE_M 16 /* from this many rows, dequantize to bf16 panels and run the bf16 kernel */
 #endif
@@ -331,19 +329,20 @@ static void unpack_panel(const uint8_t *panel, long K, int format, __m512bh *dst
 }
 
 /* rows [0, mr) x panels [0, nr) from unpacked words, with qtile's arithmetic step for step: per block the
- * sums of its vectors in registers (a 6 x 4 tile, as cpu_gemm.c's: each weight vector load serves 6 rows),
- * folded into running totals that wait in `totals` (L1: 6 x 4 totals and block sums do not both fit in
- * the registers). Vector v of a block is input pair v. */
+ * sums of its vectors, folded into running totals, both in registers (6 x 2: 24 of the 32; a 6 x 4 tile
+ * with its totals waiting in L1 took 1.1x the time, their loads and stores once per block). The fold is
+ * the price of every row alike: 1 (Q8) or 2 (Q4) multiply-adds per 16 vdpbf16ps, so 1.06x and 1.14x the
+ * dequantized path's time at 512-2048 rows. Vector v of a block is input pair v. */
 static inline __attribute__((always_inline)) void utile(const bf16 *x, long x_stride, const float *sums,
                                                         const uint8_t *panels, long K, const __m512bh *slab,
-                                                        float *totals, const float *bias, bf16 *out, long out_stride,
-                                                        long n0, long N, const bf16 *silu, const int q8,
-                                                        const int mr, const int nr) {
+                                                        const float *bias, bf16 *out, long out_stride, long n0, long N,
+                                                        const bf16 *silu, const int q8, const int mr, const int nr) {
     const int format = q8 ? FORMAT_Q8 : FORMAT_Q4;
     const long blocks = K / QBLOCK, bb = block_bytes(format), panel_bytes = blocks * bb;
     const long vectors = unpacked_vectors(format), slab_panel = blocks * vectors;
+    __m512 total[SMALL_MR][UNPACKED_NR];
     for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) _mm512_store_ps(totals + (i * UNPACKED_NR + j) * LANES, _mm512_setzero_ps());
+        for (int j = 0; j < nr; j++) total[i][j] = _mm512_setzero_ps();
     for (long b = 0; b < blocks; b++) {
         __m512 blk[SMALL_MR][UNPACKED_NR];
         for (int i = 0; i < mr; i++)
@@ -364,36 +363,29 @@ static inline __attribute__((always_inline)) void utile(const bf16 *x, long x_st
             const __m512 m = q8 ? _mm512_setzero_ps() : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)));
             const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), d, m);
             for (int i = 0; i < mr; i++) {
-                float *t = totals + (i * UNPACKED_NR + j) * LANES;
-                __m512 total = _mm512_fmadd_ps(d, blk[i][j], _mm512_load_ps(t));
-                if (!q8) total = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[i * blocks + b]), total);
-                _mm512_store_ps(t, total);
+                total[i][j] = _mm512_fmadd_ps(d, blk[i][j], total[i][j]);
+                if (!q8) total[i][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[i * blocks + b]), total[i][j]);
             }
         }
     }
     for (int i = 0; i < mr; i++) {
-        const float *t = totals + i * UNPACKED_NR * LANES;
         if (silu) {
             for (int j = 0; j + 1 < nr; j += 2)
-                store_gated(_mm512_load_ps(t + j * LANES), _mm512_load_ps(t + (j + 1) * LANES), bias,
-                            (n0 + j * LANES) / 2, out + i * out_stride, silu);
+                store_gated(total[i][j], total[i][j + 1], bias, (n0 + j * LANES) / 2, out + i * out_stride, silu);
         } else {
-            for (int j = 0; j < nr; j++)
-                store_columns(_mm512_load_ps(t + j * LANES), bias, out + i * out_stride, n0 + j * LANES, N);
+            for (int j = 0; j < nr; j++) store_columns(total[i][j], bias, out + i * out_stride, n0 + j * LANES, N);
         }
     }
 }
 
 #define UTILE(Q8, MRV, NRV)                                                                                 \
-    utile(x + m * x_stride, x_stride, sums + m * blocks, panels, K, w, totals, bias, out + m * out_stride, \
-          out_stride, n0, N, silu, Q8, MRV, NRV)
+    utile(x + m * x_stride, x_stride, sums + m * blocks, panels, K, w, bias, out + m * out_stride, out_stride, n0, \
+          N, silu, Q8, MRV, NRV)
 #define UTILE_NR(Q8, MRV)                  \
-    switch (nr) {                          \
-    case 1: UTILE(Q8, MRV, 1); break;      \
-    case 2: UTILE(Q8, MRV, 2); break;      \
-    case 3: UTILE(Q8, MRV, 3); break;      \
-    default: UTILE(Q8, MRV, UNPACKED_NR); break; \
-    }
+    if (nr == 1)                           \
+        UTILE(Q8, MRV, 1);                 \
+    else                                   \
+        UTILE(Q8, MRV, UNPACKED_NR);
 #define UTILE_MR(Q8)                 \
     switch (mr) {                    \
     case 1: UTILE_NR(Q8, 1); break;  \
@@ -411,7 +403,6 @@ static void unpacked_columns(const bf16 *x, long M, long K, long x_stride, const
                              long p_begin, long p_end, long slab, __m512bh *buffer) {
     const long blocks = K / QBLOCK, panel_bytes = blocks * block_bytes(format);
     const long slab_panel = blocks * unpacked_vectors(format);
-    float totals[SMALL_MR * UNPACKED_NR * LANES] __attribute__((aligned(64)));
     long chunk = ROW_CHUNK_BYTES / (K * (long)sizeof(bf16)) / SMALL_MR * SMALL_MR;
     if (chunk < SMALL_MR) chunk = SMALL_MR;
     for (long s = p_begin; s < p_end; s += slab) {
