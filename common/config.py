@@ -94,7 +94,18 @@ class EngineArgs(msgspec.Struct, kw_only=True):
         return RequestLimits(vocab_size=vocab_size, max_model_len=max_model_len,
                              **{name: getattr(self, name) for name in FLAG_LIMITS})
 
+    def _check_types(self) -> None:
+        """The constructor takes any value (LLM(batch_invariant="False")): check each field's type here, in the
+        caller's process, rather than in the core's as it decodes its config."""
+        try:
+            msgspec.convert(msgspec.to_builtins(self), type(self))
+        except (msgspec.ValidationError, TypeError) as e:
+            path = str(e).rsplit(" - at `$.", 1)
+            where = path[1].rstrip("`") + ": " if len(path) == 2 else ""
+            raise ValueError(f"{where}{path[0]}") from None
+
     def validate(self) -> None:
+        self._check_types()
         checks = [
             (self.dtype in DTYPES, "dtype", f"must be one of {_one_of(DTYPES)}, got {self.dtype!r}"),
             (self.device in DEVICES, "device", f"must be auto, cpu or cuda, got {self.device!r}"),

@@ -1,5 +1,7 @@
 """EngineConfig: EngineArgs resolved once, left as the user gave them, and sent to workers as msgpack."""
 
+import re
+
 import msgspec
 import pytest
 
@@ -41,3 +43,12 @@ def test_a_draft_model_gets_its_own_facts_and_the_targets_settings(tiny_models):
     draft = resolve_engine_config(args).for_draft_model()
     assert draft.model.path == tiny_models["llama"] and draft.speculative_config is None
     assert draft.draft_model is None and draft.max_model_len == 64
+
+
+@pytest.mark.parametrize("field, value, expected", [("batch_invariant", "False", "bool"), ("max_num_seqs", "8", "int"),
+                                                    ("kv_cache_memory", 1.5, "int | str | null")])
+def test_an_argument_of_the_wrong_type_is_refused_by_name_before_any_process_starts(field, value, expected):
+    """LLM(batch_invariant="False") used to start the core, which died decoding its config."""
+    from frontend.llm import LLM
+    with pytest.raises(ValueError, match=f"^{field}: Expected `{re.escape(expected)}`"):
+        LLM(**{field: value})
