@@ -11,8 +11,8 @@ backend's path, whose code this backend inherits.
 Batch-invariant (engine_core/batch_invariance.py, the default): decodes go through the chunk kernel
 too, as one-row chunks. The decode kernel sums a row's scores in another order, so a token computed
 as a decode would differ in its last bits from the same token computed in a prefill chunk (a prompt
-whose prefix was cached, a recomputation after preemption, a speculative verification). Costs about
-3% of offline throughput here (the chunk kernel prepares each key tile for one row).
+whose prefix was cached, a recomputation after preemption, a speculative verification). Costs nothing measurable here: a one-row item reads its keys as fast in
+the chunk kernel as in the decode kernel (0.85-0.87 ms a layer for 32 decodes of W32's lengths).
 """
 
 import logging
