@@ -2,6 +2,7 @@
 (no Docker engine here: every command is run through the real argument parser), and the
 frontend image's dependencies are enough to serve (no torch)."""
 
+import fnmatch
 import json
 import os
 import re
@@ -287,3 +288,17 @@ def test_readme_deploy_commands_are_ones_the_tests_check():
         else:
             pytest.fail(f"README Deploy command that no test checks: {line}")
     assert {"keys", "engine-core", "frontend", "docker compose up", "curl"} <= seen
+
+
+def test_the_images_install_carries_every_kernel_source_and_header():
+    """The Dockerfile installs with `pip install --no-deps .`, not editable: a kernel whose .c or an included .h
+    is left out of package-data fails to build in the image, and the core quietly falls back to slower paths."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        package_data = tomllib.load(f)["tool"]["setuptools"]["package-data"]
+    missing = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "engine_core")):
+        package = os.path.relpath(folder, ROOT).replace(os.sep, ".")
+        for name in files:
+            if name.endswith((".c", ".h")) and not any(fnmatch.fnmatch(name, g) for g in package_data.get(package, [])):
+                missing.append(f"{package}/{name}")
+    assert not missing
