@@ -26,13 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../layers/bf16_scalar.h"
 #include "paged_work_items.h"
 
 #define TILE 32  /* keys per tile, aligned to absolute positions */
 #define ROWS 16  /* query rows per work item */
 #define PART 16  /* partial sums of a dot product */
 
-typedef uint16_t bf16;
 
 
 typedef struct {
@@ -44,26 +44,11 @@ typedef struct {
     float scale;
 } Job;
 
-static inline float widen(bf16 b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* fp32 -> bf16, nearest even; a NaN stays a (quiet) NaN */
-static inline bf16 narrow(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
-    return (bf16)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
 /* n values of a row of q or a cache (fp32 or bf16, element offset `at`) into dst as fp32 */
 static inline void load_row(const void *src, long at, int is_bf16, int n, float *dst) {
     if (is_bf16) {
         const bf16 *s = (const bf16 *)src + at;
-        for (int d = 0; d < n; d++) dst[d] = widen(s[d]);
+        for (int d = 0; d < n; d++) dst[d] = bf16_to_float(s[d]);
     } else {
         memcpy(dst, (const float *)src + at, sizeof(float) * n);
     }
@@ -145,7 +130,7 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
             const float inv = 1.0f / run_sum[lane];
             const long at = (long)(first + item->row0 + r) * job->out_row + (long)(h * group + g) * D;
             if (job->is_bf16)
-                for (int d = 0; d < D; d++) ((bf16 *)job->out)[at + d] = narrow(o[d] * inv);
+                for (int d = 0; d < D; d++) ((bf16 *)job->out)[at + d] = float_to_bf16(o[d] * inv);
             else
                 for (int d = 0; d < D; d++) ((float *)job->out)[at + d] = o[d] * inv;
         }

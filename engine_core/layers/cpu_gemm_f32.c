@@ -24,7 +24,7 @@
 #include <immintrin.h>
 #endif
 
-typedef uint16_t bf16;
+#include "bf16_scalar.h"
 
 #define LANES 16 /* output columns per panel */
 #define MR 6     /* rows per register tile */
@@ -74,24 +74,13 @@ static inline vec vadd(vec a, vec b) {
     for (int l = 0; l < LANES; l++) a.v[l] += b.v[l];
     return a;
 }
-static inline float widen1(bf16 b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline vec vload_bf16(const bf16 *p) { vec r; for (int l = 0; l < LANES; l++) r.v[l] = widen1(p[l]); return r; }
+static inline vec vload_bf16(const bf16 *p) {
+    vec r;
+    for (int l = 0; l < LANES; l++) r.v[l] = bf16_to_float(p[l]);
+    return r;
+}
 #endif
 
-static inline float bf16_to_float(bf16 b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* fp32 -> bf16, nearest even; a NaN stays a (quiet) NaN */
-static inline bf16 float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
-    return (bf16)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
 
 /* ---- packing: W [N, K] (row stride w_stride) -> panels [ceil(N/16)][K][16]; columns past N are 0 ---- */
 void pack_weight_f32(const float *w, long N, long K, long w_stride, float *packed) {

@@ -1,0 +1,24 @@
+/* bfloat16 <-> float32 one value at a time, in plain C: for the generic kernels (cpu_gemm_f32.c,
+ * cpu_generic_attention.c), which must give the same bits on every x86-64 CPU whatever it was built for. */
+#ifndef NVLLM_BF16_SCALAR_H
+#define NVLLM_BF16_SCALAR_H
+#include <stdint.h>
+#include <string.h>
+
+typedef uint16_t bf16;
+
+static inline float bf16_to_float(bf16 b) { /* exact */
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* nearest even; a NaN stays a (quiet) NaN */
+static inline bf16 float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
+    return (bf16)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+#endif
