@@ -194,6 +194,39 @@ static inline __attribute__((always_inline)) void store_gated(__m512 gate_acc, _
     _mm256_storeu_si256((__m256i *)(out + o), to_bf16(product));
 }
 
+/* a block's sums folded into the running totals of rows [0, mr) x panels [0, nr): total += d * block, and
+ * for Q4 + (m - 128 d) * (the sum of the block's inputs); qtile and utile share it, so their bits agree */
+static inline __attribute__((always_inline)) void fold_block(__m512 total[SMALL_MR][SMALL_NR],
+                                                             __m512 blk[SMALL_MR][SMALL_NR], const uint8_t *panels,
+                                                             long panel_bytes, long b, long bb, const float *sums,
+                                                             long blocks, const int q4, const int mr, const int nr) {
+    for (int j = 0; j < nr; j++) {
+        const uint8_t *head = panels + j * panel_bytes + b * bb;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
+        for (int i = 0; i < mr; i++) total[i][j] = _mm512_fmadd_ps(d, blk[i][j], total[i][j]);
+        if (q4) {
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)));
+            const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), d, m);
+            for (int i = 0; i < mr; i++)
+                total[i][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[i * blocks + b]), total[i][j]);
+        }
+    }
+}
+
+/* the totals of a tile to its outputs (gated: panel pairs j, j + 1 are gate and up) */
+static inline __attribute__((always_inline)) void store_tile(__m512 total[SMALL_MR][SMALL_NR], const float *bias,
+                                                             bf16 *out, long out_stride, long n0, long N,
+                                                             const bf16 *silu, const int mr, const int nr) {
+    for (int i = 0; i < mr; i++) {
+        if (silu) {
+            for (int j = 0; j + 1 < nr; j += 2)
+                store_gated(total[i][j], total[i][j + 1], bias, (n0 + j * LANES) / 2, out + i * out_stride, silu);
+        } else {
+            for (int j = 0; j < nr; j++) store_columns(total[i][j], bias, out + i * out_stride, n0 + j * LANES, N);
+        }
+    }
+}
+
 /* rows [0, mr) x panels [0, nr) over all of K, from the packed blocks; mr, nr compile-time where inlined */
 static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_stride, const float *sums,
                                                         const uint8_t *panels, long K, int format,
@@ -237,27 +270,9 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
                 }
             }
         }
-        /* fold: total += d * block (Q4: + (m - 128 d) * (sum of the block's inputs)) */
-        for (int j = 0; j < nr; j++) {
-            const uint8_t *head = panels + j * panel_bytes + b * bb;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
-            for (int i = 0; i < mr; i++) total[i][j] = _mm512_fmadd_ps(d, blk[i][j], total[i][j]);
-            if (format == FORMAT_Q4) {
-                const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)));
-                const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), d, m);
-                for (int i = 0; i < mr; i++)
-                    total[i][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[i * blocks + b]), total[i][j]);
-            }
-        }
+        fold_block(total, blk, panels, panel_bytes, b, bb, sums, blocks, format == FORMAT_Q4, mr, nr);
     }
-    for (int i = 0; i < mr; i++) {
-        if (silu) {
-            for (int j = 0; j + 1 < nr; j += 2)
-                store_gated(total[i][j], total[i][j + 1], bias, (n0 + j * LANES) / 2, out + i * out_stride, silu);
-        } else {
-            for (int j = 0; j < nr; j++) store_columns(total[i][j], bias, out + i * out_stride, n0 + j * LANES, N);
-        }
-    }
+    store_tile(total, bias, out, out_stride, n0, N, silu, mr, nr);
 }
 
 #define QTILE(MRV, NRV) \
@@ -340,11 +355,11 @@ static inline __attribute__((always_inline)) void utile(const bf16 *x, long x_st
     const int format = q8 ? FORMAT_Q8 : FORMAT_Q4;
     const long blocks = K / QBLOCK, bb = block_bytes(format), panel_bytes = blocks * bb;
     const long vectors = unpacked_vectors(format), slab_panel = blocks * vectors;
-    __m512 total[SMALL_MR][UNPACKED_NR];
+    __m512 total[SMALL_MR][SMALL_NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) total[i][j] = _mm512_setzero_ps();
     for (long b = 0; b < blocks; b++) {
-        __m512 blk[SMALL_MR][UNPACKED_NR];
+        __m512 blk[SMALL_MR][SMALL_NR];
         for (int i = 0; i < mr; i++)
             for (int j = 0; j < nr; j++) blk[i][j] = _mm512_setzero_ps();
         const bf16 *xb = x + b * QBLOCK;
@@ -357,25 +372,9 @@ static inline __attribute__((always_inline)) void utile(const bf16 *x, long x_st
                 for (int j = 0; j < nr; j++) blk[i][j] = _mm512_dpbf16_ps(blk[i][j], a, w[j]);
             }
         }
-        for (int j = 0; j < nr; j++) { /* qtile's fold, the same fused multiply-adds */
-            const uint8_t *head = panels + j * panel_bytes + b * bb;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
-            const __m512 m = q8 ? _mm512_setzero_ps() : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)));
-            const __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), d, m);
-            for (int i = 0; i < mr; i++) {
-                total[i][j] = _mm512_fmadd_ps(d, blk[i][j], total[i][j]);
-                if (!q8) total[i][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[i * blocks + b]), total[i][j]);
-            }
-        }
+        fold_block(total, blk, panels, panel_bytes, b, bb, sums, blocks, !q8, mr, nr);
     }
-    for (int i = 0; i < mr; i++) {
-        if (silu) {
-            for (int j = 0; j + 1 < nr; j += 2)
-                store_gated(total[i][j], total[i][j + 1], bias, (n0 + j * LANES) / 2, out + i * out_stride, silu);
-        } else {
-            for (int j = 0; j < nr; j++) store_columns(total[i][j], bias, out + i * out_stride, n0 + j * LANES, N);
-        }
-    }
+    store_tile(total, bias, out, out_stride, n0, N, silu, mr, nr);
 }
 
 #define UTILE(Q8, MRV, NRV)                                                                                 \
