@@ -80,6 +80,7 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     max_stop_string_chars: int = _LIMITS.max_stop_string_chars
     max_stop_token_ids: int = _LIMITS.max_stop_token_ids
     max_request_tokens: int = _LIMITS.max_request_tokens
+    max_constraint_chars: int = _LIMITS.max_constraint_chars
 
     def __post_init__(self):
         self.speculative_config = parse_speculative_config(self.speculative_config)

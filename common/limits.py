@@ -18,8 +18,10 @@ class RequestLimits(msgspec.Struct, array_like=True, omit_defaults=True, kw_only
     max_request_tokens: int = 4 * 1024 * 1024  # n x max_tokens x (1 + logprobs) of one prompt
     max_request_id_chars: int = 512
     max_cache_salt_chars: int = 1024
+    max_constraint_chars: int = 256 * 1024  # a JSON schema's, regex's, grammar's or choice list's text
+    max_logit_bias: int = 1024  # entries of logit_bias
 
 
 # the limits an engine flag sets (EngineArgs has a field of the same name for each)
 FLAG_LIMITS = ("max_n", "max_logprobs", "max_stop_strings", "max_stop_string_chars", "max_stop_token_ids",
-               "max_request_tokens")
+               "max_request_tokens", "max_constraint_chars")

@@ -6,6 +6,7 @@ from enum import IntEnum
 import msgspec
 
 from common.errors import invalid
+from common.structured_outputs import StructuredOutputsParams
 
 _INT32_MAX = 2**31 - 1
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -37,6 +38,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # what the sampler may pick: a grammar's tokens, a fixed set, or a bias added to the logits
+    structured_outputs: StructuredOutputsParams | None = None
+    allowed_token_ids: list[int] | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -78,6 +83,10 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
             (all(0 <= t <= _INT32_MAX for t in self.stop_token_ids), "stop_token_ids",
              "must be token ids in [0, 2**31)"),
             (self.seed is None or 0 <= self.seed < 2**63, "seed", f"must be in [0, 2**63), got {self.seed}"),
+            (self.allowed_token_ids is None or len(self.allowed_token_ids) > 0, "allowed_token_ids",
+             "must hold at least one token id"),
+            (all(math.isfinite(b) and -100 <= b <= 100 for b in (self.logit_bias or {}).values()), "logit_bias",
+             "values must be numbers in [-100, 100]"),
         ]
         for ok, name, why in checks:
             if not ok:

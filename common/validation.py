@@ -12,6 +12,7 @@ from common.errors import InvalidParameter, invalid
 from common.limits import RequestLimits
 from common.protocol import EngineCoreRequest
 from common.sampling_params import SamplingParams
+from common.structured_outputs import check_structured_outputs
 
 
 def request_token_cost(params: SamplingParams, max_tokens: int) -> int:
@@ -29,7 +30,10 @@ def check_token_ids(field: str, ids, limits: RequestLimits) -> None:
         raise invalid(field, f"holds token id {bad}, outside the vocabulary [0, {top})")
 
 
-def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_prompt_tokens: int) -> None:
+def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_prompt_tokens: int,
+                          compile_constraint: bool = False) -> None:
+    """compile_constraint: also have llguidance compile the output constraint (the frontend's check; the
+    engine core compiles it off its busy loop and fails the request there instead)."""
     params.validate()
     room = limits.max_model_len - num_prompt_tokens if limits.max_model_len > 0 else None
     checks = [
@@ -53,6 +57,16 @@ def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_pro
         if not ok:
             raise invalid(name, why)
     check_token_ids("stop_token_ids", params.stop_token_ids, limits)
+    check_token_ids("allowed_token_ids", params.allowed_token_ids, limits)
+    if params.logit_bias:
+        if len(params.logit_bias) > limits.max_logit_bias:
+            raise invalid("logit_bias", f"holds {len(params.logit_bias)} entries; at most {limits.max_logit_bias} "
+                                        f"are allowed")
+        check_token_ids("logit_bias", list(params.logit_bias), limits)
+    if params.structured_outputs is not None:
+        check_token_ids("structured_outputs.starts_after_token_ids",
+                        params.structured_outputs.starts_after_token_ids, limits)
+        check_structured_outputs(params.structured_outputs, limits.max_constraint_chars, compile_constraint)
     max_tokens = params.max_tokens if params.max_tokens is not None else (room or 0)
     cost = request_token_cost(params, max_tokens)
     if cost > limits.max_request_tokens:
@@ -70,13 +84,13 @@ def check_prompt(ids: list[int], limits: RequestLimits) -> None:
     check_token_ids("prompt", ids, limits)
 
 
-def check_request(request: EngineCoreRequest, limits: RequestLimits) -> None:
+def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_constraint: bool = False) -> None:
     """Raises InvalidParameter naming the first bad field of the request and its limit."""
     if not request.request_id or len(request.request_id) > limits.max_request_id_chars:
         raise InvalidParameter("request_id", f"request_id must be 1 to {limits.max_request_id_chars} characters, got "
                          f"{len(request.request_id)}")
     check_prompt(request.prompt_token_ids, limits)
-    check_sampling_params(request.sampling_params, limits, len(request.prompt_token_ids))
+    check_sampling_params(request.sampling_params, limits, len(request.prompt_token_ids), compile_constraint)
     if len(request.eos_token_ids) > limits.max_stop_token_ids:
         raise InvalidParameter("eos_token_ids", f"eos_token_ids holds {len(request.eos_token_ids)} ids; at most "
                          f"{limits.max_stop_token_ids} are allowed")

@@ -18,8 +18,12 @@ from engine_core.model_folder import eos_token_ids, read_tokenizer_files
 from engine_core.request import Request
 from engine_core.scheduler import Scheduler, SchedulerConfig
 from engine_core.spec_decode.proposer import speculator_for
+from engine_core.structured_outputs.grammar_compiler import GrammarCompiler
+from engine_core.structured_outputs.request_grammar import RequestGrammar
 
 logger = logging.getLogger("nvllm")
+
+GRAMMAR_WAIT_SECONDS = 0.05  # an idle step's wait for a compiling grammar: short, so inputs stay responsive
 
 
 class EngineCore:
@@ -53,6 +57,9 @@ class EngineCore:
             speculator_for(config.speculative_config))
         self.num_blocks = num_blocks
         self.limits = args.request_limits(config.model.vocab_size, max_model_len)
+        tokenizer_files = read_tokenizer_files(config.model.path)
+        self.grammar_compiler = GrammarCompiler(tokenizer_files.get("tokenizer.json", ""), config.model.vocab_size,
+                                                eos_token_ids(config.model.path, config.model.hf_config))
         self.core_id = uuid.uuid4().hex
 
     @property
@@ -82,8 +89,15 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Takes a request already checked against `self.limits` (common/validation.py): by the frontend's
-        Processor in this process, or by the core process on the ADD it decoded."""
-        self.scheduler.add_request(Request.from_engine_core_request(request))
+        Processor in this process, or by the core process on the ADD it decoded. Its output constraint, if
+        any, starts compiling now, off this thread."""
+        core_request = Request.from_engine_core_request(request)
+        constraint = request.sampling_params.structured_outputs
+        if constraint is not None:
+            core_request.grammar = RequestGrammar(self.grammar_compiler.compile(constraint),
+                                                  constraint.starts_after_token_ids,
+                                                  f"structured_outputs.{constraint.kinds()[0]}")
+        self.scheduler.add_request(core_request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         outputs = self.scheduler.abort_requests(request_ids)
@@ -107,6 +121,8 @@ class EngineCore:
                     if self.cpu_threads is not None:
                         self.cpu_threads.update()
                     sampled, logprobs = self.executor.execute_model(sched_out)
+                else:  # only requests whose grammars compile: wait a moment for one rather than spin
+                    self.scheduler.wait_for_grammars(GRAMMAR_WAIT_SECONDS)
                 step_outputs = self.scheduler.update_from_output(sched_out, sampled, logprobs)
             except Exception as e:
                 if is_fatal(e):
@@ -143,4 +159,5 @@ class EngineCore:
         return self.kv_cache_manager.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        self.grammar_compiler.shutdown()
         self.executor.shutdown()

@@ -33,6 +33,7 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | None = None
         self.num_preemptions = 0
+        self.grammar = None  # a RequestGrammar when the request carries an output constraint (set by the core)
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> "Request":

@@ -1,7 +1,7 @@
 """From the last hidden state's logits to one token per request.
 
-Order: penalties and min_tokens masking on the raw logits, then temperature, top-k, top-p and
-min-p, then a draw. Each seeded request draws from its own generator, so its tokens do not depend
+Order: penalties and min_tokens masking on the raw logits, then what the request allows (its grammar's
+tokens, allowed_token_ids, logit_bias), then temperature, top-k, top-p and min-p, then a draw. Each seeded request draws from its own generator, so its tokens do not depend
 on what else is in the batch. Logprobs are those of the raw model distribution, as vLLM reports.
 
 On a GPU the whole path runs without waiting for the device until the one copy that brings the
@@ -15,6 +15,7 @@ import torch
 
 from common.protocol import Logprobs
 from engine_core.request import Request
+from engine_core.structured_outputs.token_masks import apply_masks, fill_masks
 
 
 class Sampler:
@@ -22,9 +23,11 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)  # for unseeded requests
         self.request_generators: dict[str, torch.Generator] = {}
+        self.allowed_token_masks: dict[str, torch.Tensor] = {}  # allowed_token_ids as a [vocab] bool mask
 
     def forget(self, request_id: str) -> None:
         self.request_generators.pop(request_id, None)
+        self.allowed_token_masks.pop(request_id, None)
 
     def _generator_for(self, req: Request) -> torch.Generator:
         g = self.request_generators.get(req.request_id)
@@ -47,6 +50,7 @@ class Sampler:
         if any(r.sampling_params.logprobs is not None for r in reqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         logits = self.apply_penalties(logits, reqs)
+        self.apply_allowed(logits, reqs)
         tokens = self._draw(logits, reqs)
         if raw_logprobs is None:
             return tokens.tolist(), [None] * len(reqs)
@@ -89,6 +93,41 @@ class Sampler:
             # a tensor made on the device: a Python scalar assigned through indices may cross to it blocking
             logits.index_put_((index[0], index[1]), torch.full((len(ban_rows),), float("-inf"), device=logits.device))
         return logits
+
+    def apply_allowed(self, logits: torch.Tensor, reqs: list[Request], drafts: list[list[int]] | None = None) -> None:
+        """What each request allows, on its rows (in place): its grammar's tokens, allowed_token_ids, logit_bias.
+        One row per request, or with proposals to verify, len(drafts[i]) + 1 rows per request in order."""
+        grammars, grammar_rows = [], []  # (matcher, first of its rows in grammar_rows, proposals)
+        bias_rows, bias_ids, bias_values = [], [], []
+        row = 0
+        for i, r in enumerate(reqs):
+            proposals = drafts[i] if drafts else []
+            rows = range(row, row + len(proposals) + 1)
+            row = rows.stop
+            grammar, params = r.grammar, r.sampling_params
+            if grammar is not None and grammar.constrains:
+                grammars.append((grammar.matcher, len(grammar_rows), proposals))
+                grammar_rows.extend(rows)
+            if params.allowed_token_ids:
+                logits[rows.start:rows.stop].masked_fill_(~self._allowed_mask(r, logits.shape[-1]), float("-inf"))
+            if params.logit_bias:
+                for j in rows:
+                    bias_rows += [j] * len(params.logit_bias)
+                    bias_ids += list(params.logit_bias)
+                    bias_values += list(params.logit_bias.values())
+        if bias_rows:
+            index = self._upload([bias_rows, bias_ids], torch.int64)
+            logits[index[0], index[1]] += self._upload(bias_values, torch.float32)
+        if grammars:
+            apply_masks(logits, grammar_rows, fill_masks(grammars, len(grammar_rows), logits.shape[-1]))
+
+    def _allowed_mask(self, req: Request, vocab: int) -> torch.Tensor:
+        mask = self.allowed_token_masks.get(req.request_id)
+        if mask is None:
+            mask = torch.zeros(vocab, dtype=torch.bool)
+            mask[torch.tensor(req.sampling_params.allowed_token_ids, dtype=torch.int64)] = True
+            self.allowed_token_masks[req.request_id] = mask = mask.to(self.device)
+        return mask
 
     def _draw(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         params = [r.sampling_params for r in reqs]

@@ -18,6 +18,7 @@ Why this never spins forever:
   its tokens only grow: it finishes with FinishReason.ERROR instead of being retried.
 """
 
+import concurrent.futures
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -120,6 +121,13 @@ class Scheduler:
                                             num_cached_tokens=max(0, request.num_cached_tokens)))
         return outputs
 
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Block until a waiting request's grammar is compiled (or the timeout): what a step that had
+        nothing else to run does, rather than spin."""
+        futures = [r.grammar.compiled for r in self.waiting if r.grammar is not None and not r.grammar.ready()]
+        if futures:
+            concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+
     def report_with_next_update(self, outputs: list[EngineCoreOutput]) -> None:
         """Outputs made outside a step (the core's abort notices) to send with the next update_from_output."""
         self.pending_outputs.extend(outputs)
@@ -210,10 +218,21 @@ class Scheduler:
             budget -= num_new + len(drafts)
             i += 1
 
-        # 2. waiting requests, FCFS; none after a preemption, since blocks are already short
+        # 2. waiting requests, FCFS; none after a preemption, since blocks are already short. A request
+        # whose grammar still compiles steps aside for this step and keeps its place in the queue
+        compiling = []
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
                and not preempted_ids):
             request = self.waiting[0]
+            if request.grammar is not None:
+                if not request.grammar.ready():
+                    compiling.append(self.waiting.popleft())
+                    continue
+                error = request.grammar.start()
+                if error is not None:
+                    self.waiting.popleft()
+                    self._finish_with_error(request, error)
+                    continue
             hits, num_hit_tokens = self.kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
             if not self.kv.allocate_slots(request, num_new, hits):
@@ -230,6 +249,8 @@ class Scheduler:
             self.running.append(request)
             scheduled.append(ScheduledRequest(request, num_new, num_hit_tokens))
             budget -= num_new
+
+        self.waiting.extendleft(reversed(compiling))
 
         decodes = [s for s in scheduled if s.is_decode]
         prefills = [s for s in scheduled if not s.is_decode]
@@ -273,10 +294,17 @@ class Scheduler:
                 self._count_kept(num_drafts, len(tokens) - 1)
                 request.num_computed_tokens += len(tokens) - 1  # the kept proposals' K/V are valid
             new_tokens, reason, stop_reason = [], None, None
+            error = None
             for token in tokens:  # a stop condition among the kept proposals drops the rest
                 request.append_output_token(token)
                 new_tokens.append(token)
                 reason, stop_reason = self._check_stop(request, token)
+                if request.grammar is not None and reason is None:
+                    error = request.grammar.accept(token)
+                    if error is not None:
+                        reason = FinishReason.ERROR
+                    elif request.grammar.terminated:  # complete: only EOS could follow
+                        reason = FinishReason.STOP
                 if reason is not None:
                     break
             self.step_generation_tokens += len(new_tokens)
@@ -289,7 +317,7 @@ class Scheduler:
                 request_id=request.request_id, new_token_ids=new_tokens,
                 new_logprobs=(logprobs or {}).get(request.request_id, [])[:len(new_tokens)],
                 finish_reason=reason, stop_reason=stop_reason,
-                num_cached_tokens=max(0, request.num_cached_tokens)))
+                num_cached_tokens=max(0, request.num_cached_tokens), error=error))
         if finished:
             self.running = [r for r in self.running if id(r) not in finished]
         outputs, self.pending_outputs = self.pending_outputs + outputs, []

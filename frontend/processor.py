@@ -81,7 +81,7 @@ class Processor:
         request = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
                                     eos_token_ids=self.eos_token_ids, arrival_time=time.time(),
                                     cache_salt=cache_salt)
-        check_request(request, self.limits)
+        check_request(request, self.limits, compile_constraint=True)
         try:  # what cannot go on the wire must fail here, not once a stream has begun
             _wire.encode(request)
         except (OverflowError, UnicodeError, msgspec.EncodeError) as e:

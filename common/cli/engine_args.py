@@ -89,6 +89,8 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     r.add_argument("--max-stop-token-ids", type=positive_int, default=d.max_stop_token_ids, help="stop_token_ids")
     r.add_argument("--max-request-tokens", type=positive_int, default=d.max_request_tokens,
                    help="n x max_tokens x (1 + logprobs), summed over the prompts of one request")
+    r.add_argument("--max-constraint-chars", type=positive_int, default=d.max_constraint_chars,
+                   help="characters of one request's output constraint (JSON schema, regex, grammar, choices)")
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:

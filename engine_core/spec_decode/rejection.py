@@ -70,6 +70,7 @@ def verify(sampler: Sampler, logits: torch.Tensor, reqs: list[Request],
     if any(r.sampling_params.logprobs is not None for r in reqs):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
     logits = sampler.apply_penalties(logits, rows)
+    sampler.apply_allowed(logits, reqs, drafts)  # a proposal the grammar refuses gets probability 0: rejected
     params = [r.sampling_params for r in reqs]
     argmax = logits.argmax(dim=-1).tolist()
     sampled = [i for i, p in enumerate(params) if not p.greedy]
