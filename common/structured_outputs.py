@@ -81,17 +81,19 @@ def constraint_error(kind: str, text: str) -> str:
 
 
 def check_structured_outputs(params: StructuredOutputsParams | None, max_chars: int, compile: bool,
-                             field: str = "structured_outputs") -> None:
-    """Raises InvalidParameter naming the field: more than one constraint, one too long, or (compile: the
-    frontend's check, off the engine's busy loop) one llguidance cannot compile, quoting its reason."""
+                             field: str | None = None) -> None:
+    """Raises InvalidParameter naming the field (`field`: what the caller's API calls the constraint, such
+    as response_format.json_schema.schema; else structured_outputs.<kind>): more than one constraint, one
+    too long, or (compile: the frontend's check, off the engine's busy loop) one llguidance cannot
+    compile, quoting its reason."""
     if params is None:
         return
     kinds = params.kinds()
     if len(kinds) != 1:
-        raise InvalidParameter(field, f"{field} must set exactly one of {', '.join(KINDS)}; "
-                                      f"got {', '.join(kinds) if kinds else 'none'}")
+        raise InvalidParameter("structured_outputs", f"structured_outputs must set exactly one of {', '.join(KINDS)}; "
+                                                     f"got {', '.join(kinds) if kinds else 'none'}")
     kind, text = params.key()
-    where = f"{field}.{kinds[0]}"
+    where = field or f"structured_outputs.{kinds[0]}"
     if kind == "choice" and (not params.choice or not all(params.choice)):
         raise InvalidParameter(where, f"{where} must be a non-empty list of non-empty strings")
     if len(text) > max_chars:

@@ -13,6 +13,7 @@ from typing import AsyncIterator
 from common.errors import InvalidParameter
 from common.request_ids import part_id
 from common.sampling_params import SamplingParams
+from common.structured_outputs import check_structured_outputs
 from common.validation import request_token_cost
 from frontend.api import offload
 from frontend.api.admission import Ticket
@@ -50,6 +51,14 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def sampling_params(body) -> SamplingParams:
+    """The body's SamplingParams, or a 400 naming the field (two output constraints at once)."""
+    try:
+        return body.to_sampling_params()
+    except InvalidParameter as e:
+        raise bad_request(e) from None
+
+
 def check_sequences(prompts: list, params: SamplingParams, param: str = "prompt") -> None:
     if len(prompts) * params.n > MAX_SEQUENCES_PER_REQUEST:
         raise APIError(400, f"{param} x n asks for {len(prompts) * params.n} sequences; at most "
@@ -58,10 +67,12 @@ def check_sequences(prompts: list, params: SamplingParams, param: str = "prompt"
 
 async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str, prompts: list[str | list[int]],
                           params: SamplingParams, param: str = "prompt", cache_salt: str | None = None,
-                          prompt_token_ids: list[list[int]] | None = None) -> list[ProcessedRequest]:
+                          prompt_token_ids: list[list[int]] | None = None,
+                          constraint_field: str | None = None) -> list[ProcessedRequest]:
     """One ProcessedRequest per prompt (tokenized and checked once; the same objects are then streamed),
-    or a 400 naming the field (`param` is what this endpoint calls the prompt). Characters are counted
-    first; big prompts are tokenized off the event loop."""
+    or a 400 naming the field (`param` is what this endpoint calls the prompt; `constraint_field` what set
+    the output constraint). Characters are counted first; big prompts, and every constraint (llguidance
+    compiles it to check it), are processed off the event loop."""
     check_sequences(prompts, params, param)
     for prompt in prompts:
         if isinstance(prompt, str):
@@ -69,6 +80,11 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
 
     def work() -> list[ProcessedRequest]:
         processed, cost = [], 0
+        try:  # named as the client set it; the Processor's own check below then finds it in the cache
+            check_structured_outputs(params.structured_outputs, engine.limits.max_constraint_chars,
+                                     compile=True, field=constraint_field)
+        except InvalidParameter as e:
+            raise bad_request(e) from None
         for i, prompt in enumerate(prompts):
             rid = request_id if len(prompts) == 1 else part_id(request_id, i)
             ids = prompt_token_ids[i] if prompt_token_ids is not None else None
@@ -85,7 +101,8 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
                            param="max_tokens")
         return processed
 
-    return await offload.run(work, sum(len(p) for p in prompts))
+    size = offload.ALWAYS if params.structured_outputs is not None else sum(len(p) for p in prompts)
+    return await offload.run(work, size)
 
 
 def generate(state: ServerState, engine: AsyncLLM, requests: list[ProcessedRequest],

@@ -15,6 +15,7 @@ T = TypeVar("T")
 
 BIG_TEXT_CHARS = 4096  # about 3 ms of tokenizing: above it, off the loop
 BIG_TOKEN_LIST = 4096  # token ids to decode, likewise
+ALWAYS = 1 << 62  # a size that is always big: work whose cost the text length does not tell
 
 _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvllm-tokenize")
 

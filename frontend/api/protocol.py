@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from common.sampling_params import RequestOutputKind, SamplingParams
+from frontend.api.constraint_fields import ConstraintFields
 
 
 INT32_MAX = 2**31 - 1
@@ -150,7 +151,7 @@ class StreamOptions(StrictModel):
     include_usage: bool = Field(False, description="send a last chunk with the token usage")
 
 
-class SamplingFields(StrictModel):
+class SamplingFields(ConstraintFields, StrictModel):
     model: Text | None = Field(None, description="the served model name (see /v1/models); omitted: that model")
     n: int = Field(1, ge=1, description="completions per prompt")
     temperature: float | None = Field(None, ge=0, description="0 is greedy; default 1")
@@ -177,7 +178,9 @@ class SamplingFields(StrictModel):
         "cannot learn from cache hits what another's prompts hold"))
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """Raises InvalidParameter when the request sets more than one output constraint."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        constraint, _ = self.constraint()
         return SamplingParams(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -197,6 +200,9 @@ class SamplingFields(StrictModel):
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,  # streamed as is, or joined for a whole response
+            structured_outputs=constraint,
+            allowed_token_ids=self.allowed_token_ids,
+            logit_bias=self.logit_bias,
         )
 
     @property

@@ -55,14 +55,15 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    params = body.to_sampling_params()
+    params = G.sampling_params(body)
     request_id = G.new_request_id("chatcmpl")
     G.check_sequences([body.messages], params, param="messages")
     ticket = state.admission.admit(params.n)  # 503 when overloaded, before any work
     try:
         text, ids = await render_chat(state, engine, body.messages, body.add_generation_prompt)
         prompts = await G.process_prompts(state, engine, request_id, [text], params, param="messages",
-                                          cache_salt=body.cache_salt, prompt_token_ids=[ids])
+                                          cache_salt=body.cache_salt, prompt_token_ids=[ids],
+                                          constraint_field=body.constraint()[1])
     except BaseException:
         ticket.release()
         raise
