@@ -28,10 +28,12 @@ def fill_masks(entries: list[tuple[object, int, list[int]]], num_rows: int, voca
     words] int32 bitmask, all-allowed where no entry writes."""
     import llguidance.numpy as llg_numpy
     masks = np.full((num_rows, (vocab_size + 31) // 32), -1, dtype=np.int32)
-    if any(drafts for _, _, drafts in entries):
-        llg_numpy.fill_next_token_bitmask_par_with_draft_tokens(_llguidance_executor(), entries, masks)
-    else:
-        llg_numpy.fill_next_token_bitmask_par(_llguidance_executor(), [(m, row) for m, row, _ in entries], masks)
+    plain = [(m, row) for m, row, drafts in entries if not drafts]
+    proposing = [entry for entry in entries if entry[2]]  # llguidance takes no empty proposal list there
+    if plain:
+        llg_numpy.fill_next_token_bitmask_par(_llguidance_executor(), plain, masks)
+    if proposing:
+        llg_numpy.fill_next_token_bitmask_par_with_draft_tokens(_llguidance_executor(), proposing, masks)
     return masks
 
 
