@@ -17,7 +17,9 @@ import random
 import time
 
 from common.sampling_params import SamplingParams
+from common.structured_outputs import StructuredOutputsParams
 from frontend import engine_seam
+from frontend.bench.structured import BENCH_SCHEMA, compile_times, constrained_indices
 
 
 def make_workload(args):
@@ -35,13 +37,21 @@ def run_nvllm(args, prompts, out_lens, mode: str, label: str | None = None) -> d
     engine = engine_args_from(args)
     kwargs = {k: getattr(engine, k) for k in engine.__struct_fields__ if k not in ("model", "usage")}
     llm = LLM(engine.model, multiprocess=mode == "mp", **kwargs)
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in out_lens]
+    schema = constrained_indices(len(out_lens), getattr(args, "structured_share", 0.0), args.bench_seed)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n, structured_outputs=(
+        StructuredOutputsParams(json=BENCH_SCHEMA) if i in schema else None)) for i, n in enumerate(out_lens)]
     llm.generate(["warm up"], SamplingParams(max_tokens=4), use_tqdm=False)
+    if schema:  # the vocabulary index is built once per core: not part of the timed run
+        llm.generate(["warm up"], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
+            json_object=True)), use_tqdm=False)
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    info = {"dtype": llm.model_info.dtype, "model": llm.model_info.model_name}
+    info = {"dtype": llm.model_info.dtype, "model": llm.model_info.model_name, "constrained_requests": len(schema)}
+    if schema:
+        info |= compile_times(llm.model_info.tokenizer_files["tokenizer.json"], llm.model_info.vocab_size,
+                              llm.model_info.eos_token_ids)
     llm.shutdown()
     label = label or ("nvllm" if args.engine_mode != "both" else f"nvllm-{mode}")
     return _figures(label, elapsed, prompts, out_tokens) | info
@@ -60,24 +70,32 @@ def _figures(name, elapsed, prompts, out_tokens) -> dict:
             "total_tok_s": round((prompt_tokens + out_tokens) / elapsed, 1)}
 
 
-def _compare_batch_invariant(args, prompts, out_lens) -> int:
-    """The workload with the batch-invariant kernels (the default) and with --no-batch-invariant, in
-    alternating pairs (this machine's load drifts: pairs taken side by side compare fairly)."""
+def _print(r: dict) -> None:
+    print(f"{r['backend']:>12}: {r['output_tok_s']:8.1f} output tok/s, {r['total_tok_s']:8.1f} total tok/s "
+          f"({r['output_tokens']} output + {r['prompt_tokens']} prompt tokens in {r['seconds']} s)")
+    if r.get("constrained_requests"):
+        print(f"{'':>12}  {r['constrained_requests']} requests with a JSON schema; llguidance compiles it in "
+              f"{r['schema_compile_ms']} ms (the vocabulary index, once per core: {r['vocabulary_ms']} ms)")
+
+
+def _compare_pairs(args, prompts, out_lens, pairs: int, variants: list[tuple[str, dict]], ratio_name: str,
+                   what: str) -> int:
+    """The workload under two settings (attributes of args), in alternating pairs (this machine's load
+    drifts: pairs taken side by side compare fairly); prints the median ratio of the first to the second."""
     mode = "inproc" if args.engine_mode == "both" else args.engine_mode
     results, ratios = [], []
-    for _ in range(args.compare_batch_invariant):
+    for _ in range(pairs):
         pair = []
-        for invariant in (True, False):
-            args.batch_invariant = invariant
-            pair.append(run_nvllm(args, prompts, out_lens, mode, "invariant" if invariant else "shape-tuned"))
-            r = pair[-1]
-            print(f"{r['backend']:>12}: {r['output_tok_s']:8.1f} output tok/s, {r['total_tok_s']:8.1f} total tok/s "
-                  f"({r['output_tokens']} output + {r['prompt_tokens']} prompt tokens in {r['seconds']} s)")
+        for label, settings in variants:
+            for name, value in settings.items():
+                setattr(args, name, value)
+            pair.append(run_nvllm(args, prompts, out_lens, mode, label))
+            _print(pair[-1])
         results += pair
         ratios.append(round(pair[0]["output_tok_s"] / pair[1]["output_tok_s"], 3))
     median = sorted(ratios)[len(ratios) // 2]
-    print(f"batch-invariant / shape-tuned output throughput: {median:.3f} (median of pairs {ratios})")
-    results.append({"invariant_over_shape_tuned": median, "pairs": ratios})
+    print(f"{what} output throughput: {median:.3f} (median of pairs {ratios})")
+    results.append({ratio_name: median, "pairs": ratios})
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(results, f, indent=2)
@@ -91,14 +109,20 @@ def run_throughput(args) -> int:
         args.model = engine_seam.random_model_folder(args.random_model)
     prompts, out_lens = make_workload(args)
     if getattr(args, "compare_batch_invariant", 0):
-        return _compare_batch_invariant(args, prompts, out_lens)
+        return _compare_pairs(args, prompts, out_lens, args.compare_batch_invariant,
+                              [("invariant", {"batch_invariant": True}), ("shape-tuned", {"batch_invariant": False})],
+                              "invariant_over_shape_tuned", "batch-invariant / shape-tuned")
+    if getattr(args, "compare_structured", 0):
+        share = args.structured_share or 0.5
+        return _compare_pairs(args, prompts, out_lens, args.compare_structured,
+                              [("constrained", {"structured_share": share}), ("plain", {"structured_share": 0.0})],
+                              "constrained_over_plain", f"{share:.0%} schema-constrained / unconstrained")
     modes = ["inproc", "mp"] if args.engine_mode == "both" else [args.engine_mode]
     results = [run_nvllm(args, prompts, out_lens, mode) for mode in modes]
     if args.backend == "hf":
         results.append(run_hf(args, prompts, out_lens, results[0]["dtype"]))
     for r in results:
-        print(f"{r['backend']:>12}: {r['output_tok_s']:8.1f} output tok/s, {r['total_tok_s']:8.1f} total tok/s "
-              f"({r['output_tokens']} output + {r['prompt_tokens']} prompt tokens in {r['seconds']} s)")
+        _print(r)
     ratios = {}
     if len(modes) == 2:
         ratios["mp_over_inproc"] = round(results[1]["output_tok_s"] / results[0]["output_tok_s"], 3)

@@ -31,6 +31,11 @@ def register_bench(sub) -> None:
     tp.add_argument("--compare-batch-invariant", type=int, default=0, metavar="PAIRS",
                     help="run the workload PAIRS times with the batch-invariant kernels and with "
                          "--no-batch-invariant, alternating, and print the median ratio")
+    tp.add_argument("--structured-share", type=float, default=0.0, metavar="SHARE",
+                    help="this share of the requests (0-1) carries a JSON schema (frontend/bench/structured.py)")
+    tp.add_argument("--compare-structured", type=int, default=0, metavar="PAIRS",
+                    help="run the workload PAIRS times with --structured-share (default 0.5) and without, "
+                         "alternating, and print the median ratio")
     tp.add_argument("--output-json", default=None, help="write the figures here")
     tp.add_argument("--random-model", default=None, choices=["qwen3-0.6b"],
                     help="benchmark a random-weight model of this shape (written once into the model cache) "
