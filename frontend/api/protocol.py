@@ -7,13 +7,14 @@ Unknown fields are refused (400 naming the field) rather than silently ignored.
 """
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, model_serializer
 from pydantic_core import PydanticCustomError
 
 from common.sampling_params import RequestOutputKind, SamplingParams
 from frontend.api.constraint_fields import ConstraintFields
+from frontend.api.tool_protocol import MAX_TOOLS, DeltaToolCall, ToolCall, ToolChoice, ToolDefinition
 
 
 INT32_MAX = 2**31 - 1
@@ -265,9 +266,13 @@ class TextContentPart(StrictModel):
 
 
 class ChatMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[Text | list[TextContentPart] | None, _at_most(MAX_CONTENT_PARTS, "content")] = None
     name: Text | None = None
+    tool_calls: Annotated[list[ToolCall] | None, _at_most(MAX_TOOLS, "tool_calls")] = Field(
+        None, description="an assistant turn's calls")
+    tool_call_id: Text | None = Field(None, description="a tool turn: the call it answers")
+    reasoning_content: Text | None = Field(None, description="an assistant turn's reasoning (not sent to the model)")
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -282,6 +287,12 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20, description="needs logprobs: true")
     add_generation_prompt: bool = Field(True, description="end the prompt with the assistant turn's header")
+    tools: Annotated[list[ToolDefinition] | None, _at_most(MAX_TOOLS, "tools")] = None
+    tool_choice: ToolChoice | None = Field(None, description="none, auto (the default with tools), required, or "
+                                                             "a named function")
+    parallel_tool_calls: bool = Field(True, description="required: allow several calls in one answer")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="vLLM extension: extra variables for the chat template (enable_thinking, ...)")
 
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -305,6 +316,8 @@ class ChatChoiceLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = []
 
 
 class ChatChoice(BaseModel):
@@ -327,6 +340,8 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler):
