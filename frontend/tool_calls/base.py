@@ -68,6 +68,11 @@ class ToolParser:
         parser.finish()
         return parser._result()
 
+    @property
+    def broken(self) -> bool:
+        """Whether a call broke after it was committed (streamed, but not in `parse`'s calls)."""
+        return any(isinstance(p, _Unit) and not p.ok for p in self._pieces)
+
     def _run(self, final: bool) -> None:
         raise NotImplementedError
 
