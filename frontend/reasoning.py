@@ -71,6 +71,7 @@ class ReasoningParser:
                 self._pos, self._state = at + len(THINK_CLOSE), "content"
         if self._state == "content":
             content, self._pos = self._content.push(buf[self._pos:]), len(buf)
+        self._buf, self._pos = buf[self._pos:], 0  # keep only what is not handed out yet
         return reasoning or None, content or None
 
 

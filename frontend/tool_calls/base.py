@@ -53,7 +53,11 @@ class ToolParser:
         self._obj: CallObject | None = None
 
     def feed(self, delta: str) -> list[ToolParserEvent]:
-        self._buf += delta
+        # the output is kept whole (unit offsets point into it); with the attribute's reference dropped,
+        # CPython grows the string in place instead of copying it on every delta
+        buf, self._buf = self._buf, ""
+        buf += delta
+        self._buf = buf
         self._run(final=False)
         return self._drain()
 
