@@ -36,11 +36,12 @@ def _contents(conversation: list[dict]) -> list[str]:
 
 
 def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool,
-                chat_template: str | None = None) -> tuple[str, list[int]]:
-    """(prompt text, prompt token ids). Raises what the template raises (no template, a refusal)."""
+                chat_template: str | None = None, **template_kwargs) -> tuple[str, list[int]]:
+    """(prompt text, prompt token ids). Raises what the template raises (no template, a refusal).
+    template_kwargs: the template's extra variables (tools, enable_thinking, ...)."""
     def render(conv):
         return tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             chat_template=chat_template)
+                                             chat_template=chat_template, **template_kwargs)
 
     specials = special_token_texts(tokenizer)
     if not any(s in c for c in _contents(conversation) for s in specials):

@@ -18,6 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from frontend.api import serving_chat, serving_completion, serving_tokenize
 from frontend.api.errors import engine_unavailable, install_error_handlers
+from frontend.api.chat_options import ChatOptions
 from frontend.api.limits import HTTPLimits, LimitsMiddleware, key_error
 from frontend.api.metrics import CONTENT_TYPE
 from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
@@ -57,9 +58,9 @@ def version() -> str:
 def build_app(engine_factory: Callable[[], Awaitable], *, api_key: str | None = None,
               served_model_name: str | None = None, on_ready: Callable | None = None,
               on_failure: Callable[[BaseException], None] | None = None,
-              limits: HTTPLimits | None = None) -> FastAPI:
+              limits: HTTPLimits | None = None, chat: ChatOptions | None = None) -> FastAPI:
     """engine_factory(): awaitable AsyncLLM (e.g. `lambda: AsyncLLM.create(args)`)."""
-    state = ServerState(served_model_name, api_key, limits)
+    state = ServerState(served_model_name, api_key, limits, chat)
 
     async def start_engine() -> None:
         try:

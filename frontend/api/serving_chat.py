@@ -4,36 +4,46 @@ A stream begins with one {"role": "assistant", "content": ""} delta per choice, 
 token by token; the last delta of a choice carries its finish_reason.
 """
 
+import msgspec
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from frontend import chat_template
 from frontend.api import generation as G
 from frontend.api import offload
-from frontend.api.errors import APIError
+from common.errors import InvalidParameter
+from frontend.api.chat_output import ChatOutputReader, ChatText, finish_reason, read_whole
+from frontend.api.chat_request import ChatPlan, plan_chat, with_constraint_after_reasoning
+from frontend.api.errors import APIError, bad_request
 from frontend.api.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
                                    ChatCompletionStreamResponse, ChatMessage, ChatResponseMessage, ChatStreamChoice,
                                    ChatTokenLogprob, ChatTopLogprob, DeltaMessage)
 from frontend.api.state import ServerState
 from frontend.api.streams import ClientDisconnected, cancel_on_disconnect, sse
 from frontend.outputs import Logprob
+from frontend.reasoning import prompt_opens_reasoning
 
 
-async def render_chat(state: ServerState, engine, messages: list[ChatMessage],
+def _join(a: str | None, b: str | None) -> str | None:
+    return (a or "") + (b or "") if a is not None or b is not None else None
+
+
+async def render_chat(state: ServerState, engine, messages: list[ChatMessage], plan: ChatPlan,
                       add_generation_prompt: bool) -> tuple[str, list[int]]:
     """The prompt text and its token ids (special tokens come only from the template, never from contents); the
     messages' characters are counted before the template runs, a big text is tokenized off the loop."""
     state.check_chars(sum(len(m.text()) for m in messages), "messages")
-    conversation = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
 
     def render() -> tuple[str, list[int]]:
         try:
-            return chat_template.render_chat(engine.tokenizer, conversation, add_generation_prompt)
+            return chat_template.render_chat(engine.tokenizer, plan.conversation, add_generation_prompt,
+                                             **plan.template_kwargs)
         except Exception as e:  # no template, or the template refused the conversation (jinja raise)
             raise APIError(400, f"messages cannot be rendered with the model's chat template: {e}",
                            param="messages") from None
 
-    return await offload.run(render, sum(len(m["content"]) for m in conversation))
+    size = sum(len(m["content"]) for m in plan.conversation)
+    return await offload.run(render, offload.ALWAYS if "tools" in plan.template_kwargs else size)
 
 
 def chat_logprobs(engine, token_ids: list[int], logprobs: list[dict[int, Logprob]], num_top: int) -> ChatChoiceLogprobs:
@@ -56,21 +66,37 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     params = G.sampling_params(body)
+    try:
+        plan = plan_chat(body, engine.tokenizer, state.chat)
+    except InvalidParameter as e:
+        raise bad_request(e) from None
+    constraint_field = body.constraint()[1]
+    if plan.tool_constraint is not None:
+        if params.structured_outputs is not None:
+            other = constraint_field or "structured_outputs"
+            raise APIError(400, f"tool_choice required or naming a function is enforced with a grammar; it cannot go "
+                           f"with {other}", param="tool_choice")
+        constraint_field = "tools"
     request_id = G.new_request_id("chatcmpl")
     G.check_sequences([body.messages], params, param="messages")
     ticket = state.admission.admit(params.n)  # 503 when overloaded, before any work
     try:
-        text, ids = await render_chat(state, engine, body.messages, body.add_generation_prompt)
+        text, ids = await render_chat(state, engine, body.messages, plan, body.add_generation_prompt)
+        in_reasoning = prompt_opens_reasoning(text)
+        params = msgspec.structs.replace(params, structured_outputs=with_constraint_after_reasoning(
+            params.structured_outputs or plan.tool_constraint, plan, text, engine.tokenizer))
         prompts = await G.process_prompts(state, engine, request_id, [text], params, param="messages",
                                           cache_salt=body.cache_salt, prompt_token_ids=[ids],
-                                          constraint_field=body.constraint()[1])
+                                          constraint_field=constraint_field)
     except BaseException:
         ticket.release()
         raise
     stream = G.generate(state, engine, prompts, ticket)
     num_top = body.top_logprobs or 0
+    formats = (plan.tool_parser, plan.reasoning_parser, in_reasoning)
     if body.stream:
-        return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream, num_top)),
+        return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream, num_top,
+                                                      formats)),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
         choices = await cancel_on_disconnect(raw, G.collect(stream, 1, params.n))
@@ -79,18 +105,23 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     except Exception as e:
         raise G.engine_error(e) from e
     G.check_finished(state, choices)
-    result = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                         logprobs=chat_logprobs(engine, c.token_ids, c.logprobs, num_top) if body.logprobs else None,
-                         finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-              for c in choices]
+    result = []
+    for c in choices:
+        read = read_whole(c.text, *formats)
+        result.append(ChatChoice(
+            index=c.index, message=ChatResponseMessage(content=read.content, reasoning_content=read.reasoning,
+                                                       tool_calls=read.tool_calls),
+            logprobs=chat_logprobs(engine, c.token_ids, c.logprobs, num_top) if body.logprobs else None,
+            finish_reason=finish_reason(c.finish_reason, bool(read.tool_calls)), stop_reason=c.stop_reason))
     return ChatCompletionResponse(id=request_id, model=state.model_name, choices=result,
                                   usage=G.usage(prompts, sum(len(c.token_ids) for c in choices)))
 
 
 async def _stream(state: ServerState, engine, body: ChatCompletionRequest, request_id: str, prompts, stream,
-                  num_top: int):
+                  num_top: int, formats: tuple):
     model = state.model_name
     completion_tokens = 0
+    readers = [ChatOutputReader(*formats) for _ in range(body.n)]
 
     def chunk(choices: list[ChatStreamChoice], usage=None) -> str:
         return sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=choices, usage=usage))
@@ -102,8 +133,20 @@ async def _stream(state: ServerState, engine, body: ChatCompletionRequest, reque
         for c in out.outputs:
             completion_tokens += len(c.token_ids)
             logprobs = chat_logprobs(engine, c.token_ids, c.logprobs or [], num_top) if body.logprobs else None
-            choices.append(ChatStreamChoice(index=c.index, delta=DeltaMessage(content=c.text), logprobs=logprobs,
-                                            finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+            reader = readers[c.index]
+            read = reader.feed(c.text)
+            if c.finish_reason is not None:
+                last = reader.finish()
+                read = ChatText(_join(read.reasoning, last.reasoning), _join(read.content, last.content),
+                                read.tool_calls + last.tool_calls)
+            if not reader.plain and not (read.reasoning or read.content or read.tool_calls or logprobs
+                                         or c.finish_reason):
+                continue  # the parsers hold this piece back (a marker may be starting)
+            delta = DeltaMessage(content=read.content, reasoning_content=read.reasoning,
+                                 tool_calls=read.tool_calls or None)
+            choices.append(ChatStreamChoice(index=c.index, delta=delta, logprobs=logprobs,
+                                            finish_reason=finish_reason(c.finish_reason, reader.called),
+                                            stop_reason=c.stop_reason))
         if choices:
             yield chunk(choices)
     if body.include_usage:

@@ -1,6 +1,7 @@
 """What every endpoint needs: the engine (once it is ready), the served model name, the metrics."""
 
 from frontend.api.admission import AdmissionGate
+from frontend.api.chat_options import ChatOptions
 from frontend.api.errors import APIError, engine_unavailable, model_not_found
 from frontend.api.limits import HTTPLimits
 from frontend.api.metrics import Metrics
@@ -11,8 +12,9 @@ MAX_SEQUENCES_PER_REQUEST = 1024  # prompts x n in one HTTP request
 
 class ServerState:
     def __init__(self, served_model_name: str | None = None, api_key: str | None = None,
-                 limits: HTTPLimits | None = None):
+                 limits: HTTPLimits | None = None, chat: ChatOptions | None = None):
         self.engine: AsyncLLM | None = None  # once the core said READY
+        self.chat = chat or ChatOptions()  # how tool calls and reasoning are read out of chat outputs
         self.served_model_name = served_model_name
         self.api_key = api_key
         self.limits = limits or HTTPLimits()

@@ -55,6 +55,13 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                         "the connection closes (0: no limit)")
     g.add_argument("--metrics-require-key", action="store_true",
                    help="with an API key, /metrics needs it too")
+    c = p.add_argument_group("chat outputs (README: Structured outputs and tools)")
+    c.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "generic"],
+                   help="format of the model's tool calls (default: chosen from the chat template)")
+    c.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1", "none"],
+                   help="split <think>...</think> into reasoning_content (default: chosen from the chat template)")
+    c.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM's command lines; tool_choice auto is always on")
 
 
 def _api_key(ns: argparse.Namespace) -> str | None:
@@ -71,10 +78,12 @@ def _http_limits(ns: argparse.Namespace):
 
 
 def _serve_http(ns: argparse.Namespace, engine_factory, served_model_name: str | None) -> int:
+    from frontend.api.chat_options import ChatOptions
     from frontend.api.server import run_server
     return run_server(engine_factory, host=ns.host, port=ns.port, api_key=_api_key(ns),
                       served_model_name=served_model_name, log_level=ns.log_level,
-                      access_log=not ns.disable_uvicorn_access_log, limits=_http_limits(ns))
+                      access_log=not ns.disable_uvicorn_access_log, limits=_http_limits(ns),
+                      chat=ChatOptions(ns.tool_call_parser, ns.reasoning_parser))
 
 
 def run_serve(ns: argparse.Namespace) -> int:

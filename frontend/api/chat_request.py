@@ -1,0 +1,104 @@
+"""What a chat request becomes before its prompt is rendered: the conversation the template sees, the
+template's extra variables, the tool-call and reasoning formats its output is read with, and the grammar
+that enforces tool calls.
+
+Tools reach the model through the chat template when the template takes them (Qwen2/Qwen3, Llama 3),
+else in the system turn in nvllm's generic format (frontend/tool_calls/prompt.py). tool_choice "none"
+sends no tools; "auto" lets the model choose and parses what it wrote; "required" and a named function
+add a grammar (frontend/tool_calls/grammar.py) so the output is calls the parser reads and whose
+arguments match the functions' schemas. A reasoning model's constraint starts after its reasoning.
+"""
+
+import json
+from dataclasses import dataclass, field
+
+from common.errors import InvalidParameter
+from common.structured_outputs import StructuredOutputsParams
+from frontend import chat_template
+from frontend.api.chat_options import ChatOptions
+from frontend.reasoning import THINK_CLOSE, reasoning_parser_for_template
+from frontend.tool_calls import (messages_for_template, template_takes_tools, tool_call_grammar,
+                                 tool_parser_for_template, with_tools_in_system_turn)
+
+
+@dataclass
+class ChatPlan:
+    conversation: list[dict]
+    template_kwargs: dict = field(default_factory=dict)
+    tool_parser: str | None = None  # read tool calls out of the output with this format
+    reasoning_parser: str | None = None
+    tool_constraint: StructuredOutputsParams | None = None  # required / named tool_choice
+
+
+def template_text(tokenizer) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one
+        template = template.get("default")
+    return template if isinstance(template, str) else None
+
+
+def plan_chat(body, tokenizer, options: ChatOptions) -> ChatPlan:
+    """Raises InvalidParameter naming the field (a tool_choice naming no tool, special tokens in tools)."""
+    template = template_text(tokenizer)
+    messages = [_message(m) for m in body.messages]
+    reasoning = options.reasoning_parser or reasoning_parser_for_template(template)
+    plan = ChatPlan(messages, dict(body.chat_template_kwargs or {}),
+                    reasoning_parser=None if reasoning == "none" else reasoning)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+    choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    if choice is not None and choice != "none" and not tools:
+        raise InvalidParameter("tool_choice", "tool_choice needs tools")
+    takes_tools = template_takes_tools(template)
+    if takes_tools:  # the template writes earlier calls as they are, outside any content
+        _check_no_special_tokens(tokenizer, [m["tool_calls"] for m in messages if "tool_calls" in m], "messages")
+    plan.conversation = messages_for_template(messages, takes_tools)
+    if not tools or choice == "none":
+        return plan
+    _check_no_special_tokens(tokenizer, tools, "tools")
+    plan.tool_parser = options.tool_call_parser or tool_parser_for_template(template)
+    if takes_tools:
+        plan.template_kwargs["tools"] = tools
+    else:
+        plan.conversation = with_tools_in_system_turn(plan.conversation, tools)
+    if choice not in (None, "auto"):
+        try:
+            grammar = tool_call_grammar(tools, choice, body.parallel_tool_calls, plan.tool_parser)
+        except ValueError as e:
+            raise InvalidParameter("tool_choice", f"tool_choice: {e}") from None
+        plan.tool_constraint = StructuredOutputsParams(grammar=grammar)
+    return plan
+
+
+def with_constraint_after_reasoning(constraint: StructuredOutputsParams | None, plan: ChatPlan, prompt: str,
+                                    tokenizer) -> StructuredOutputsParams | None:
+    """The constraint, made to start after the model's reasoning when it will reason first: a reasoning
+    format is on and the prompt has not closed the reasoning already (Qwen3 with thinking off). A
+    constraint that spells out the reasoning's end itself covers the reasoning too."""
+    if constraint is None or plan.reasoning_parser is None or prompt.rstrip().endswith(THINK_CLOSE):
+        return constraint
+    if THINK_CLOSE in (constraint.grammar or "") or THINK_CLOSE in (constraint.regex or ""):
+        return constraint
+    end = tokenizer.encode(THINK_CLOSE, add_special_tokens=False)
+    return StructuredOutputsParams(**{**{k: getattr(constraint, k) for k in constraint.__struct_fields__},
+                                      "starts_after_token_ids": end})
+
+
+def _message(m) -> dict:
+    """A message as the helpers and templates take it: OpenAI's shape, developer as system, text content."""
+    out = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    if m.name is not None:
+        out["name"] = m.name
+    if m.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _check_no_special_tokens(tokenizer, value, field_name: str) -> None:
+    """Tool definitions go into the prompt through the template as they are: special-token text in them
+    would open turns of its own."""
+    text = json.dumps(value, ensure_ascii=False)
+    for special in chat_template.special_token_texts(tokenizer):
+        if special in text:
+            raise InvalidParameter(field_name, f"{field_name} holds the special token text {special!r}")
