@@ -1,6 +1,7 @@
 """The frontend: tokenizing, validating, detokenizing, the offline and HTTP APIs. Imports no torch."""
 
 from common.sampling_params import RequestOutputKind, SamplingParams
+from common.structured_outputs import StructuredOutputsParams
 from frontend.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -15,5 +16,5 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "RequestOutputKind"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput",
+           "Logprob", "RequestOutputKind"]
