@@ -244,3 +244,26 @@ def test_serve_tp2_http(models, tmp_path):
     assert code == 0, proc.log()[-3000:]
     time.sleep(0.5)
     assert not any(pid_alive(p) for p in core + workers), "a tensor-parallel process outlived nvllm serve"
+
+
+def test_tp2_constrained_decoding_equals_tp1(models):
+    """Rank 0 samples in the core process, where the grammars live: masks need no trip to the workers."""
+    import re
+
+    from common.structured_outputs import StructuredOutputsParams
+    from frontend.llm import LLM
+    params = [SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(
+                  regex="[a-f]{3}-[0-9]{2,4}")),
+              SamplingParams(temperature=0, max_tokens=12),
+              SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(
+                  choice=["north", "south"]))]
+    results = []
+    for tp in (1, 2):
+        llm = LLM(models["llama-kv2"], tensor_parallel_size=tp, **ENGINE)
+        try:
+            results.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)])
+            texts = [llm.tokenizer.decode(ids) for ids in results[-1]]
+        finally:
+            llm.shutdown()
+        assert re.fullmatch("[a-f]{3}-[0-9]{2,4}", texts[0]) and texts[2] in ("north", "south")
+    assert results[0] == results[1]

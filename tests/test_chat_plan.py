@@ -1,0 +1,74 @@
+"""What a chat request becomes before rendering (frontend/api/chat_request.py) and how its output is read
+(frontend/api/chat_output.py), on the default model's tokenizer and template."""
+
+import pytest
+
+from common.errors import InvalidParameter
+from common.structured_outputs import StructuredOutputsParams
+from frontend.api.chat_options import ChatOptions
+from frontend.api.chat_output import ChatOutputReader, finish_reason, read_whole
+from frontend.api.chat_request import plan_chat, with_constraint_after_reasoning
+from frontend.api.protocol import ChatCompletionRequest
+
+pytestmark = pytest.mark.unit
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    from transformers import PreTrainedTokenizerFast
+    return PreTrainedTokenizerFast.from_pretrained(default_model_dir)
+
+
+def body(**kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=kw.pop("messages", [{"role": "user", "content": "hi"}]), **kw)
+
+
+def test_tools_go_into_the_system_turn_of_a_template_without_tools(tokenizer):
+    plan = plan_chat(body(tools=[WEATHER]), tokenizer, ChatOptions())
+    assert plan.tool_parser == "generic" and plan.tool_constraint is None and "tools" not in plan.template_kwargs
+    assert plan.conversation[0]["role"] == "system" and "get_weather" in plan.conversation[0]["content"]
+    none = plan_chat(body(tools=[WEATHER], tool_choice="none"), tokenizer, ChatOptions())
+    assert none.tool_parser is None and none.conversation == [{"role": "user", "content": "hi"}]
+
+
+def test_required_and_named_choices_get_a_grammar_and_a_bad_name_is_refused(tokenizer):
+    plan = plan_chat(body(tools=[WEATHER], tool_choice="required"), tokenizer, ChatOptions(tool_call_parser="hermes"))
+    assert plan.tool_parser == "hermes" and "<tool_call>" in plan.tool_constraint.grammar
+    with pytest.raises(InvalidParameter) as e:
+        plan_chat(body(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), tokenizer,
+                  ChatOptions())
+    assert e.value.param == "tool_choice" and "nope" in str(e.value)
+    with pytest.raises(InvalidParameter):
+        plan_chat(body(tool_choice="required"), tokenizer, ChatOptions())
+
+
+def test_a_constraint_starts_after_the_reasoning_unless_the_prompt_closed_it(tokenizer):
+    plan = plan_chat(body(), tokenizer, ChatOptions(reasoning_parser="qwen3"))
+    schema = StructuredOutputsParams(json={"type": "object"})
+    after = with_constraint_after_reasoning(schema, plan, "<|im_start|>assistant\n", tokenizer)
+    assert after.json == schema.json and tokenizer.decode(after.starts_after_token_ids) == "</think>"
+    closed = with_constraint_after_reasoning(schema, plan, "assistant\n<think>\n\n</think>\n\n", tokenizer)
+    assert closed.starts_after_token_ids == []
+    spelled = StructuredOutputsParams(grammar='start: "<think>" /[a-z]+/ "</think>" /[a-z]+/')
+    assert with_constraint_after_reasoning(spelled, plan, "x", tokenizer).starts_after_token_ids == []
+    off = plan_chat(body(), tokenizer, ChatOptions(reasoning_parser="none"))
+    assert with_constraint_after_reasoning(schema, off, "x", tokenizer) is schema
+
+
+def test_reading_whole_and_streamed_agree():
+    text = '<think>plan it</think>Sure.<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>'
+    whole = read_whole(text, "generic", "qwen3", False)
+    assert (whole.reasoning, whole.content) == ("plan it", "Sure.")
+    assert [(c.function.name, c.function.arguments) for c in whole.tool_calls] == [("get_weather", '{"city": "Oslo"}')]
+    reader = ChatOutputReader("generic", "qwen3", False)
+    pieces = [reader.feed(text[i:i + 3]) for i in range(0, len(text), 3)] + [reader.finish()]
+    assert "".join(p.reasoning or "" for p in pieces) == "plan it"
+    assert "".join(p.content or "" for p in pieces) == "Sure."
+    calls = [d for p in pieces for d in p.tool_calls]
+    assert calls[0].function.name == "get_weather" and "".join(d.function.arguments for d in calls) == '{"city": "Oslo"}'
+    assert finish_reason("stop", reader.called) == "tool_calls" and finish_reason("length", True) == "length"
+    plain = ChatOutputReader(None, None, False)
+    assert plain.plain and plain.feed(" raw ").content == " raw "
