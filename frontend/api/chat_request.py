@@ -42,10 +42,12 @@ def plan_chat(body, tokenizer, options: ChatOptions) -> ChatPlan:
     template = template_text(tokenizer)
     messages = [_message(m) for m in body.messages]
     reasoning = options.reasoning_parser or reasoning_parser_for_template(template)
-    plan = ChatPlan(messages, dict(body.chat_template_kwargs or {}),
+    # /tokenize's chat bodies have messages only
+    plan = ChatPlan(messages, dict(getattr(body, "chat_template_kwargs", None) or {}),
                     reasoning_parser=None if reasoning == "none" else reasoning)
-    tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
-    choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    tools = [t.model_dump(exclude_none=True) for t in getattr(body, "tools", None) or []]
+    choice = getattr(body, "tool_choice", None)
+    choice = choice.model_dump() if hasattr(choice, "model_dump") else choice
     if choice is not None and choice != "none" and not tools:
         raise InvalidParameter("tool_choice", "tool_choice needs tools")
     takes_tools = template_takes_tools(template)
@@ -62,7 +64,7 @@ def plan_chat(body, tokenizer, options: ChatOptions) -> ChatPlan:
         plan.conversation = with_tools_in_system_turn(plan.conversation, tools)
     if choice not in (None, "auto"):
         try:
-            grammar = tool_call_grammar(tools, choice, body.parallel_tool_calls, plan.tool_parser)
+            grammar = tool_call_grammar(tools, choice, getattr(body, "parallel_tool_calls", True), plan.tool_parser)
         except ValueError as e:
             raise InvalidParameter("tool_choice", f"tool_choice: {e}") from None
         plan.tool_constraint = StructuredOutputsParams(grammar=grammar)

@@ -4,6 +4,7 @@ capped like prompts (--max-prompt-chars; token lists in protocol.py), big ones o
 from common.errors import InvalidParameter
 from common.validation import check_token_ids
 from frontend.api import offload
+from frontend.api.chat_request import plan_chat
 from frontend.api.errors import bad_request
 from frontend.api.protocol import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
                                    TokenizeCompletionRequest, TokenizeResponse)
@@ -15,7 +16,11 @@ async def tokenize(state: ServerState, body: TokenizeCompletionRequest | Tokeniz
     engine = state.ready_engine()
     state.check_model(body.model)
     if isinstance(body, TokenizeChatRequest):
-        _, ids = await render_chat(state, engine, body.messages, body.add_generation_prompt)
+        try:
+            plan = plan_chat(body, engine.tokenizer, state.chat)
+        except InvalidParameter as e:
+            raise bad_request(e) from None
+        _, ids = await render_chat(state, engine, body.messages, plan, body.add_generation_prompt)
     else:
         state.check_chars(len(body.prompt), "prompt")
         prompt, special = body.prompt, body.add_special_tokens
