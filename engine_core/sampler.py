@@ -1,8 +1,8 @@
 """From the last hidden state's logits to one token per request.
 
 Order: penalties and min_tokens masking on the raw logits, then what the request allows (its grammar's
-tokens, allowed_token_ids, logit_bias), then temperature, top-k, top-p and min-p, then a draw. Each seeded request draws from its own generator, so its tokens do not depend
-on what else is in the batch. Logprobs are those of the raw model distribution, as vLLM reports.
+tokens, allowed_token_ids, logit_bias), then temperature, top-k, top-p and min-p, then a draw. Each
+seeded request draws from its own generator, so its tokens do not depend on what else is in the batch. Logprobs are those of the raw model distribution, as vLLM reports.
 
 On a GPU the whole path runs without waiting for the device until the one copy that brings the
 sampled ids (and any logprobs) back: per-row parameters and penalty indices go up in pinned,

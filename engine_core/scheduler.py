@@ -15,7 +15,10 @@ Why this never spins forever:
 - proposed tokens never preempt: without free blocks for them, the request decodes one token;
 - a request that cannot get its blocks while nothing else holds any (it is alone in `running`, or
   nothing runs and it heads the queue) needs more blocks than the whole pool has, now or later, since
-  its tokens only grow: it finishes with FinishReason.ERROR instead of being retried.
+  its tokens only grow: it finishes with FinishReason.ERROR instead of being retried;
+- a request whose grammar still compiles holds no blocks and steps aside, keeping its place in the queue;
+  compiles end (llguidance bounds a grammar's work), and a step with nothing else to run waits on them
+  (EngineCore.step) rather than spin.
 """
 
 import concurrent.futures
