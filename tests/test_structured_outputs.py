@@ -17,7 +17,7 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from common.structured_outputs import StructuredOutputsParams
-from http_helpers import SMALL_ENGINE, Proc, free_port, wait_healthy
+from http_helpers import SMALL_ENGINE, start_serve
 
 pytestmark = pytest.mark.integration
 
@@ -162,15 +162,8 @@ class Order(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = free_port()
-    proc = Proc(["serve", "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log", *SMALL_ENGINE],
-                str(tmp_path_factory.mktemp("serve") / "serve.log"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc)
-    except BaseException:
-        proc.stop()
-        raise
+    base, _, proc = start_serve(["--disable-uvicorn-access-log", *SMALL_ENGINE],
+                                str(tmp_path_factory.mktemp("serve") / "serve.log"))
     yield base, proc
     assert proc.stop(signal.SIGTERM) == 0, proc.log()[-3000:]
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from conftest import build_tiny_model
-from http_helpers import SMALL_ENGINE, Proc, free_port, wait_healthy
+from http_helpers import SMALL_ENGINE, start_serve
 
 pytestmark = pytest.mark.integration
 
@@ -62,16 +62,8 @@ Call a function with <tool_call>
 {% endif %}{% endif %}"""
 
 
-def _serve(args: list[str], log_dir) -> tuple[str, Proc]:
-    port = free_port()
-    proc = Proc(["serve", *args, "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
-                 *SMALL_ENGINE], str(log_dir / "serve.log"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base, proc)
-    except BaseException:
-        proc.stop()
-        raise
+def _serve(args: list[str], log_dir) -> tuple[str, object]:
+    base, _, proc = start_serve([*args, "--disable-uvicorn-access-log", *SMALL_ENGINE], str(log_dir / "serve.log"))
     return base, proc
 
 
