@@ -1,7 +1,8 @@
 """Messages between frontend and engine core.
 
 msgspec Structs encoded as msgpack arrays. Each socket decodes with one typed decoder, so a frame
-that is not exactly the expected type is a DecodeError the receiver logs and drops.
+that is not exactly the expected type is a DecodeError the receiver logs and drops (MALFORMED: what a
+decode of hostile bytes may raise).
 """
 
 from enum import IntEnum
@@ -10,6 +11,9 @@ import msgspec
 
 from common.limits import RequestLimits
 from common.sampling_params import SamplingParams
+
+# msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8
+MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 PROTOCOL_VERSION = 3  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
 # 3: SchedulerStats as gauges, totals and step counts; EngineCoreOutputs without engine_index

@@ -228,7 +228,7 @@ class EngineCoreProc:
         if kind == P.HELLO:
             try:
                 hello = _decoders[P.HELLO].decode(body)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            except P.MALFORMED as e:
                 logger.warning("dropped a malformed HELLO from %s: %s", _tag(identity)[:8], e)
                 return
             self._hello(identity, fd, user_id, hello)
@@ -256,7 +256,7 @@ class EngineCoreProc:
             return
         try:
             message = decoder.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except P.MALFORMED as e:
             logger.warning("dropped a malformed %s frame from %s: %s", kind.hex(), session.tag, e)
             return
         size = len(body)

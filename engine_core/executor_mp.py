@@ -32,7 +32,7 @@ import msgspec
 import torch
 import zmq
 
-from common.protocol import Logprobs
+from common.protocol import MALFORMED, Logprobs
 from engine_core.distributed import channel
 from engine_core.distributed import rendezvous as rdv
 from engine_core.distributed.block_agreement import agree_on_num_blocks
@@ -200,7 +200,7 @@ class MultiprocExecutor:
                 return
             try:
                 msg = channel.status_decoder.decode(frame)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            except MALFORMED as e:
                 logger.warning("dropped a malformed worker status frame: %s", e)
                 continue
             with self.cond:

@@ -88,8 +88,8 @@ def _raw_peer(address: str) -> zmq.Socket:
 
 
 def test_bad_frames_are_dropped(core, tiny_models):
-    """Random bytes, truncated msgpack, wrong types and a pickle payload: the core drops each,
-    runs nothing, and then serves a real request."""
+    """Random bytes, truncated msgpack, wrong types, a string that is not UTF-8 and a pickle payload: the
+    core drops each, runs nothing, and then serves a real request."""
     from frontend.llm import LLM
 
     address, proc = core
@@ -116,6 +116,7 @@ def test_bad_frames_are_dropped(core, tiny_models):
         [b"\x80", pickle.dumps(Evil())],
         [P.HELLO, pickle.dumps(Evil())],
         [P.ADD, good, b"extra", b"parts"],
+        [P.ADD, good.replace(b"\xa1x", b"\xa1\xff")],  # a request_id that is not UTF-8 (msgspec: UnicodeDecodeError)
     ]
     for frames in hostile:
         peer.send_multipart(frames)
