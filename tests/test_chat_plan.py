@@ -64,11 +64,12 @@ def test_reading_whole_and_streamed_agree():
     assert (whole.reasoning, whole.content) == ("plan it", "Sure.")
     assert [(c.function.name, c.function.arguments) for c in whole.tool_calls] == [("get_weather", '{"city": "Oslo"}')]
     reader = ChatOutputReader("generic", "qwen3", False)
-    pieces = [reader.feed(text[i:i + 3]) for i in range(0, len(text), 3)] + [reader.finish()]
+    cuts = list(range(0, len(text), 3))
+    pieces = [reader.read(text[i:i + 3], last=i == cuts[-1]) for i in cuts]
     assert "".join(p.reasoning or "" for p in pieces) == "plan it"
     assert "".join(p.content or "" for p in pieces) == "Sure."
     calls = [d for p in pieces for d in p.tool_calls]
     assert calls[0].function.name == "get_weather" and "".join(d.function.arguments for d in calls) == '{"city": "Oslo"}'
     assert finish_reason("stop", reader.called) == "tool_calls" and finish_reason("length", True) == "length"
     plain = ChatOutputReader(None, None, False)
-    assert plain.plain and plain.feed(" raw ").content == " raw "
+    assert plain.plain and plain.read(" raw ").content == " raw "

@@ -96,26 +96,32 @@ MALFORMED_HERMES = [
 ]
 
 
-@st.composite
-def hermes_texts(draw):
-    """(text, expected content, expected calls)"""
+def tagged_texts(draw, max_pieces: int, kinds: list[str], malformed: list[str], block) -> tuple:
+    """(text, expected content, expected calls): prose, malformed blocks (content) and the blocks
+    block(draw, kind) writes, returning (text, [(name, arguments)])."""
     text, content, expected, blocks = "", "", [], 0
-    for _ in range(draw(st.integers(0, 4))):
-        kind = draw(st.sampled_from(["prose", "call", "malformed"]))
+    for _ in range(draw(st.integers(0, max_pieces))):
+        kind = draw(st.sampled_from(["prose", "malformed", *kinds]))
         blocks += kind != "prose"
-        if kind == "prose":
-            piece = draw(prose)
-            content += piece
-        elif kind == "malformed":
-            piece = draw(st.sampled_from(MALFORMED_HERMES))
+        if kind in ("prose", "malformed"):
+            piece = draw(prose) if kind == "prose" else draw(st.sampled_from(malformed))
             content += piece
         else:
-            name, args, style = draw(calls_st(max_calls=1))[0]
-            piece = "<tool_call>\n" + call_json(name, args, style) + "\n</tool_call>"
-            expected.append((name, args))
+            piece, calls = block(draw, kind)
+            expected += calls
         text += piece
     assume(text.count("<tool_call>") == blocks)  # prose did not spell a tag
     return text, content.strip() or None, expected
+
+
+def _hermes_block(draw, kind):
+    name, args, style = draw(calls_st(max_calls=1))[0]
+    return "<tool_call>\n" + call_json(name, args, style) + "\n</tool_call>", [(name, args)]
+
+
+@st.composite
+def hermes_texts(draw):
+    return tagged_texts(draw, 4, ["call"], MALFORMED_HERMES, _hermes_block)
 
 
 @HYPOTHESIS
@@ -215,29 +221,18 @@ MALFORMED_GENERIC = ["<tool_call>not a list</tool_call>", '<tool_call>[{"argumen
                      '<tool_call>[1, 2]</tool_call>', '<tool_call>["f"]</tool_call>']
 
 
+def _generic_block(draw, kind):
+    if kind == "empty":
+        return "<tool_call>[]</tool_call>", []
+    calls = draw(calls_st()) if kind == "list" else draw(calls_st(max_calls=1))
+    sep = draw(st.sampled_from([", ", ",", ",\n"]))
+    body = sep.join(call_json(n, a, s) for n, a, s in calls)
+    return "<tool_call>" + (f"[{body}]" if kind == "list" else body) + "</tool_call>", [(n, a) for n, a, _ in calls]
+
+
 @st.composite
 def generic_texts(draw):
-    text, content, expected, blocks = "", "", [], 0
-    for _ in range(draw(st.integers(0, 3))):
-        kind = draw(st.sampled_from(["prose", "list", "single", "empty", "malformed"]))
-        blocks += kind != "prose"
-        if kind == "prose":
-            piece = draw(prose)
-            content += piece
-        elif kind == "malformed":
-            piece = draw(st.sampled_from(MALFORMED_GENERIC))
-            content += piece
-        elif kind == "empty":
-            piece = "<tool_call>[]</tool_call>"
-        else:
-            calls = draw(calls_st()) if kind == "list" else draw(calls_st(max_calls=1))
-            sep = draw(st.sampled_from([", ", ",", ",\n"]))
-            body = sep.join(call_json(n, a, s) for n, a, s in calls)
-            piece = "<tool_call>" + (f"[{body}]" if kind == "list" else body) + "</tool_call>"
-            expected += [(n, a) for n, a, _ in calls]
-        text += piece
-    assume(text.count("<tool_call>") == blocks)
-    return text, content.strip() or None, expected
+    return tagged_texts(draw, 3, ["list", "single", "empty"], MALFORMED_GENERIC, _generic_block)
 
 
 @HYPOTHESIS

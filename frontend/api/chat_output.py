@@ -22,7 +22,7 @@ class ChatText:
 
 
 class ChatOutputReader:
-    """One choice's reader; `feed` each text delta, `finish` once."""
+    """One choice's reader; `read` each text delta, the last one with last=True."""
 
     def __init__(self, tool_format: str | None, reasoning_format: str | None, starts_in_reasoning: bool):
         self.tools = tool_parser(tool_format)() if tool_format else None
@@ -33,17 +33,16 @@ class ChatOutputReader:
     def plain(self) -> bool:
         return self.tools is None and self.reasoning is None
 
-    def feed(self, text: str) -> ChatText:
+    def read(self, text: str, last: bool = False) -> ChatText:
         if self.plain:
             return ChatText(content=text)
-        reasoning, content = self.reasoning.feed(text) if self.reasoning else (None, text)
-        return self._content(reasoning, content, final=False)
-
-    def finish(self) -> ChatText:
-        if self.plain:
-            return ChatText()
-        reasoning, content = self.reasoning.finish() if self.reasoning else (None, None)
-        return self._content(reasoning, content, final=True)
+        if self.reasoning is None:
+            return self._content(None, text, last)
+        reasoning, content = self.reasoning.feed(text)
+        if last:  # what the reasoning parser held back (a marker that may have been starting)
+            more_reasoning, more_content = self.reasoning.finish()
+            reasoning, content = _join(reasoning, more_reasoning), _join(content, more_content)
+        return self._content(reasoning, content, last)
 
     def _content(self, reasoning: str | None, content: str | None, final: bool) -> ChatText:
         if self.tools is None:
@@ -60,6 +59,10 @@ class ChatOutputReader:
                 out.tool_calls.append(DeltaToolCall(index=e.index, id=e.id, type="function" if e.id else None,
                                                     function=DeltaFunctionCall(name=e.name, arguments=e.arguments)))
         return out
+
+
+def _join(a: str | None, b: str | None) -> str | None:
+    return None if a is None and b is None else (a or "") + (b or "")
 
 
 def read_whole(text: str, tool_format: str | None, reasoning_format: str | None,

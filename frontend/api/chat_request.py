@@ -12,6 +12,8 @@ arguments match the functions' schemas. A reasoning model's constraint starts af
 import json
 from dataclasses import dataclass, field
 
+import msgspec
+
 from common.errors import InvalidParameter
 from common.structured_outputs import StructuredOutputsParams
 from frontend import chat_template
@@ -80,9 +82,8 @@ def with_constraint_after_reasoning(constraint: StructuredOutputsParams | None, 
         return constraint
     if THINK_CLOSE in (constraint.grammar or "") or THINK_CLOSE in (constraint.regex or ""):
         return constraint
-    end = tokenizer.encode(THINK_CLOSE, add_special_tokens=False)
-    return StructuredOutputsParams(**{**{k: getattr(constraint, k) for k in constraint.__struct_fields__},
-                                      "starts_after_token_ids": end})
+    return msgspec.structs.replace(constraint,
+                                   starts_after_token_ids=tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
 
 
 def _message(m) -> dict:

@@ -51,10 +51,11 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def sampling_params(body) -> SamplingParams:
-    """The body's SamplingParams, or a 400 naming the field (two output constraints at once)."""
+def sampling_params(body) -> tuple[SamplingParams, str | None]:
+    """The body's SamplingParams and the field that set its output constraint (what its errors name), or a
+    400 naming the field (two output constraints at once)."""
     try:
-        return body.to_sampling_params()
+        return body.to_sampling_params(), body.constraint()[1]
     except InvalidParameter as e:
         raise bad_request(e) from None
 

@@ -9,12 +9,12 @@ Unknown fields are refused (400 naming the field) rather than silently ignored.
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, model_serializer
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 from pydantic_core import PydanticCustomError
 
 from common.sampling_params import RequestOutputKind, SamplingParams
 from frontend.api.constraint_fields import ConstraintFields
-from frontend.api.tool_protocol import MAX_TOOLS, DeltaToolCall, ToolCall, ToolChoice, ToolDefinition
+from frontend.api.tool_protocol import MAX_TOOLS, DeltaToolCall, OmitNone, ToolCall, ToolChoice, ToolDefinition
 
 
 INT32_MAX = 2**31 - 1
@@ -337,16 +337,12 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
-class DeltaMessage(BaseModel):
+class DeltaMessage(OmitNone):
+    """{"role": ...} first, then {"content": ...}, {"reasoning_content": ...} or {"tool_calls": [...]}."""
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_unset(self, handler):
-        # OpenAI's deltas carry only what they hold: {"role": ...} first, then {"content": ...}
-        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatStreamChoice(BaseModel):

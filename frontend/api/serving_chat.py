@@ -12,7 +12,7 @@ from frontend import chat_template
 from frontend.api import generation as G
 from frontend.api import offload
 from common.errors import InvalidParameter
-from frontend.api.chat_output import ChatOutputReader, ChatText, finish_reason, read_whole
+from frontend.api.chat_output import ChatOutputReader, finish_reason, read_whole
 from frontend.api.chat_request import ChatPlan, plan_chat, with_constraint_after_reasoning
 from frontend.api.errors import APIError, bad_request
 from frontend.api.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
@@ -22,10 +22,6 @@ from frontend.api.state import ServerState
 from frontend.api.streams import ClientDisconnected, cancel_on_disconnect, sse
 from frontend.outputs import Logprob
 from frontend.reasoning import prompt_opens_reasoning
-
-
-def _join(a: str | None, b: str | None) -> str | None:
-    return (a or "") + (b or "") if a is not None or b is not None else None
 
 
 async def render_chat(state: ServerState, engine, messages: list[ChatMessage], plan: ChatPlan,
@@ -65,12 +61,11 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    params = G.sampling_params(body)
+    params, constraint_field = G.sampling_params(body)
     try:
         plan = plan_chat(body, engine.tokenizer, state.chat)
     except InvalidParameter as e:
         raise bad_request(e) from None
-    constraint_field = body.constraint()[1]
     if plan.tool_constraint is not None:
         if params.structured_outputs is not None:
             other = constraint_field or "structured_outputs"
@@ -134,11 +129,7 @@ async def _stream(state: ServerState, engine, body: ChatCompletionRequest, reque
             completion_tokens += len(c.token_ids)
             logprobs = chat_logprobs(engine, c.token_ids, c.logprobs or [], num_top) if body.logprobs else None
             reader = readers[c.index]
-            read = reader.feed(c.text)
-            if c.finish_reason is not None:
-                last = reader.finish()
-                read = ChatText(_join(read.reasoning, last.reasoning), _join(read.content, last.content),
-                                read.tool_calls + last.tool_calls)
+            read = reader.read(c.text, last=c.finish_reason is not None)
             if not reader.plain and not (read.reasoning or read.content or read.tool_calls or logprobs
                                          or c.finish_reason):
                 continue  # the parsers hold this piece back (a marker may be starting)

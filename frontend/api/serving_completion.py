@@ -69,14 +69,14 @@ def _echo_text(engine: AsyncLLM, prompt: ProcessedRequest) -> str:
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request):
     engine = state.ready_engine()
     state.check_model(body.model)
-    params = G.sampling_params(body)
+    params, constraint_field = G.sampling_params(body)
     request_id = G.new_request_id("cmpl")
     raw_prompts = _prompts(body.prompt)
     G.check_sequences(raw_prompts, params)
     ticket = state.admission.admit(len(raw_prompts) * params.n)  # 503 when overloaded, before any work
     try:
         prompts = await G.process_prompts(state, engine, request_id, raw_prompts, params,
-                                          cache_salt=body.cache_salt, constraint_field=body.constraint()[1])
+                                          cache_salt=body.cache_salt, constraint_field=constraint_field)
     except BaseException:
         ticket.release()
         raise

@@ -52,21 +52,21 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class DeltaFunctionCall(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
+class OmitNone(BaseModel):
+    """Serialized without its None fields: OpenAI's deltas carry only what they hold."""
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
-class DeltaToolCall(BaseModel):
+class DeltaFunctionCall(OmitNone):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(OmitNone):
     index: int
     id: str | None = None
     type: Literal["function"] | None = None
     function: DeltaFunctionCall
-
-    @model_serializer(mode="wrap")
-    def _drop_unset(self, handler):
-        return {k: v for k, v in handler(self).items() if v is not None}
