@@ -217,9 +217,24 @@ def test_silent_frontend_has_its_requests_aborted_and_its_session_ended(core):
     a.hello()
     for i in range(20):
         a.add(f"r{i}")
-    time.sleep(1.0)
-    assert observer.stats().gauges.num_running == 1
-    took = wait_idle(observer, timeout=SILENT + 5)  # A says nothing from here on
+    # A says nothing from here on but reads what comes: its session must end for silence, not because
+    # its unread outputs filled the core's send queue (which a fast core reaches within seconds)
+    reading = threading.Event()
+    reading.set()
+
+    def read_while_silent():
+        while reading.is_set():
+            a.recv(0.05)
+
+    reader = threading.Thread(target=read_while_silent)
+    reader.start()
+    try:
+        time.sleep(1.0)
+        assert observer.stats().gauges.num_running == 1
+        took = wait_idle(observer, timeout=SILENT + 5)
+    finally:
+        reading.clear()
+        reader.join()
     assert took < SILENT + 2
     a.send(P.ABORT, ["r19"])  # its session is gone
     assert P.UNKNOWN_FRONTEND in [kind for kind, _ in drain(a, 1.0)]
