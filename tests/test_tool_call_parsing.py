@@ -55,6 +55,13 @@ def one_shot(parser_cls, text: str):
     return parsed.content, [(c.name, c.arguments) for c in parsed.calls]
 
 
+def assert_parses_whole_and_split(parser_cls, text: str, cuts, expected) -> None:
+    """`text` parses to `expected` (content, calls) in one piece and streamed split at `cuts`, unbroken."""
+    assert one_shot(parser_cls, text) == expected
+    streamed_content, streamed_calls, parser = stream(parser_cls, split_at(text, cuts))
+    assert (streamed_content, streamed_calls) == expected and not parser.broken
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
@@ -128,9 +135,7 @@ def hermes_texts(draw):
 @given(case=hermes_texts(), cuts=cuts)
 def test_hermes_one_shot_and_any_split(case, cuts):
     text, content, calls = case
-    assert one_shot(HermesToolParser, text) == (content, calls)
-    streamed_content, streamed_calls, parser = stream(HermesToolParser, split_at(text, cuts))
-    assert (streamed_content, streamed_calls) == (content, calls) and not parser.broken
+    assert_parses_whole_and_split(HermesToolParser, text, cuts, (content, calls))
 
 
 def test_hermes_examples():
@@ -194,17 +199,14 @@ def llama3_texts(draw):
 @given(case=llama3_texts(), cuts=cuts)
 def test_llama3_one_shot_and_any_split(case, cuts):
     text, content, calls = case
-    assert one_shot(Llama3JsonToolParser, text) == (content, calls)
-    assert stream(Llama3JsonToolParser, split_at(text, cuts))[:2] == (content, calls)
+    assert_parses_whole_and_split(Llama3JsonToolParser, text, cuts, (content, calls))
 
 
 @HYPOTHESIS
 @given(text=prose, cuts=cuts)
 def test_llama3_output_not_starting_with_a_call_is_all_content(text, cuts):
     assume(not text.lstrip().startswith(("{", "<|python_tag|>")))
-    expected = (text.strip() or None, [])
-    assert one_shot(Llama3JsonToolParser, text) == expected
-    assert stream(Llama3JsonToolParser, split_at(text, cuts))[:2] == expected
+    assert_parses_whole_and_split(Llama3JsonToolParser, text, cuts, (text.strip() or None, []))
 
 
 def test_llama3_examples():
@@ -239,8 +241,7 @@ def generic_texts(draw):
 @given(case=generic_texts(), cuts=cuts)
 def test_generic_one_shot_and_any_split(case, cuts):
     text, content, calls = case
-    assert one_shot(GenericToolParser, text) == (content, calls)
-    assert stream(GenericToolParser, split_at(text, cuts))[:2] == (content, calls)
+    assert_parses_whole_and_split(GenericToolParser, text, cuts, (content, calls))
 
 
 def test_generic_examples():
