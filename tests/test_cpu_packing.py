@@ -74,13 +74,24 @@ def test_batch_invariant_float32_layers_use_the_generic_kernel(rows):
 
 
 @needs_generic
-def test_batch_invariant_bfloat16_without_avx512_bf16_uses_the_generic_kernel(monkeypatch):
+@pytest.mark.parametrize("onednn_bf16", [
+    pytest.param(True, id="onednn-bf16-runs", marks=pytest.mark.skipif(
+        not cpu_packing._onednn_bf16_runs(), reason="needs AVX512 BW/VL/DQ or AVX-NE-CONVERT (oneDNN's bf16 kernels)")),
+    pytest.param(False, id="avx2-only")])
+def test_bfloat16_without_avx512_bf16_uses_the_generic_kernel(monkeypatch, onednn_bf16):
+    """Batch-invariant: the generic kernel. Not: oneDNN where its bf16 kernels run (AVX512 BW/VL/DQ), and the
+    generic kernel again on an AVX2-only CPU, where oneDNN refuses a bf16 weight at its first reorder."""
     monkeypatch.setattr(cpu_gemm, "load", lambda: None)  # as on a CPU without AVX512-BF16
+    monkeypatch.setattr(cpu_packing, "_onednn_bf16_runs", lambda: onednn_bf16)
     w = torch.randn(96, 64).to(torch.bfloat16)
     assert isinstance(cpu_packing.pack(w), cpu_gemm_f32.GenericPanelWeight)
     set_batch_invariant(False)
     try:
-        assert isinstance(cpu_packing.pack(w), cpu_packing.OneDnnWeight)
+        packed = cpu_packing.pack(w)
+        assert isinstance(packed, cpu_packing.OneDnnWeight if onednn_bf16 else cpu_gemm_f32.GenericPanelWeight)
+        assert cpu_packing.can_pack(torch.device("cpu"), torch.bfloat16)
+        x = torch.randn(5, 64).to(torch.bfloat16)
+        torch.testing.assert_close(packed.matmul(x), x @ w.T, rtol=2e-2, atol=2e-2)
     finally:
         set_batch_invariant(True)
 

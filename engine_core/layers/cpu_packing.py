@@ -5,7 +5,9 @@ nvllm's own panels (cpu_gemm.py): faster than oneDNN for the few rows of decode 
 prefills, and a fixed reduction order per row. Batch-invariant runs on CPUs without AVX512-BF16 take
 the generic fixed-order kernel (cpu_gemm_f32.py) instead. Elsewhere (--no-batch-invariant) oneDNN
 reorders the weight into the blocked layout its bf16 (AMX / AVX512-BF16) kernels read; plain F.linear
-would do that reorder on every call.
+would do that reorder on every call. oneDNN's bf16 path needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: an
+AVX2-only CPU, which oneDNN refuses at the first reorder, takes the generic kernel with or without
+batch invariance.
 
 float32: packed only when batch-invariant, into the generic kernel's fp32 panels (MKL's F.linear picks
 its blocking, and so a row's sum order, by the row count); --no-batch-invariant keeps F.linear.
@@ -44,8 +46,16 @@ class OneDnnWeight:
 PackedWeight = cpu_gemm.PanelWeight | cpu_gemm_f32.GenericPanelWeight | OneDnnWeight
 
 
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def _onednn_bf16_runs() -> bool:
+    """oneDNN is built in and its bf16 kernels run on this CPU (torch's own test for the ISA it needs)."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _generic_first() -> bool:
+    """Whether the generic fixed-order panels come before oneDNN: batch invariance asks for them, and
+    they are what an AVX2 CPU has for bf16 anyway."""
+    return batch_invariant() or not _onednn_bf16_runs()
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -54,7 +64,7 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
         return False
     if dtype == torch.float32:
         return batch_invariant() and cpu_gemm_f32.load() is not None
-    return dtype == torch.bfloat16 and (_onednn_available() or (batch_invariant() and cpu_gemm_f32.load() is not None))
+    return dtype == torch.bfloat16 and (_onednn_bf16_runs() or (_generic_first() and cpu_gemm_f32.load() is not None))
 
 
 def pack(weight: torch.Tensor) -> PackedWeight:
@@ -62,9 +72,9 @@ def pack(weight: torch.Tensor) -> PackedWeight:
     the generic fixed-order panels, else oneDNN's layout (bf16 only)."""
     if cpu_gemm.can_pack(weight):
         return cpu_gemm.PanelWeight(weight)
-    if batch_invariant() and cpu_gemm_f32.can_pack(weight):
+    if _generic_first() and cpu_gemm_f32.can_pack(weight):
         return cpu_gemm_f32.GenericPanelWeight(weight)
-    if weight.dtype != torch.bfloat16:
+    if weight.dtype != torch.bfloat16 or not _onednn_bf16_runs():
         raise ValueError(f"no packed linear kernel for a {weight.dtype} weight here")
     _warn_not_invariant()
     return OneDnnWeight(weight)
