@@ -19,6 +19,17 @@ def default_model_dir():
     return resolve_model(None)
 
 
+def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str = "auto", block_size: int = 16) -> int:
+    """Bytes of one KV cache block (keys and values, every layer) in the dtype the engine resolves `dtype` to
+    on this CPU (auto: bfloat16 with AVX512-BF16 or AMX, else float32): a test sizes a small cache in blocks."""
+    from engine_core.platform import pick_dtype
+    itemsize = torch.empty(0, dtype=pick_dtype(dtype, torch.device("cpu"))).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+
+DEFAULT_MODEL_KV = (30, 3, 64)  # the default model's layers, KV heads and head dim
+
+
 def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int = 2, num_heads: int = 4,
                      seed: int = 0, **overrides) -> str:
     """A 2-layer random model of `arch` saved with save_pretrained, with the SmolLM2 tokenizer."""

@@ -17,6 +17,7 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from common.structured_outputs import StructuredOutputsParams
+from conftest import DEFAULT_MODEL_KV, kv_block_bytes
 from http_helpers import SMALL_ENGINE, start_serve
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,7 @@ ORDER = {"type": "object", "properties": {
     "required": ["customer", "items", "total"], "additionalProperties": False}
 PROMPTS = ["Write an order for two apples as JSON.", "A fig order for Bo, a VIP:", "Order JSON:",
            "The customer wants pears."]
-BLOCK_BYTES = 2 * 30 * 16 * 3 * 64 * 2  # the default model's KV bytes per block of 16 tokens (bfloat16)
+BLOCK_BYTES = kv_block_bytes(*DEFAULT_MODEL_KV)  # the default model's, in the dtype auto picks on this CPU
 
 
 @pytest.fixture(scope="module")
