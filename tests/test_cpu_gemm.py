@@ -9,7 +9,7 @@ from engine_core.layers.activation import silu_and_mul
 from engine_core.layers.linear import ColumnParallelLinear, GateUpSiluLinear
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(cpu_gemm.load() is None, reason="no AVX512-BF16 (or AMX present): oneDNN runs")]
+              pytest.mark.skipif(cpu_gemm.load() is None, reason="needs AVX512-BF16 (on AMX CPUs, batch invariance): cpu_gemm.c does not run on this CPU")]
 
 
 def _bf16(*shape, seed: int) -> torch.Tensor:

@@ -96,7 +96,7 @@ def test_bfloat16_without_avx512_bf16_uses_the_generic_kernel(monkeypatch, onedn
         set_batch_invariant(True)
 
 
-@pytest.mark.skipif(cpu_gemm._library() is None, reason="no AVX512-BF16: cpu_gemm.c does not run here")
+@pytest.mark.skipif(cpu_gemm._library() is None, reason="needs AVX512-BF16: cpu_gemm.c does not run on this CPU")
 def test_amx_cpus_keep_cpu_gemm_when_batch_invariant(monkeypatch):
     monkeypatch.setattr(cpu_gemm, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
     assert cpu_gemm.load() is not None

@@ -11,8 +11,9 @@ from gguf import GGMLQuantizationType, quants
 
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(cpu_quant.load() is None, reason="no AVX512-BF16 (or AMX present)")]
+pytestmark = pytest.mark.integration
+needs_kernel = pytest.mark.skipif(cpu_quant.load() is None,
+                                  reason="needs AVX512-BF16 without AMX: cpu_quant.c does not run on this CPU")
 
 LARGE_M = 16  # cpu_quant.c's QUANT_LARGE_M
 FORMATS = ["q4_0", "q4_1", "q8_0"]
@@ -31,6 +32,7 @@ def _x(m: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
+@needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("n,k", [(1, 32), (15, 64), (17, 96), (100, 576), (1000, 64)])
 def test_small_m_matches_the_dequantized_product(qtype, n, k):
@@ -45,6 +47,7 @@ def test_small_m_matches_the_dequantized_product(qtype, n, k):
         assert torch.all((got - exact).abs() <= exact.abs() * 2**-8 + scale * 2**-16), (qtype, m, n, k)
 
 
+@needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_small_m_reads_every_weight_where_it_belongs(qtype):
     """Unit inputs pick single weights, which come out exactly (d q + m rounded once): a misplaced nibble
@@ -58,6 +61,7 @@ def test_small_m_reads_every_weight_where_it_belongs(qtype):
         assert torch.equal(got, dequantized[:, first:first + 4].T.to(torch.bfloat16)), first
 
 
+@needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("n,k", [(15, 64), (100, 576), (1000, 96)])
 def test_large_m_is_the_bf16_kernel_on_the_dequantized_weights(qtype, n, k, not_invariant):
@@ -69,6 +73,7 @@ def test_large_m_is_the_bf16_kernel_on_the_dequantized_weights(qtype, n, k, not_
         assert torch.equal(quantized.matmul(x, bias), bf16.matmul(x, bias)), (qtype, m)
 
 
+@needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("gated", [False, True])
 def test_batch_invariant_rows_equal_the_row_alone_at_every_m(qtype, gated):
@@ -91,6 +96,7 @@ def test_batch_invariant_rows_equal_the_row_alone_at_every_m(qtype, gated):
         torch.set_num_threads(threads)
 
 
+@needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_a_row_does_not_depend_on_the_other_rows_or_threads(qtype, not_invariant):
     weight, _ = _quantized(qtype, 200, 576, seed=11)
@@ -109,6 +115,7 @@ def test_a_row_does_not_depend_on_the_other_rows_or_threads(qtype, not_invariant
         torch.set_num_threads(threads)
 
 
+@needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("m", [1, 2, 3, 5, LARGE_M, 40])
 def test_gated_equals_the_unfused_linear_then_silu_and_mul(qtype, m):
@@ -122,6 +129,7 @@ def test_gated_equals_the_unfused_linear_then_silu_and_mul(qtype, m):
     assert torch.equal(gated.silu_and_mul(x, bias), expected)
 
 
+@needs_kernel
 def test_int8_per_channel_is_q8_with_the_channel_scale():
     w = torch.randn(70, 128, generator=torch.Generator().manual_seed(1))
     weight = cpu_quant.quantize_int8(w)
@@ -137,6 +145,7 @@ def test_int8_per_channel_is_q8_with_the_channel_scale():
     assert torch.all((got - exact).abs() <= exact.abs() * 2**-8 + (x.double().abs() @ dequantized.double().abs().T) * 2**-16)
 
 
+@needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_rows_of_are_the_dequantized_rows(qtype):
     weight, dequantized = _quantized(qtype, 100, 64, seed=4)
