@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.sampling_params import SamplingParams
-from conftest import build_tiny_model
+from conftest import build_tiny_model, kv_block_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -55,9 +55,7 @@ def _llm(model: str, dtype: str, max_num_batched_tokens: int, enable_prefix_cach
         from engine_core.engine_config import ModelConfig
         facts = ModelConfig.from_folder(model).hf_config
         head_dim = facts.get("head_dim") or facts["hidden_size"] // facts["num_attention_heads"]
-        per_block = 2 * facts["num_hidden_layers"] * 16 * facts["num_key_value_heads"] * head_dim * (
-            2 if dtype == "bfloat16" else 4)
-        kv = kv_blocks * per_block
+        kv = kv_blocks * kv_block_bytes(facts["num_hidden_layers"], facts["num_key_value_heads"], head_dim, dtype)
     return LLM(model, multiprocess=False, dtype=dtype, max_model_len=max_model_len, max_num_seqs=8,
                max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
                kv_cache_memory=kv, **extra)
