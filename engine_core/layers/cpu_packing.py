@@ -68,8 +68,8 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def pack(weight: torch.Tensor) -> PackedWeight:
-    """The packed copy of a 2-D CPU weight: nvllm's AVX512-BF16 panels where they run, else (batch-invariant)
-    the generic fixed-order panels, else oneDNN's layout (bf16 only)."""
+    """The packed copy of a 2-D CPU weight: nvllm's AVX512-BF16 panels where they run, else (batch-invariant,
+    or a CPU whose oneDNN has no bf16) the generic fixed-order panels, else oneDNN's layout (bf16 only)."""
     if cpu_gemm.can_pack(weight):
         return cpu_gemm.PanelWeight(weight)
     if _generic_first() and cpu_gemm_f32.can_pack(weight):
