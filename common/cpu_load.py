@@ -1,6 +1,8 @@
 """How busy this host's CPUs are, from /proc/stat (Linux). No torch: the frontend's benchmarks use it too."""
 
 import os
+import time
+from typing import NamedTuple, Protocol
 
 # /proc/stat fields after the cpu name: user nice system idle iowait irq softirq steal ...
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # steal too: time the hypervisor gave elsewhere is not ours to use
@@ -23,3 +25,32 @@ def busy_ticks(cpus: set[int]) -> int | None:
             return total
     except (OSError, ValueError):
         return None
+
+
+class LoadSample(NamedTuple):
+    """One reading of CPU time in seconds; the difference of two says how much other processes used."""
+    busy: float  # time the CPUs asked about spent busy since boot: every process's work
+    own: float  # time this process has used (all its threads)
+
+
+class LoadSource(Protocol):
+    """Where load readings come from. The real one, ProcStatLoad, reads this host; a test passes one that
+    returns chosen readings, so what it checks does not depend on how busy the machine running it is."""
+
+    def clock(self) -> float: ...  # seconds, monotonic; cheap, asked before every step
+
+    def read(self, cpus: set[int]) -> LoadSample | None: ...  # None: nothing to measure with
+
+
+class ProcStatLoad:
+    """This host's readings: /proc/stat for the CPUs, os.times() for this process."""
+
+    clock = staticmethod(time.monotonic)
+
+    @staticmethod
+    def read(cpus: set[int]) -> LoadSample | None:
+        busy = busy_ticks(cpus)
+        if busy is None:
+            return None
+        times = os.times()
+        return LoadSample(busy / os.sysconf("SC_CLK_TCK"), times.user + times.system)

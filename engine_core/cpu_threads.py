@@ -16,11 +16,10 @@ busy, the core leaves it room the same way (vLLM instead reserves it a whole cor
 
 import logging
 import os
-import time
 
 import torch
 
-from common.cpu_load import busy_ticks
+from common.cpu_load import LoadSample, LoadSource, ProcStatLoad
 
 logger = logging.getLogger("nvllm")
 
@@ -40,11 +39,6 @@ def allowed_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def _own_ticks() -> int:
-    times = os.times()  # this process's user + system time, all threads
-    return round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
-
-
 def pool_size(others_load: float, num_cpus: int, max_threads: int, taken_at: float = _TAKEN) -> int:
     """Threads for a pool on num_cpus CPUs of which other processes use others_load CPUs' worth, a CPU
     counting as taken once others use `taken_at` of it."""
@@ -55,27 +49,30 @@ def pool_size(others_load: float, num_cpus: int, max_threads: int, taken_at: flo
 class ThreadPoolSizer:
     """Call `update()` between steps: it resizes torch's pool when the free CPUs change."""
 
-    def __init__(self, max_threads: int | None = None, fixed: bool = False, cpus: set[int] | None = None):
+    def __init__(self, max_threads: int | None = None, fixed: bool = False, cpus: set[int] | None = None,
+                 load: LoadSource | None = None):
+        """`load` gives the readings (this host's by default); tests pass their own."""
         self.cpus = cpus or set(allowed_cpus())
         self.max_threads = max(1, min(max_threads or len(self.cpus), len(self.cpus)))
-        self.fixed = fixed or busy_ticks(self.cpus) is None
-        self.ticks_per_second = os.sysconf("SC_CLK_TCK")
+        self.load = load or ProcStatLoad()
+        first = self.load.read(self.cpus)
+        self.fixed = fixed or first is None  # nothing to measure with: keep the pool as it starts
         self.threads = self.max_threads
         torch.set_num_threads(self.threads)
-        self._mark = self._sample()
-
-    def _sample(self) -> tuple[float, int, int]:
-        return time.monotonic(), busy_ticks(self.cpus) or 0, _own_ticks()
+        self._mark: tuple[float, LoadSample | None] = (self.load.clock(), first)
 
     def others_load(self) -> float | None:
-        """CPUs' worth of work other processes ran on our CPUs since the last call; None if too soon."""
-        now = time.monotonic()
-        if now - self._mark[0] < _CHECK_SECONDS:
+        """CPUs' worth of work other processes ran on our CPUs since the last check; None if too soon."""
+        now = self.load.clock()
+        then, before = self._mark
+        if now - then < _CHECK_SECONDS:
             return None
-        then, busy_before, own_before = self._mark
-        self._mark = sample = self._sample()
-        others = (sample[1] - busy_before) - (sample[2] - own_before)
-        return max(0.0, others / self.ticks_per_second / (sample[0] - then))
+        sample = self.load.read(self.cpus)
+        self._mark = (now, sample)
+        if sample is None or before is None:
+            return None
+        others = (sample.busy - before.busy) - (sample.own - before.own)
+        return max(0.0, others / (now - then))
 
     def update(self) -> int:
         """The pool's size now (resized first when a check is due)."""
