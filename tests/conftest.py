@@ -6,6 +6,17 @@ import shutil
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles. "ci" (the default): the same examples every run (derandomize, no example database),
+# so a failure is the code's and not a new draw's, and no deadline or too-slow health check, which a busy
+# machine would trip. "explore" (HYPOTHESIS_PROFILE=explore): fresh random examples each run, and more of
+# them for a test that does not set max_examples itself; a failure prints the blob to reproduce it.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", derandomize=False, max_examples=1000, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # every test process uses a private model cache unless the caller chose one
 os.environ.setdefault("NVLLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "nvllm"))
