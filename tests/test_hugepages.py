@@ -20,13 +20,22 @@ def test_tunable_is_added_once_beside_others_and_can_be_turned_off():
     assert hugepages.with_tunable(off) == off
 
 
-def test_core_child_process_gets_it(monkeypatch):
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/PID/environ; glibc tunables are Linux-only")
+def test_core_child_process_gets_it(monkeypatch, tmp_path):
+    """A real engine core child, started as `nvllm serve` starts it: the environment the kernel gave it at
+    exec (/proc/PID/environ, what glibc reads the tunable from) asks for huge pages."""
     from common.config import EngineArgs
     from frontend import core_process
 
-    seen = {}
-    monkeypatch.setattr(core_process.subprocess, "Popen", lambda cmd, env: seen.setdefault("env", env))
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv("NVLLM_HUGEPAGE_MALLOC", raising=False)
-    core_process.start_core_process(EngineArgs(), "ipc:///tmp/unused.sock")
-    assert ("glibc.malloc.hugetlb=1" in seen["env"]["GLIBC_TUNABLES"]) == (sys.platform == "linux")
+    proc = core_process.start_core_process(EngineArgs(), f"ipc://{tmp_path}/core.sock")
+    try:
+        # Popen returns once the child has exec'd; it spends seconds importing torch before it could
+        # exit, so its environ is readable now (a child that already died would read as empty)
+        with open(f"/proc/{proc.pid}/environ", "rb") as f:
+            environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    finally:
+        core_process.stop_core_process(proc)
+    assert environ, f"the core child {proc.pid} had exited before its environment was read (rc {proc.returncode})"
+    assert b"glibc.malloc.hugetlb=1" in environ.get(b"GLIBC_TUNABLES", b"").split(b":"), environ.get(b"GLIBC_TUNABLES")
