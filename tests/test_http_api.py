@@ -3,7 +3,9 @@
 import asyncio
 import json
 import re
+import select
 import signal
+import socket
 import time
 
 import httpx
@@ -414,27 +416,83 @@ def wait_idle(server, timeout=60) -> str:
         time.sleep(0.2)
 
 
+ABORTS = 'nvllm:request_success_total{finished_reason="abort"}'
+
+
+def aborts(text: str) -> float:
+    """Requests counted as aborted so far (the labelled series appears with the first one)."""
+    return metric(text, ABORTS) if ABORTS in text else 0.0
+
+
+def used_blocks(text: str) -> float:
+    return metric(text, "nvllm:kv_cache_total_blocks") - metric(text, "nvllm:kv_cache_free_blocks")
+
+
+def blocks_when_finished(server, prompt: str, max_tokens: int) -> int:
+    """KV blocks the request would hold at its last token, had nobody cut it short."""
+    block_size = int(re.search(r"KV cache: \d+ blocks x (\d+) tokens", server[1].log()).group(1))
+    prompt_tokens = len(httpx.post(server[0] + "/tokenize", json={"prompt": prompt}).json()["tokens"])
+    return -(-(prompt_tokens + max_tokens) // block_size)
+
+
+def wait_idle_after_disconnect(server, used_at_disconnect: float, finished_blocks: int) -> str:
+    """Waits (event-driven) until the core is idle, and checks that the cut-off request stopped in the
+    core: had the ABORT not reached it, the request would have gone on to max_tokens, and the core's
+    KV blocks in use (fresh from the core at each scrape) would have grown on the way there."""
+    halfway = used_at_disconnect + (finished_blocks - used_at_disconnect) / 2
+    deadline = time.monotonic() + 120
+    peak = used_at_disconnect
+    while True:
+        text = httpx.get(server[0] + "/metrics").text
+        peak = max(peak, used_blocks(text))
+        assert peak < halfway, (f"the core went on generating after the client left: {peak} KV blocks in use, "
+                                f"{used_at_disconnect} at the disconnect, {finished_blocks} at max_tokens")
+        idle = metric(text, "nvllm:num_requests_running") == 0 and metric(text, "nvllm:num_requests_waiting") == 0
+        if idle and used_blocks(text) == 0:
+            return text
+        assert time.monotonic() < deadline, text
+        time.sleep(0.1)
+
+
 def test_disconnected_stream_is_aborted_and_frees_blocks(server):
-    wait_idle(server)
+    before = aborts(wait_idle(server))
+    prompt, max_tokens = "Tell me a very long story. " * 20, 1800
     with httpx.stream("POST", server[0] + "/v1/completions", timeout=300,
-                      json={"prompt": "Tell me a very long story. " * 20, "max_tokens": 1000, "stream": True,
-                            "ignore_eos": True}) as r:
+                      json={"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}) as r:
         lines = r.iter_lines()
         got = [next(lines) for _ in range(4)]  # two events (each is a line + a blank line)
         assert got[0].startswith("data: ")
         busy = httpx.get(server[0] + "/metrics").text
         assert metric(busy, "nvllm:num_requests_running") == 1
-        assert metric(busy, "nvllm:kv_cache_free_blocks") < metric(busy, "nvllm:kv_cache_total_blocks")
-    text = wait_idle(server, timeout=30)  # the core's running count is back to 0 and every block is free
-    assert metric(text, 'nvllm:request_success_total{finished_reason="abort"}') >= 1
+        assert used_blocks(busy) > 0
+    # the core's running count is back to 0 and every block is free, long before max_tokens
+    text = wait_idle_after_disconnect(server, used_blocks(busy), blocks_when_finished(server, prompt, max_tokens))
+    assert aborts(text) - before == 1
 
 
 def test_disconnected_non_streaming_request_is_aborted(server):
-    wait_idle(server)
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server[0] + "/v1/completions", timeout=3,
-                   json={"prompt": "Count to a thousand:", "max_tokens": 1500, "ignore_eos": True})
-    wait_idle(server, timeout=30)
+    before = wait_idle(server)
+    prompt, max_tokens = "Count to a thousand:", 2000  # nearly all still to come when the client leaves
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}).encode()
+    host, port = server[0].removeprefix("http://").split(":")
+    # a raw connection: the test itself decides when the client goes away (once the core is generating)
+    sock = socket.create_connection((host, int(port)))
+    try:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.monotonic() + 120
+        while True:
+            busy = httpx.get(server[0] + "/metrics").text
+            generating = metric(busy, "nvllm:generation_tokens_total") > metric(before, "nvllm:generation_tokens_total")
+            if generating and metric(busy, "nvllm:num_requests_running") == 1:
+                break
+            assert not select.select([sock], [], [], 0)[0], f"answered before the disconnect: {sock.recv(2000)!r}"
+            assert time.monotonic() < deadline, busy
+            time.sleep(0.05)
+    finally:
+        sock.close()
+    text = wait_idle_after_disconnect(server, used_blocks(busy), blocks_when_finished(server, prompt, max_tokens))
+    assert aborts(text) - aborts(before) == 1
 
 
 def test_64_concurrent_streams_complete(server):
