@@ -98,6 +98,19 @@ def start_serve(args: list[str], log_path: str, host: str = "127.0.0.1") -> tupl
     return base, port, proc
 
 
+def wait_until(condition, timeout: float = 120, interval: float = 0.1, what: str = ""):
+    """`condition()`'s first truthy value, polled every `interval` s; fails after `timeout` s. Tests wait for the
+    event they need with a deadline far above the expected time: a fixed sleep or a tight deadline guessed on
+    an idle machine fails on a busy one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what or condition}"
+        time.sleep(interval)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
