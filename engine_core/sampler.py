@@ -163,7 +163,10 @@ class Sampler:
         probs = torch.softmax(logits, dim=-1)
         if any(p.min_p > 0 for p in params):
             min_p = table[:, 3]
-            probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
+            cut = probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+            # renormalized, as a logit mask: verification accepts a proposal with its probability, which
+            # must be the normalized one; rows with nothing cut come out bit-identical (no batch dependence)
+            probs = torch.softmax(logits.masked_fill(cut, float("-inf")), dim=-1)
         return probs
 
 
@@ -183,8 +186,9 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     ranks = torch.arange(vocab, device=logits.device)[None, :]
     cut = ranks >= top_k[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(cut, float("-inf")), dim=-1)
-    # drop a token when the tokens ranked above it already reach top_p; the first always stays
-    cut |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
+    # drop a token when the tokens ranked above it already reach top_p; the first always stays. A row with
+    # top_p 1 keeps its tail (a float32 cumsum can reach 1 before the last token) when another row cuts
+    cut |= ((probs.cumsum(dim=-1) - probs) >= top_p[:, None]) & (top_p[:, None] < 1.0)
     sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 

@@ -4,6 +4,8 @@ the scheduler's KV blocks for proposals, the metrics and the log line."""
 import argparse
 import logging
 
+import msgspec
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -89,31 +91,104 @@ def _peaked_logits(vocab: int, rows: int, seed: int) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=g) * 2.0
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=6, top_p=0.9)])
-def test_rejection_sampling_keeps_the_target_distribution(params):
+def _reference_distribution(logits: np.ndarray, params: SamplingParams, prompt: list[int],
+                            output: list[int]) -> np.ndarray:
+    """What one row samples from, from the formulas alone (float64 numpy; never the sampler's code).
+    Penalties as vLLM and OpenAI define them: repetition divides a positive logit (multiplies a negative
+    one) of every token seen in the prompt or the output; frequency subtracts penalty x count and presence
+    subtracts penalty once, counting the output only. Then, in the order sampler.py documents: temperature,
+    top-k, top-p (the smallest most-probable set whose mass reaches p), min-p (drop p < min_p x max p)."""
+    x = np.array(logits, dtype=np.float64)
+    for t in set(prompt) | set(output):
+        x[t] = x[t] / params.repetition_penalty if x[t] > 0 else x[t] * params.repetition_penalty
+    counts = np.bincount(np.array(output, dtype=np.int64), minlength=len(x))
+    x -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    x /= params.temperature
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")  # most probable first
+    if params.top_k > 0:
+        p[order[params.top_k:]] = 0.0
+        p /= p.sum()
+    if params.top_p < 1.0:
+        above = np.cumsum(p[order]) - p[order]  # the mass ranked above each token
+        p[order[above >= params.top_p]] = 0.0  # already reached without it: cut (the first always stays)
+        p /= p.sum()
+    if params.min_p > 0:
+        p[p < params.min_p * p.max()] = 0.0
+    return p / p.sum()
+
+
+# Each case: the request's parameters and history, and `wrong`, what a mistaken sampler would do instead
+# (other parameters, the prompt left out of the repetition penalty, row 1 not counting the proposal), which
+# the same counts must reject: the test is shown to tell the distributions apart. Row 0 of the seed-1
+# logits is mostly negative with its top token 9 positive; the histories put tokens of both signs in the
+# prompt and in the output, some repeated, some in both. "same_rows" gives row 1 row 0's logits, so that the
+# first proposal (row 0's second likeliest) is likely there too and its penalty shows.
+_PENALTIES = dict(repetition_penalty=1.6, frequency_penalty=0.4, presence_penalty=0.3)
+_VERIFY_CASES = {
+    "temperature": dict(params=SamplingParams(temperature=1.0), wrong=dict(temperature=0.8)),
+    "top-k-top-p": dict(params=SamplingParams(temperature=0.7, top_k=6, top_p=0.9), wrong=dict(top_p=1.0)),
+    "min-p": dict(params=SamplingParams(temperature=1.0, min_p=0.1), wrong=dict(min_p=0.0)),
+    "penalties": dict(params=SamplingParams(**_PENALTIES), prompt=[9, 4, 4, 0], output=[11, 11, 5, 4, 11],
+                      wrong=dict(repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)),
+    "penalties-prompt": dict(params=SamplingParams(**_PENALTIES), prompt=[9, 4, 4, 0], output=[11, 11, 5, 4, 11],
+                             wrong=dict(prompt=[])),
+    "penalties-proposal": dict(params=SamplingParams(**_PENALTIES), prompt=[9, 0], output=[11, 11, 5],
+                               same_rows=True, wrong=dict(proposal_unseen=True)),
+    "everything": dict(params=SamplingParams(temperature=0.9, top_k=8, top_p=0.95, min_p=0.05, **_PENALTIES),
+                       prompt=[9, 4, 0], output=[11, 5, 11], wrong=dict(min_p=0.0, frequency_penalty=0.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(_VERIFY_CASES))
+def test_rejection_sampling_keeps_the_target_distribution(case):
     """Many requests verify the same 2 proposals against the same logits: the first emitted token must be
-    distributed as p_0 and the second, given that the first was the proposal, as p_1 (chi-square)."""
+    distributed as p_0 and the second, given that the first was the proposal, as p_1 (chi-square), where
+    row 1 counts the first proposal as generated (penalties see it)."""
+    case = {"prompt": [1, 2, 3], "output": [], "same_rows": False, **_VERIFY_CASES[case]}
+    params, prompt, output, wrong = case["params"], case["prompt"], case["output"], dict(case["wrong"])
     vocab, num = 12, 30000
     logits = _peaked_logits(vocab, 3, seed=1)
-    drafts = [int(logits[0].argsort()[-2]), int(logits[1].argmax())]  # a likely but not the likeliest first
+    if case["same_rows"]:
+        logits[1] = logits[0]
+    rows = logits.numpy()
+    p0 = _reference_distribution(rows[0], params, prompt, output)
+    drafts = [int(np.argsort(-p0)[1])]  # a likely but not the likeliest first
+    p1 = _reference_distribution(rows[1], params, prompt, output + drafts)
+    drafts.append(int(p1.argmax()))
     sampler = Sampler(torch.device("cpu"), seed=0)
-    reqs = [Request(f"r{i}", [1, 2, 3], params) for i in range(num)]
+    reqs = []
+    for i in range(num):
+        reqs.append(Request(f"r{i}", prompt, params))
+        for t in output:
+            reqs[-1].append_output_token(t)
     tokens, _ = rejection.verify(sampler, logits.repeat(num, 1), reqs, [drafts] * num)
-    target = Sampler(torch.device("cpu"), 0).probabilities(logits.clone(), [params] * 3)
-    first = torch.bincount(torch.tensor([t[0] for t in tokens]), minlength=vocab).double()
-    _assert_fits(first, target[0])
+    first = np.bincount([t[0] for t in tokens], minlength=vocab)
+    assert _fit_pvalue(first, p0) > 1e-4
     seconds = [t[1] for t in tokens if t[0] == drafts[0]]
     assert len(seconds) > 2000
-    _assert_fits(torch.bincount(torch.tensor(seconds), minlength=vocab).double(), target[1])
+    seconds = np.bincount(seconds, minlength=vocab)
+    assert _fit_pvalue(seconds, p1) > 1e-4
     kept = sum(len(t) - 1 for t in tokens) / num
     assert 0.1 < kept < 1.9  # both outcomes happened often: the test saw acceptance and rejection
+    # the same counts reject the wrong expectation: the test has the power to see that mistake
+    if wrong.pop("proposal_unseen", False):
+        counts, right, mistaken = seconds, p1, _reference_distribution(rows[1], params, prompt, output)
+    else:
+        mistaken_prompt = wrong.pop("prompt", prompt)
+        mistaken_params = msgspec.structs.replace(params, **wrong)
+        counts, right, mistaken = first, p0, _reference_distribution(rows[0], mistaken_params, mistaken_prompt, output)
+    assert not np.allclose(mistaken, right)
+    assert _fit_pvalue(counts, mistaken) < 1e-6
 
 
-def _assert_fits(counts: torch.Tensor, probs: torch.Tensor) -> None:
+def _fit_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square p-value of the counts against probs; 0 when a token of probability 0 was emitted."""
     support = probs > 0
-    assert counts[~support].sum() == 0, "a token the target cannot emit was emitted"
-    expected = probs[support].double() * counts.sum()
-    assert stats.chisquare(counts[support], expected / expected.sum() * counts.sum()).pvalue > 1e-4
+    if counts[~support].sum():
+        return 0.0
+    return stats.chisquare(counts[support], probs[support] / probs[support].sum() * counts.sum()).pvalue
 
 
 def test_greedy_verification_keeps_proposals_while_they_are_the_argmax():
