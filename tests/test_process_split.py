@@ -16,12 +16,13 @@ import zmq
 from common import protocol as P
 from common.config import EngineArgs
 from common.sampling_params import RequestOutputKind, SamplingParams
-from common.transport import private_ipc_address
+from common.transport import DEAD_AFTER_SECONDS, private_ipc_address
 from frontend.core_client import EngineDeadError
 
 pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WAIT = 120  # the deadline of every wait for something expected within a second or two
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,"]
 
 
@@ -95,7 +96,7 @@ def test_bad_frames_are_dropped(core, tiny_models):
     address, proc = core
     peer = _raw_peer(address)
     peer.send_multipart([P.HELLO, msgspec.msgpack.encode(P.Hello(P.PROTOCOL_VERSION, "fuzz"))])
-    assert peer.poll(10000)
+    assert peer.poll(WAIT * 1000)
     assert peer.recv_multipart()[0] == P.READY
     good = msgspec.msgpack.encode(P.EngineCoreRequest(request_id="x", prompt_token_ids=[1, 2, 3],
                                                       sampling_params=SamplingParams(max_tokens=2)))
@@ -151,8 +152,8 @@ def test_cancelled_stream_frees_blocks(core):
             if got == 3:
                 break
         await gen.aclose()
-        total = None
-        for _ in range(50):
+        total, deadline = None, time.monotonic() + WAIT
+        while time.monotonic() < deadline:  # until the abort has freed them, however long a busy core takes
             stats = await engine.get_stats()
             total = stats
             if stats.gauges.num_running == 0 and stats.gauges.num_free_blocks == stats.gauges.num_total_blocks:
@@ -190,8 +191,8 @@ def test_stream_yields_deltas_that_join_to_the_full_text(core):
 
 
 def test_core_killed_mid_generation(tiny_models):
-    """SIGKILL the core: in-flight requests fail within 5 s, new ones fail fast while it is down, the
-    client lives and starts a new core, which then serves."""
+    """SIGKILL the core: in-flight requests fail within seconds (not at a long timeout), new ones fail fast
+    while it is down, the client lives and starts a new core, which then serves."""
     from frontend.async_llm import AsyncLLM
 
     async def scenario():
@@ -206,18 +207,18 @@ def test_core_killed_mid_generation(tiny_models):
 
         tasks = [asyncio.create_task(consume(i)) for i in range(3)]
         # kill as soon as every request streams: a fixed sleep let the tiny model finish all 500 tokens
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=60)
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=WAIT)
         assert not any(t.done() for t in tasks), "a request finished before the core was killed"
         os.kill(engine.client.proc.pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=10)
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=WAIT)
         elapsed = time.monotonic() - killed_at
         with pytest.raises(EngineDeadError):
             async for _ in engine.generate("again", params, "late"):
                 pass
         assert "restarting" in str(engine.dead)
         while engine.dead is not None:  # the first restart waits a second, then the core loads
-            assert time.monotonic() - killed_at < 60, engine.dead
+            assert time.monotonic() - killed_at < WAIT, engine.dead
             await asyncio.sleep(0.1)
         short = SamplingParams(max_tokens=3, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
         outs = [o async for o in engine.generate("back", short, "after")]
@@ -227,7 +228,7 @@ def test_core_killed_mid_generation(tiny_models):
 
     results, elapsed = asyncio.run(scenario())
     assert all(isinstance(r, EngineDeadError) for r in results), results
-    assert elapsed < 5.0
+    assert elapsed < 10 * DEAD_AFTER_SECONDS  # the client sees the process exit: within a second when idle
 
 
 def test_no_pickle_in_the_services():
@@ -288,6 +289,6 @@ def test_core_stops_on_sigterm_wherever_it_lands(tiny_models):
     lock that thread may hold (it once put to a queue.Queue, and a SIGTERM landing inside the busy
     loop's Queue.get hung the core until its parent killed it 10 s later)."""
     script = STOP_UNDER_SIGNALS.format(root=ROOT, model=tiny_models["llama"])
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT)
     assert done.returncode == 0 and "exited 0" in done.stdout, done.stderr[-3000:]
     assert "engine core shutting down" in done.stderr
