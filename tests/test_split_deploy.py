@@ -16,9 +16,15 @@ import httpx
 import pytest
 import yaml
 
-from http_helpers import NVLLM, ROOT, Proc, free_port, metric, wait_healthy
+from common.transport import DEAD_AFTER_SECONDS
+from http_helpers import NVLLM, ROOT, Proc, free_port, metric, wait_healthy, wait_until
 
 pytestmark = pytest.mark.integration
+
+WAIT = 120  # the deadline of every wait for something expected within seconds
+# how soon a frontend must notice a dead core: within seconds, not at some long timeout (it notices a
+# closed connection at once, and silence after DEAD_AFTER_SECONDS); generous for a busy machine
+NOTICED = 10 * DEAD_AFTER_SECONDS
 
 TINY_ENGINE = ["--dtype", "float32", "--kv-cache-memory", "32MiB", "--max-model-len", "256"]
 FRONTEND_FLAGS = ["--disable-uvicorn-access-log"]
@@ -94,7 +100,7 @@ def test_insecure_listen_refused_before_any_model_loads(capsys, caplog):
 
     started = time.monotonic()
     assert nvllm_main(["engine-core", "/no/such/model", "--listen", "tcp://0.0.0.0:5555"]) == 2
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # well under a second here
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--allow-insecure" in err and "CURVE" in err
     check_listen_security("tcp://127.0.0.1:5555", None, False)  # loopback and ipc need no keys
@@ -176,13 +182,14 @@ def ns_json(ns: str, code: str, timeout: float = 120) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# polls /health until it says `want` (or the timeout); prints the last answer
 WAIT_HEALTH = """
 import httpx, json, time
 deadline, last = time.monotonic() + {timeout}, None
 while time.monotonic() < deadline:
     try:
         last = httpx.get("{base}/health", timeout=5)
-        if last.status_code == 200:
+        if last.status_code == {want}:
             break
     except httpx.HTTPError as e:
         last = e
@@ -280,7 +287,7 @@ def test_two_hosts_with_curve(two_hosts, keys, tmp_path):
     # without keys, a core refuses this address (before loading anything)
     refused = NsProc(hosts.core_ns, ["engine-core", "--listen", f"tcp://{hosts.core_ip}:5556"],
                      str(tmp_path / "refused.log"))
-    assert refused.proc.wait(60) == 2 and "--allow-insecure" in refused.log()
+    assert refused.proc.wait(WAIT) == 2 and "--allow-insecure" in refused.log()
     refused.stop()
 
     core = NsProc(hosts.core_ns, core_cmd[1:] + ["--kv-cache-memory", "256MiB", "--max-model-len", "2048"],
@@ -293,7 +300,7 @@ def test_two_hosts_with_curve(two_hosts, keys, tmp_path):
                       str(tmp_path / "intruder.log"))
     base = "http://127.0.0.1:8000"
     try:
-        health = ns_json(hosts.front_ns, WAIT_HEALTH.format(base=base, timeout=300), timeout=320)
+        health = ns_json(hosts.front_ns, WAIT_HEALTH.format(base=base, want=200, timeout=300), timeout=320)
         assert health["status"] == 200, (health, core.log()[-3000:], front.log()[-3000:])
         first = ns_json(hosts.front_ns, OPENAI_CLIENT.format(base=base))
         assert first["model"] == "SmolLM2-135M-Instruct" and first["tokens"] == 8 and first["chat_chunks"] >= 2
@@ -311,10 +318,12 @@ def test_two_hosts_with_curve(two_hosts, keys, tmp_path):
 
         hostile = ns_json(hosts.front_ns, HOSTILE_PEERS.format(keys=keys.dir, intruder=keys.intruder))
         assert hostile == {"plain": False, "unauthorized_client_key": False, "wrong_server_key": False}
-        answer = ns_json(hosts.front_ns, WAIT_HEALTH.format(base="http://127.0.0.1:8001", timeout=2))
+        # as soon as the intruder answers HTTP at all (a busy machine may take a while to start it)
+        answer = ns_json(hosts.front_ns, WAIT_HEALTH.format(base="http://127.0.0.1:8001", want=503, timeout=WAIT),
+                         timeout=WAIT + 20)
         assert answer["status"] == 503 and "starting" in answer["body"], answer  # it never got READY
-        assert "refused this frontend's CURVE key" in intruder.log()
-        assert "refused a frontend whose CURVE public key" in core.log()
+        wait_until(lambda: "refused this frontend's CURVE key" in intruder.log(), WAIT, what="the intruder's log")
+        wait_until(lambda: "refused a frontend whose CURVE public key" in core.log(), WAIT, what="the core's log")
 
         again = ns_json(hosts.front_ns, OPENAI_CLIENT.format(base=base))
         assert again["text"] == first["text"]  # greedy: the same answer, from the same core
@@ -329,7 +338,7 @@ def test_two_hosts_with_curve(two_hosts, keys, tmp_path):
 
 def _status(base: str, path: str = "/health") -> tuple[int, str]:
     try:
-        r = httpx.get(base + path, timeout=10)
+        r = httpx.get(base + path, timeout=WAIT)
         return r.status_code, r.text
     except httpx.HTTPError as e:
         return 0, str(e)
@@ -342,9 +351,9 @@ def _complete(base: str, model: str | None = None, max_tokens: int = 4) -> httpx
     return httpx.post(base + "/v1/completions", json=body, timeout=120)
 
 
-def _wait_running(base: str, timeout: float = 30) -> None:
+def _wait_running(base: str, timeout: float = WAIT) -> None:
     deadline = time.monotonic() + timeout
-    while metric(httpx.get(base + "/metrics", timeout=10).text, "nvllm:num_requests_running") < 1:
+    while metric(httpx.get(base + "/metrics", timeout=WAIT).text, "nvllm:num_requests_running") < 1:
         assert time.monotonic() < deadline, "the request never started running"
         time.sleep(0.01)
 
@@ -376,7 +385,7 @@ def test_frontend_survives_core_restarts(tiny_models, tmp_path):
 
     try:
         core = start_core(tiny_models["llama"], "--max-num-seqs", "1")  # long requests run one at a time
-        assert [m["id"] for m in httpx.get(base + "/v1/models").json()["data"]] == [tiny_models["llama"]]
+        assert [m["id"] for m in httpx.get(base + "/v1/models", timeout=WAIT).json()["data"]] == [tiny_models["llama"]]
         assert _complete(base).status_code == 200
 
         # long requests are running or waiting when the core dies: they end with an error, not a hang
@@ -387,25 +396,25 @@ def test_frontend_survives_core_restarts(tiny_models, tmp_path):
             thread.start()
         _wait_running(base)
         core.proc.kill()
-        took = _wait_status(base, 503, timeout=15)
-        assert took < 6, f"the frontend noticed the dead core only after {took:.1f} s"
+        took = _wait_status(base, 503, timeout=WAIT)
+        assert took < NOTICED, f"the frontend noticed the dead core only after {took:.1f} s"
         for thread in threads:
-            thread.join(30)
+            thread.join(WAIT)
         codes = sorted(r.status_code for r in answers)
         assert len(codes) == 4 and set(codes) <= {200, 503} and codes[-1] == 503, [r.text for r in answers]
         r = _complete(base)
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
         assert "reconnecting" in r.json()["error"]["message"], r.text
-        assert "nvllm:engine_up 0.0" in httpx.get(base + "/metrics").text
+        assert "nvllm:engine_up 0.0" in httpx.get(base + "/metrics", timeout=WAIT).text
 
         start_core(tiny_models["qwen3"])  # another model at the same address
-        assert [m["id"] for m in httpx.get(base + "/v1/models").json()["data"]] == [tiny_models["qwen3"]]
+        assert [m["id"] for m in httpx.get(base + "/v1/models", timeout=WAIT).json()["data"]] == [tiny_models["qwen3"]]
         assert _complete(base, tiny_models["qwen3"]).status_code == 200
         assert _complete(base, tiny_models["llama"]).status_code == 404
-        assert "nvllm:engine_up 1.0" in httpx.get(base + "/metrics").text
+        assert "nvllm:engine_up 1.0" in httpx.get(base + "/metrics", timeout=WAIT).text
 
         cores[-1].stop(signal.SIGTERM)  # a clean stop says SHUTDOWN: noticed at once
-        assert _wait_status(base, 503, timeout=15) < 6
+        assert _wait_status(base, 503, timeout=WAIT) < NOTICED
         start_core(tiny_models["qwen3"])
         assert _complete(base).status_code == 200
         assert front.proc.poll() is None, "the frontend restarted"
@@ -463,7 +472,7 @@ def test_one_frontend_two_cores(tiny_models, tmp_path):
                   "--port", str(port)] + FRONTEND_FLAGS, str(tmp_path / "frontend.log"))
     try:
         wait_healthy(base, front, timeout=300)
-        deadline = time.monotonic() + 60  # the second core may answer a moment after the first
+        deadline = time.monotonic() + WAIT  # the second core may answer a moment after the first
         while not all(f"engine core at {a} is up" in front.log() for a in addresses):
             assert time.monotonic() < deadline, front.log()[-3000:]
             time.sleep(0.2)
