@@ -1,6 +1,7 @@
 """The glibc huge-page tunable that model-running processes start with."""
 
 import sys
+import time
 
 import pytest
 
@@ -30,12 +31,16 @@ def test_core_child_process_gets_it(monkeypatch, tmp_path):
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv("NVLLM_HUGEPAGE_MALLOC", raising=False)
     proc = core_process.start_core_process(EngineArgs(), f"ipc://{tmp_path}/core.sock")
+    raw, deadline = b"", time.monotonic() + 60
     try:
-        # Popen returns once the child has exec'd; it spends seconds importing torch before it could
-        # exit, so its environ is readable now (a child that already died would read as empty)
-        with open(f"/proc/{proc.pid}/environ", "rb") as f:
-            environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        # Popen can return while execve is still setting up the new image (environ reads empty until
+        # then); the child spends seconds importing torch after that, so poll while it lives
+        while not raw and proc.poll() is None and time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                raw = f.read()
+            time.sleep(0.001)
     finally:
         core_process.stop_core_process(proc)
-    assert environ, f"the core child {proc.pid} had exited before its environment was read (rc {proc.returncode})"
+    assert raw, f"could not read the core child's environment (it exited with {proc.returncode}, or too slow)"
+    environ = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
     assert b"glibc.malloc.hugetlb=1" in environ.get(b"GLIBC_TUNABLES", b"").split(b":"), environ.get(b"GLIBC_TUNABLES")
