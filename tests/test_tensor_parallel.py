@@ -15,8 +15,9 @@ import pytest
 from common.config import EngineArgs
 from common.sampling_params import SamplingParams
 from conftest import build_tiny_model
+from engine_core.distributed import rendezvous as rdv
 from engine_core.distributed.parallel_state import HeadShard, partition_heads, split_evenly
-from http_helpers import NVLLM, ROOT, Proc, free_port, pid_alive, wait_healthy
+from http_helpers import NVLLM, ROOT, Proc, free_port, pid_alive, wait_healthy, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -24,6 +25,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 ENGINE = dict(dtype="float32", kv_cache_memory="64MiB", max_model_len=512)
 ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+WAIT = 120  # the deadline of every wait for something expected within seconds
 
 
 # ---- how heads and rows split over ranks ------------------------------------------------------
@@ -132,7 +134,7 @@ def test_two_nodes_on_loopback(models):
         got = generate(model, tensor_parallel_size=2, nnodes=2, node_rank=0, master_addr="127.0.0.1",
                        master_port=port)
         assert got == expected
-        assert node1.wait(30) == 0  # the core told its ranks to quit; the node exits cleanly
+        assert node1.wait(WAIT) == 0  # the core told its ranks to quit; the node exits cleanly
     finally:
         if node1.poll() is None:
             node1.kill()
@@ -150,13 +152,13 @@ def test_missing_rank_is_a_timeout_error(models, monkeypatch):
     args = EngineArgs(model=models["llama-kv1"], tensor_parallel_size=2, nnodes=2, master_port=free_port(), **ENGINE)
     with pytest.raises(TimeoutError, match=r"rank\(s\) \[1\] did not check in within 2 s.*nvllm worker"):
         EngineCore(args)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < WAIT  # the 2 s and a model load: a few seconds here
 
 
 def test_worker_without_core_is_a_timeout_error():
     env = dict(ENV, NVLLM_TP_INIT_TIMEOUT="1")
     r = subprocess.run(NVLLM + ["worker", "--nnodes", "2", "--node-rank", "1", "--master-port", str(free_port())],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=WAIT)
     assert r.returncode == 1 and "no engine core answered" in r.stderr
 
 
@@ -174,12 +176,14 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.parametrize("when", ["mid-generation", "idle"])
-def test_killed_worker_stops_the_core(models, capfd, when):
+def test_killed_worker_stops_the_core(models, capfd, monkeypatch, when):
     """SIGKILL rank 1: in-flight requests end with an error, the frontend sees the engine dead, and
     the core process exits non-zero within seconds, its log naming the rank."""
     from frontend.core_client import EngineDeadError
     from frontend.llm import LLM
 
+    # the core must notice the exit itself, not a silence: with this, silence would take 5 minutes
+    monkeypatch.setenv(rdv.HEARTBEAT_TIMEOUT_ENV, "300")
     llm = LLM(models["default"], tensor_parallel_size=2, **ENGINE)
     try:
         core = llm.client.proc
@@ -196,14 +200,18 @@ def test_killed_worker_stops_the_core(models, capfd, when):
                     result["error"] = e
             generating = threading.Thread(target=run)
             generating.start()
-            time.sleep(2.0)
+            observer = LLM.connect(llm.client.address)  # another frontend: is the core running them yet?
+            try:
+                wait_until(lambda: observer.get_stats().gauges.num_running, WAIT, 0.05, what="the requests to run")
+            finally:
+                observer.shutdown()
             assert generating.is_alive(), "generation ended before the worker was killed"
         killed = time.monotonic()
         os.kill(workers[0], signal.SIGKILL)
-        assert core.wait(15) != 0
-        assert time.monotonic() - killed < 15
+        assert core.wait(WAIT) != 0
+        assert time.monotonic() - killed < 60  # a second or two here; far less than the silence above
         if generating is not None:
-            generating.join(15)
+            generating.join(WAIT)
             assert not generating.is_alive()
             # every request ended: the engine is dead, or each request finished with the core's error
             if "error" not in result:
@@ -242,8 +250,9 @@ def test_serve_tp2_http(models, tmp_path):
     finally:
         code = proc.stop(signal.SIGTERM)
     assert code == 0, proc.log()[-3000:]
-    time.sleep(0.5)
-    assert not any(pid_alive(p) for p in core + workers), "a tensor-parallel process outlived nvllm serve"
+    # gone with serve: well before a worker left behind would quit by itself, after the heartbeat silence
+    wait_until(lambda: not any(pid_alive(p) for p in core + workers), rdv.heartbeat_timeout() / 2,
+               what="no tensor-parallel process to outlive nvllm serve")
 
 
 def test_tp2_constrained_decoding_equals_tp1(models):
