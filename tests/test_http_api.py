@@ -573,7 +573,9 @@ def test_bench_serve_against_the_server(server, tmp_path):
     assert out.returncode == 0, out.stderr
     for label in ("Request throughput", "Output token throughput", "Mean TTFT", "Median TPOT", "P99 ITL"):
         assert label in out.stdout
-    figures = json.loads(out_json.read_text())
+    written = json.loads(out_json.read_text())
+    assert written["command"].startswith("nvllm bench serve ") and written["machine"]
+    figures = written["results"]
     assert figures["completed"] == 6 and figures["failed"] == 0 and figures["model"] == MODEL
     assert 6 * 4 <= figures["total_output_tokens"] <= 6 * 6  # ignore_eos: every requested token
     for key in ("request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",

@@ -7,7 +7,7 @@ import pytest
 
 from common import hugepages
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # one test starts a real engine-core child
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc tunables are Linux-only")

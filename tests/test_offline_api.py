@@ -176,14 +176,57 @@ def test_bench_throughput_and_overhead_run_and_report(tiny_models, tmp_path):
     assert main(["bench", "throughput", tiny_models["llama"], *model, "--num-prompts", "3", "--min-input-len", "4",
                  "--max-input-len", "12", "--min-output-len", "2", "--max-output-len", "6", "--engine-mode", "both",
                  "--backend", "hf", "--output-json", str(out)]) == 0
-    inproc, mp, hf, ratios = json.loads(out.read_text())
+    written = json.loads(out.read_text())
+    assert written["command"].startswith("nvllm bench throughput ") and written["cpu"]["model"]
+    assert written["machine"] and written["commit"] and written["date"].startswith("20")
+    inproc, mp, hf, ratios = written["results"]
     assert (inproc["backend"], mp["backend"], hf["backend"]) == ("nvllm-inproc", "nvllm-mp", "hf")
     assert inproc["output_tokens"] == mp["output_tokens"] == hf["output_tokens"]  # EOS ignored: all asked for
     assert ratios["mp_over_inproc"] > 0 and ratios["ratio_output_tok_s"] > 0
     out = tmp_path / "overhead.json"
     assert main(["bench", "overhead", tiny_models["llama"], *model, "--num-requests", "50", "--concurrency", "8",
                  "--output-json", str(out)]) == 0
-    assert json.loads(out.read_text())["requests_per_s"] > 0
+    assert json.loads(out.read_text())["results"]["requests_per_s"] > 0
+
+
+@pytest.mark.parametrize("option, ratio", [("--compare-batch-invariant", "invariant_over_shape_tuned"),
+                                           ("--compare-structured", "constrained_over_plain")])
+def test_bench_throughput_compare_options_report_paired_ratios(tiny_models, tmp_path, option, ratio):
+    """README's cost figures: `nvllm bench throughput --compare-batch-invariant N` / `--compare-structured N`."""
+    import json
+
+    from frontend.cli.main import main
+
+    out = tmp_path / "compare.json"
+    assert main(["bench", "throughput", tiny_models["llama"], "--dtype", "float32", "--kv-cache-memory", "32MiB",
+                 "--max-model-len", "128", "--num-prompts", "3", "--min-input-len", "4", "--max-input-len", "12",
+                 "--min-output-len", "2", "--max-output-len", "6", option, "2", "--output-json", str(out)]) == 0
+    *runs, summary = json.loads(out.read_text())["results"]
+    assert len(runs) == 4 and len(summary["pairs"]) == 2
+    for first, second, pair_ratio in zip(runs[::2], runs[1::2], summary["pairs"]):
+        assert pair_ratio == round(first["output_tok_s"] / second["output_tok_s"], 3)
+    assert summary[ratio] in summary["pairs"]
+
+
+def test_bench_cpu_runs_the_workloads_alone_and_busy(tiny_models, tmp_path):
+    """`nvllm bench cpu` without a vLLM venv: the GEMM peak, prefill and decode, alone and beside a busy process."""
+    import json
+
+    from frontend.cli.main import main
+
+    out = tmp_path / "cpu.json"
+    assert main(["bench", "cpu", tiny_models["llama"], "--workloads", "prefill,decode", "--repeat", "1", "--busy",
+                 "--settle-timeout", "5", "--output-json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["command"].startswith("nvllm bench cpu ")
+    result = written["results"]
+    assert result["gemm_peak"]["peak_gflops"] > 0
+    rows = {(r["workload"], r["condition"]): r for r in result["summary"]}
+    assert set(rows) == {(w, c) for w in ("prefill", "decode") for c in ("alone", "busy")}
+    assert all(r["nvllm"] > 0 for r in rows.values())
+    assert 0 <= rows[("prefill", "alone")]["nvllm_fraction_of_peak"] < 1.5  # rounds to 0 on a tiny model
+    assert rows[("decode", "busy")]["nvllm_loss"] == round(
+        1 - rows[("decode", "busy")]["nvllm"] / rows[("decode", "alone")]["nvllm"], 3)
 
 
 def test_offline_steps_take_a_bigger_token_budget_than_serving(llm):

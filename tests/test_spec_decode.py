@@ -156,7 +156,7 @@ def test_bench_latency_with_speculation_reports_both_engines(loopy_models, tmp_p
     subprocess.run([sys.executable, "-m", "frontend.cli.main", "bench", "latency", loopy_models["llama"],
                     "--dtype", "float32", "--prompt", "copy-edit", "--output-len", "12", "--num-iters", "2",
                     "--speculative-config", json.dumps(NGRAM), "--output-json", str(out)], check=True, timeout=300)
-    result = json.loads(out.read_text())
+    result = json.loads(out.read_text())["results"]
     assert result["prompt"] == "copy-edit" and result["input_len"] > 100 and len(result["tpot_ms_each"]) == 2
     spec = result["speculative"]
     assert spec["config"]["num_speculative_tokens"] == 4 and spec["ms_per_output_token_without"] > 0

@@ -21,6 +21,7 @@ from common.child_process import ROOT, checkout_env
 from common.cpu_load import all_cpus, busy_ticks
 from frontend.bench.cpu_serve import run_serving
 from frontend.bench.cpu_workloads import WORKLOADS, workload
+from frontend.bench.result_file import write_result
 
 ALL_WORKLOADS = WORKLOADS + ("serve",)
 
@@ -117,7 +118,7 @@ def run_suite(args) -> int:
         for condition in conditions:
             for i in range(args.repeat):
                 for engine in engines:
-                    _wait_quiet()
+                    _wait_quiet(args.settle_timeout)
                     with Busy() if condition == "busy" else contextlib.nullcontext():
                         result = _one_run(args, engine, name, commands[engine], folder)
                     runs.setdefault((name, condition, engine), []).append(result["tok_s"])
@@ -129,9 +130,7 @@ def run_suite(args) -> int:
                         runs.setdefault((name + "-ttft", condition, engine), []).append(result["mean_ttft_ms"])
     summary = _summarize(args.workloads, conditions, engines, runs, peak, prefill_flops_per_token(folder))
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump({"gemm_peak": peak, "runs": {"/".join(k): v for k, v in runs.items()}, "summary": summary}, f,
-                      indent=2)
+        write_result(args, {"gemm_peak": peak, "runs": {"/".join(k): v for k, v in runs.items()}, "summary": summary})
     return 0
 
 
@@ -186,6 +185,8 @@ def register(kinds, formatter) -> None:
                    help="also run every workload beside a process that keeps one CPU busy, and print the loss")
     p.add_argument("--nvllm-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="an engine argument for nvllm's runs (LLM(KEY=VALUE)), e.g. cpu_threads=2")
+    p.add_argument("--settle-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="before each run, wait up to this long for the host's CPUs to go quiet")
     p.add_argument("--output-json", default=None, help="write every run and the summary here")
     p.add_argument("--server-log", default="bench-cpu-servers.log", help="the servers' output goes here")
     p.set_defaults(func=run_suite)

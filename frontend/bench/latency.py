@@ -14,7 +14,6 @@ turn with the first, and the ratio of ms per output token is printed with the sh
 """
 
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -24,6 +23,7 @@ import time
 import msgspec
 
 from common.sampling_params import RequestOutputKind, SamplingParams
+from frontend.bench.result_file import write_result
 
 
 def weight_stream_bound(args) -> dict | None:
@@ -125,8 +125,7 @@ def run_latency(args) -> int:
               f"{one_per_step / bound['bound_ms']:.2f}x the bound" +
               (f", with speculation {tpot / bound['bound_ms']:.2f}x" if spec else ""))
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_result(args, result)
     return 0
 
 

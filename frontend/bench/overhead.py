@@ -6,10 +6,10 @@ processing. Clients keep `--concurrency` requests in flight through AsyncLLM.
 """
 
 import asyncio
-import json
 import time
 
 from common.sampling_params import RequestOutputKind, SamplingParams
+from frontend.bench.result_file import write_result
 
 
 async def _measure(args) -> dict:
@@ -40,6 +40,5 @@ def run_overhead(args) -> int:
     print(f"tiny requests (1 prompt token, max_tokens=1): {result['requests_per_s']:.1f} req/s "
           f"({result['requests']} requests, {result['concurrency']} in flight, {result['seconds']} s)")
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_result(args, result)
     return 0

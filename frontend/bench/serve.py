@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from frontend.bench.result_file import write_result
 
 TOKEN_ID_RANGE = (100, 10000)
 
@@ -197,6 +198,5 @@ def run_bench_serve(args) -> int:
     figures = asyncio.run(run(args))
     print_figures(figures)
     if args.output_json:
-        with open(args.output_json, "w") as fh:
-            json.dump(figures, fh, indent=2)
+        write_result(args, figures)
     return 0 if figures["completed"] else 1

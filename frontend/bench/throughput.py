@@ -12,7 +12,6 @@ up to 49151; the random prompts use ids below 10000). nano-vllm's bench.py workl
         --max-input-len 1024 --min-output-len 100 --max-output-len 1024 --backend hf
 """
 
-import json
 import random
 import time
 
@@ -20,6 +19,7 @@ from common.sampling_params import SamplingParams
 from common.structured_outputs import StructuredOutputsParams
 from frontend import engine_seam
 from frontend.bench.structured import BENCH_SCHEMA, compile_times, constrained_indices
+from frontend.bench.result_file import write_result
 
 
 def make_workload(args):
@@ -97,8 +97,7 @@ def _compare_pairs(args, prompts, out_lens, pairs: int, variants: list[tuple[str
     print(f"{what} output throughput: {median:.3f} (median of pairs {ratios})")
     results.append({ratio_name: median, "pairs": ratios})
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_result(args, results)
     return 0
 
 
@@ -133,6 +132,5 @@ def run_throughput(args) -> int:
     if ratios:
         results.append(ratios)
     if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_result(args, results)
     return 0

@@ -29,6 +29,7 @@ RUNS_THE_MODEL = {("engine-core", None), ("worker", None), ("bench", "throughput
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # result files record the command that made them
     runs_model = (args.command, getattr(args, "bench_command", None)) in RUNS_THE_MODEL and not getattr(args, "check", False)
     if argv is None and runs_model:
         hugepages.restart_with_tunable()  # the command line itself, not a caller's main([...])
