@@ -13,7 +13,7 @@ from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 
 pytestmark = pytest.mark.integration
 needs_kernel = pytest.mark.skipif(cpu_quant.load() is None,
-                                  reason="needs AVX512-BF16 without AMX: cpu_quant.c does not run on this CPU")
+                                  reason="needs AVX512-BF16 (with AMX: batch invariance on): cpu_quant.c does not run here")
 
 LARGE_M = 16  # cpu_quant.c's QUANT_LARGE_M
 FORMATS = ["q4_0", "q4_1", "q8_0"]

@@ -9,17 +9,19 @@ from engine_core.layers import cpu_gemm, cpu_quant
 
 pytestmark = pytest.mark.integration
 KERNELS = cpu_quant.load() is not None
-needs_kernels = pytest.mark.skipif(not KERNELS, reason="needs AVX512-BF16 without AMX: the quantized kernels "
-                                                       "(cpu_quant.c) do not run on this CPU")
+needs_kernels = pytest.mark.skipif(not KERNELS, reason="needs AVX512-BF16 (with AMX: batch invariance on): the "
+                                                       "quantized kernels (cpu_quant.c) do not run on this CPU")
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis in one sentence.",
            "List three prime numbers.", "Who wrote Hamlet?", "Translate 'good morning' into Spanish.",
            "What is 12 times 12?", "Give me a tip for learning to code.", "Describe a cat in five words.",
            "Why is the sky blue?", "Name a famous painter.", "Tell me a joke."]
-# the largest top-2 logprob gap at which two runs may pick different tokens: 2 bf16 ulps of a logit near 10-16
-# nats between the two first-ranked tokens where the runs part. The kept-quantized matmuls use the exact
-# weights d q + m at every row count (batch-invariant), the reference their bf16 roundings: measured 0.375
-NEAR_TIE = 0.5
+# Where the kept-quantized run (exact weights d q + m) and the dequantized bf16 run (their bf16 roundings) part,
+# both rank the same two tokens first and the top-2 logprob gap is at most NEAR_TIE in each. README states what
+# was measured: the largest gap 0.375 (six bf16 steps of a logit between 8 and 16) and 5 of 12 prompts identical
+# on the AMX Xeon; on the Zen4 EPYC gaps up to 0.125 and 6 identical
+NEAR_TIE = 0.375
+MIN_IDENTICAL = 5
 
 
 def _runner(llm):
@@ -61,7 +63,7 @@ def test_default_model_runs_from_its_quantized_blocks_and_agrees_but_for_near_ti
             top = sorted(out.logprobs[first].values(), key=lambda lp: -lp.logprob)
             assert {a.token_ids[first], b.token_ids[first]} <= set(out.logprobs[first])
             assert top[0].logprob - top[1].logprob <= NEAR_TIE, (first, top)
-    assert identical >= len(PROMPTS) // 3  # measured: 6 of 12
+    assert identical >= MIN_IDENTICAL
 
 
 @needs_kernels

@@ -4,7 +4,7 @@ A weight arrives as its GGUF rows (uint8 [N, row bytes], Q4_0, Q4_1 or Q8_0, blo
 bf16/float weight to quantize per channel to int8 (`--quantization int8`, kept as Q8_0 blocks whose scale
 is the channel's). It is packed once into panels of 16 columns and never dequantized as a whole: decode
 steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the same CPU as cpu_gemm.py
-(AVX512-BF16 and no AMX; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
+(AVX512-BF16; on AMX CPUs only batch-invariant runs; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
 """
 
 import ctypes

@@ -34,7 +34,7 @@ def _why_not(device: torch.device, dtype: torch.dtype) -> str | None:
     if tp_size() != 1:
         return "the quantized kernels run on one rank (tensor_parallel_size 1)"
     if cpu_quant.load() is None:
-        return "the quantized kernels need an AVX512-BF16 CPU without AMX and a C compiler"
+        return "the quantized kernels need an AVX512-BF16 CPU (on an AMX CPU: batch invariance on) and a C compiler"
     return None
 
 
