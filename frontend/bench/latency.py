@@ -119,6 +119,8 @@ def run_latency(args) -> int:
               f"per verifying step; without it (the same requests in turn) {one_per_step:.2f} ms per output token: "
               f"{one_per_step / tpot:.2f}x fewer ms per token with it")
     if bound:
+        bound["streamed_mb"] = round(bound["streamed_bytes"] / 1e6, 1)
+        bound["one_token_step_over_bound"] = round(one_per_step / bound["bound_ms"], 2)
         print(f"  weight-streaming bound: {bound['streamed_bytes'] / 1e6:.1f} MB of weights per step "
               f"(quantization: {bound['quantization']}) at {bound['bandwidth_gbs']:.1f} GB/s read = "
               f"{bound['bound_ms']:.2f} ms per one-token step; decoding one token per step runs at "
