@@ -9,6 +9,7 @@ import torch
 from common.sampling_params import SamplingParams
 from engine_core.request import Request
 from engine_core.sampler import Sampler
+from sampling_reference import penalized_logits
 
 pytestmark = pytest.mark.unit
 
@@ -77,18 +78,6 @@ PROMPT = [0, 1, 1, 7, 4]  # 0 positive, 1 negative (twice), 7 zero, 4 also in th
 OUTPUT = [2, 2, 3, 4, 4, 4, 8]  # 2 positive x2, 3 negative x1, 4 positive x3, 8 negative x1
 
 
-def reference_penalized(logits: np.ndarray, params: SamplingParams, prompt: list[int], output: list[int]) -> np.ndarray:
-    """vLLM's and OpenAI's penalties from their definitions, in float64 (never the sampler's code).
-    repetition_penalty (vLLM, after CTRL): a token seen in the prompt or the output has a positive logit
-    divided by it, a negative one multiplied. frequency / presence (OpenAI): logit - frequency x c - presence x
-    (c > 0), c the token's count in the output only. vLLM applies repetition first."""
-    x = logits.astype(np.float64)
-    for t in set(prompt) | set(output):
-        x[t] = x[t] / params.repetition_penalty if x[t] > 0 else x[t] * params.repetition_penalty
-    counts = np.bincount(np.array(output, dtype=np.int64), minlength=len(x))
-    return x - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
-
-
 def _request(i: int, params: SamplingParams) -> Request:
     r = Request(f"p{i}", PROMPT, params)
     for t in OUTPUT:
@@ -103,7 +92,7 @@ def test_penalties_by_hand():
     params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
     want = {0: 0.75, 1: -1.5, 7: 0.0, 4: 0.25 - 1.5 - 0.25, 2: 1.125 - 1.0 - 0.25, 3: -4.0 - 0.5 - 0.25,
             8: -1.0 - 0.5 - 0.25, 5: -1.25, 6: 3.0, 9: 1.0}
-    ref = reference_penalized(PEN_LOGITS, params, PROMPT, OUTPUT)
+    ref = penalized_logits(PEN_LOGITS, params, PROMPT, OUTPUT)
     assert ref.tolist() == [want[t] for t in range(len(PEN_LOGITS))]
     logits = torch.from_numpy(PEN_LOGITS.copy())[None]
     got = Sampler(torch.device("cpu"), seed=0).apply_penalties(logits, [_request(0, params)])
@@ -131,7 +120,7 @@ def test_penalized_logits_and_probabilities_match_the_formulas():
     assert penalized.dtype == torch.float32
     probs = sampler.probabilities(penalized.clone(), PENALTY_CASES)
     for i, params in enumerate(PENALTY_CASES):
-        ref = reference_penalized(PEN_LOGITS, params, PROMPT, OUTPUT)
+        ref = penalized_logits(PEN_LOGITS, params, PROMPT, OUTPUT)
         assert not np.array_equal(ref, PEN_LOGITS.astype(np.float64)), params  # the case changes something
         np.testing.assert_allclose(penalized[i].numpy(), ref, rtol=1e-6, atol=1e-6, err_msg=str(params))
         x = ref / params.temperature
@@ -140,5 +129,5 @@ def test_penalized_logits_and_probabilities_match_the_formulas():
     # greedy through the whole sampler: the argmax of the reference's penalized logits
     greedy = [msgspec.structs.replace(params, temperature=0.0) for params in PENALTY_CASES]
     tokens, _ = sampler(logits, [_request(i, params) for i, params in enumerate(greedy)])
-    assert tokens == [int(reference_penalized(PEN_LOGITS, p, PROMPT, OUTPUT).argmax()) for p in greedy]
+    assert tokens == [int(penalized_logits(PEN_LOGITS, p, PROMPT, OUTPUT).argmax()) for p in greedy]
 

@@ -21,6 +21,7 @@ from engine_core.scheduler import Scheduler, SchedulerConfig
 from engine_core.spec_decode import rejection
 from engine_core.spec_decode.ngram import NgramProposer
 from engine_core.spec_decode.proposer import NgramSpeculator
+from sampling_reference import target_distribution
 
 pytestmark = pytest.mark.unit
 
@@ -91,34 +92,6 @@ def _peaked_logits(vocab: int, rows: int, seed: int) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=g) * 2.0
 
 
-def _reference_distribution(logits: np.ndarray, params: SamplingParams, prompt: list[int],
-                            output: list[int]) -> np.ndarray:
-    """What one row samples from, from the formulas alone (float64 numpy; never the sampler's code).
-    Penalties as vLLM and OpenAI define them: repetition divides a positive logit (multiplies a negative
-    one) of every token seen in the prompt or the output; frequency subtracts penalty x count and presence
-    subtracts penalty once, counting the output only. Then, in the order sampler.py documents: temperature,
-    top-k, top-p (the smallest most-probable set whose mass reaches p), min-p (drop p < min_p x max p)."""
-    x = np.array(logits, dtype=np.float64)
-    for t in set(prompt) | set(output):
-        x[t] = x[t] / params.repetition_penalty if x[t] > 0 else x[t] * params.repetition_penalty
-    counts = np.bincount(np.array(output, dtype=np.int64), minlength=len(x))
-    x -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
-    x /= params.temperature
-    p = np.exp(x - x.max())
-    p /= p.sum()
-    order = np.argsort(-p, kind="stable")  # most probable first
-    if params.top_k > 0:
-        p[order[params.top_k:]] = 0.0
-        p /= p.sum()
-    if params.top_p < 1.0:
-        above = np.cumsum(p[order]) - p[order]  # the mass ranked above each token
-        p[order[above >= params.top_p]] = 0.0  # already reached without it: cut (the first always stays)
-        p /= p.sum()
-    if params.min_p > 0:
-        p[p < params.min_p * p.max()] = 0.0
-    return p / p.sum()
-
-
 # Each case: the request's parameters and history, and `wrong`, what a mistaken sampler would do instead
 # (other parameters, the prompt left out of the repetition penalty, row 1 not counting the proposal), which
 # the same counts must reject: the test is shown to tell the distributions apart. Row 0 of the seed-1
@@ -153,9 +126,9 @@ def test_rejection_sampling_keeps_the_target_distribution(case):
     if case["same_rows"]:
         logits[1] = logits[0]
     rows = logits.numpy()
-    p0 = _reference_distribution(rows[0], params, prompt, output)
+    p0 = target_distribution(rows[0], params, prompt, output)
     drafts = [int(np.argsort(-p0)[1])]  # a likely but not the likeliest first
-    p1 = _reference_distribution(rows[1], params, prompt, output + drafts)
+    p1 = target_distribution(rows[1], params, prompt, output + drafts)
     drafts.append(int(p1.argmax()))
     sampler = Sampler(torch.device("cpu"), seed=0)
     reqs = []
@@ -174,11 +147,11 @@ def test_rejection_sampling_keeps_the_target_distribution(case):
     assert 0.1 < kept < 1.9  # both outcomes happened often: the test saw acceptance and rejection
     # the same counts reject the wrong expectation: the test has the power to see that mistake
     if wrong.pop("proposal_unseen", False):
-        counts, right, mistaken = seconds, p1, _reference_distribution(rows[1], params, prompt, output)
+        counts, right, mistaken = seconds, p1, target_distribution(rows[1], params, prompt, output)
     else:
         mistaken_prompt = wrong.pop("prompt", prompt)
         mistaken_params = msgspec.structs.replace(params, **wrong)
-        counts, right, mistaken = first, p0, _reference_distribution(rows[0], mistaken_params, mistaken_prompt, output)
+        counts, right, mistaken = first, p0, target_distribution(rows[0], mistaken_params, mistaken_prompt, output)
     assert not np.allclose(mistaken, right)
     assert _fit_pvalue(counts, mistaken) < 1e-6
 
