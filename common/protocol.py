@@ -78,6 +78,8 @@ class SchedulerTotals(msgspec.Struct, array_like=True, omit_defaults=True, kw_on
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = []
+    # requests the core stopped on an ABORT it had work for (a client gone, a stop string the frontend found)
+    num_aborted: int = 0
 
 
 class StepCounts(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):

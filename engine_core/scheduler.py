@@ -90,6 +90,7 @@ class Scheduler:
         self.spec_num_drafts = self.spec_num_draft_tokens = self.spec_num_accepted_tokens = 0
         self.spec_accepted_per_position = [0] * (proposer.num_speculative_tokens if proposer else 0)
         self.num_preemptions = 0
+        self.num_aborted = 0
         self.step_prompt_tokens = 0
         self.step_generation_tokens = 0
 
@@ -116,6 +117,7 @@ class Scheduler:
         gone = {id(r) for r in aborted}
         self.running = [r for r in self.running if id(r) not in gone]
         self.waiting = deque(r for r in self.waiting if id(r) not in gone)
+        self.num_aborted += len(aborted)
         outputs = []
         for request in aborted:
             self._finish(request, FinishReason.ABORT)
@@ -378,7 +380,8 @@ class Scheduler:
                                  prefix_cache_hits=self.kv.prefix_cache_hits, num_preemptions=self.num_preemptions,
                                  spec_num_drafts=self.spec_num_drafts, spec_num_draft_tokens=self.spec_num_draft_tokens,
                                  spec_num_accepted_tokens=self.spec_num_accepted_tokens,
-                                 spec_accepted_per_position=list(self.spec_accepted_per_position))
+                                 spec_accepted_per_position=list(self.spec_accepted_per_position),
+                                 num_aborted=self.num_aborted)
         return SchedulerStats(gauges=gauges, totals=totals)
 
     def step_counts(self) -> StepCounts:

@@ -424,6 +424,9 @@ def aborts(text: str) -> float:
     return metric(text, ABORTS) if ABORTS in text else 0.0
 
 
+CORE_ABORTS = "nvllm:core_aborted_requests_total"  # counted by the core itself: the ABORT arrived
+
+
 def used_blocks(text: str) -> float:
     return metric(text, "nvllm:kv_cache_total_blocks") - metric(text, "nvllm:kv_cache_free_blocks")
 
@@ -455,7 +458,8 @@ def wait_idle_after_disconnect(server, used_at_disconnect: float, finished_block
 
 
 def test_disconnected_stream_is_aborted_and_frees_blocks(server):
-    before = aborts(wait_idle(server))
+    idle = wait_idle(server)
+    before, core_before = aborts(idle), metric(idle, CORE_ABORTS)
     prompt, max_tokens = "Tell me a very long story. " * 20, 1800
     with httpx.stream("POST", server[0] + "/v1/completions", timeout=300,
                       json={"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}) as r:
@@ -467,7 +471,7 @@ def test_disconnected_stream_is_aborted_and_frees_blocks(server):
         assert used_blocks(busy) > 0
     # the core's running count is back to 0 and every block is free, long before max_tokens
     text = wait_idle_after_disconnect(server, used_blocks(busy), blocks_when_finished(server, prompt, max_tokens))
-    assert aborts(text) - before == 1
+    assert aborts(text) - before == 1 and metric(text, CORE_ABORTS) - core_before == 1
 
 
 def test_disconnected_non_streaming_request_is_aborted(server):
@@ -493,6 +497,7 @@ def test_disconnected_non_streaming_request_is_aborted(server):
         sock.close()
     text = wait_idle_after_disconnect(server, used_blocks(busy), blocks_when_finished(server, prompt, max_tokens))
     assert aborts(text) - aborts(before) == 1
+    assert metric(text, CORE_ABORTS) - metric(before, CORE_ABORTS) == 1
 
 
 def test_64_concurrent_streams_complete(server):
@@ -532,7 +537,8 @@ def test_metrics_names(server, client):
     for name in ["nvllm:num_requests_running", "nvllm:num_requests_waiting", "nvllm:kv_cache_usage_perc",
                  "nvllm:kv_cache_free_blocks", "nvllm:kv_cache_total_blocks", "nvllm:prefix_cache_hit_rate",
                  "nvllm:prefix_cache_queries_total", "nvllm:prefix_cache_hits_total", "nvllm:prompt_tokens_total",
-                 "nvllm:generation_tokens_total", "nvllm:num_preemptions_total", "nvllm:engine_up",
+                 "nvllm:generation_tokens_total", "nvllm:num_preemptions_total", "nvllm:core_aborted_requests_total",
+                 "nvllm:engine_up",
                  "nvllm:time_to_first_token_seconds_count", "nvllm:inter_token_latency_seconds_count",
                  "nvllm:e2e_request_latency_seconds_count"]:
         assert metric(text, name) >= 0, name

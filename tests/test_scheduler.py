@@ -271,6 +271,7 @@ def test_abort_frees_blocks_and_reports():
     assert sched.kv.num_free_blocks == 8 and not sched.has_unfinished_requests()
     assert sched.schedule().finished_ids == ["a", "b"]
     assert sched.abort_requests(["a"]) == []
+    assert sched.get_stats().totals.num_aborted == 2  # unknown and finished ids count nothing
 
 
 def test_abort_between_schedule_and_update_is_skipped():

@@ -62,6 +62,8 @@ class EngineStatsCollector:
             ("nvllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache", s.prefix_cache_queries),
             ("nvllm:prefix_cache_hits", "prompt tokens found in the prefix cache", s.prefix_cache_hits),
             ("nvllm:num_preemptions", "requests preempted (KV cache full) and recomputed later", s.num_preemptions),
+            ("nvllm:core_aborted_requests", "requests the engine core stopped on an abort (client gone, stop string)",
+             s.num_aborted),
         ]
         counters += [
             ("nvllm:spec_decode_num_drafts", "speculative decoding: steps in which a request verified proposed tokens",
