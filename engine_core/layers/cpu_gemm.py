@@ -3,9 +3,10 @@
 Against oneDNN's packed bf16 linear on the default model's shapes (2 Zen4 cores, no AMX): 1.5-1.7x
 faster at 1-8 rows (decode steps, where the weights stream from memory), 1.07-1.3x at 16-64, the
 same at 512 (prefill). Each output row is one fixed-order sum, so a row's result does not depend
-on how many rows the step has. CPUs with AMX keep oneDNN with --no-batch-invariant, which runs its matmuls on AMX tiles (several
-times AVX512-BF16's rate; not measured against this kernel: the development machine has no AMX);
-batch-invariant runs use this kernel there too. NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
+on how many rows the step has. CPUs with AMX keep oneDNN with --no-batch-invariant, which runs its
+matmuls on AMX tiles; batch-invariant runs use this kernel there too, at a fraction of AMX's rate (2 vCPUs
+of an AMX Xeon, the default model's layer shapes at 128-2048 rows: oneDNN 869-1084 GFLOP/s, this kernel
+148-152; benchmarks/results/cpu-vs-vllm.json). NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
 """
 
 import ctypes
