@@ -166,3 +166,23 @@ def test_what_counts_as_a_figure(text, expected):
 def test_a_figure_is_held_only_by_a_number_that_rounds_to_it():
     assert held("1.40", [1.403]) and held("44%", [0.441]) and held("356", [355.6])
     assert not held("1.40", [1.406]) and not held("356", [357.0]) and not held("44%", [0.46])
+
+
+@pytest.mark.parametrize("model, flags, label", [
+    ("Intel(R) Xeon(R) Processor", ["avx2", "avx512f", "avx512_bf16", "amx_bf16"], "Intel Xeon with AMX"),
+    ("AMD EPYC 9R14 96-Core Processor", ["avx2", "avx512f", "avx512_bf16"], "AMD EPYC with AVX512-BF16"),
+    ("Intel(R) Xeon(R) Platinum 8259CL", ["avx2", "avx512f"], "Intel Xeon with AVX512 (no BF16)"),
+    ("AMD EPYC 7B12", ["avx2", "fma", "f16c"], "AMD EPYC with AVX2 only"),
+])
+def test_machine_labels_name_the_best_kernel_tier(model, flags, label):
+    assert machine_label(model, flags) == label
+
+
+def test_cpu_info_reads_model_and_kernel_flags(tmp_path):
+    from frontend.bench.result_file import cpu_info
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 7B12\nflags\t\t: fpu sse2 avx2 fma f16c rdrand\n\n"
+                       "processor\t: 1\nmodel name\t: AMD EPYC 7B12\nflags\t\t: fpu sse2 avx2 fma f16c rdrand\n")
+    info = cpu_info(str(cpuinfo))
+    assert info["model"] == "AMD EPYC 7B12" and info["flags"] == ["avx2", "f16c", "fma"] and info["cpus"] >= 1
