@@ -1,8 +1,8 @@
 """Device and dtype choices for this machine."""
 
-import functools
-
 import torch
+
+from common.cpu_info import cpu_flags  # noqa: F401 (engine_core's kernels import it from here)
 
 
 def pick_device(requested: str = "auto") -> torch.device:
@@ -11,17 +11,6 @@ def pick_device(requested: str = "auto") -> torch.device:
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(requested)
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags (Linux), empty where they cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return frozenset()
-    return frozenset(line.partition(":")[2].split())
 
 
 def cpu_has_fast_bf16() -> bool:

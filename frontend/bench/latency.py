@@ -121,10 +121,10 @@ def run_latency(args) -> int:
     if bound:
         bound["streamed_mb"] = round(bound["streamed_bytes"] / 1e6, 1)
         bound["one_token_step_over_bound"] = round(one_per_step / bound["bound_ms"], 2)
-        print(f"  weight-streaming bound: {bound['streamed_bytes'] / 1e6:.1f} MB of weights per step "
+        print(f"  weight-streaming bound: {bound['streamed_mb']:.1f} MB of weights per step "
               f"(quantization: {bound['quantization']}) at {bound['bandwidth_gbs']:.1f} GB/s read = "
               f"{bound['bound_ms']:.2f} ms per one-token step; decoding one token per step runs at "
-              f"{one_per_step / bound['bound_ms']:.2f}x the bound" +
+              f"{bound['one_token_step_over_bound']:.2f}x the bound" +
               (f", with speculation {tpot / bound['bound_ms']:.2f}x" if spec else ""))
     if args.output_json:
         write_result(args, result)

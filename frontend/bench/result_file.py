@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 from common.child_process import ROOT
+from common.cpu_info import read_cpuinfo
 
 # the flags nvllm's CPU kernels are chosen by (engine_core/platform.py, the cpu_*.c kernels)
 KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
@@ -21,19 +22,8 @@ KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx51
 
 
 def cpu_info(cpuinfo_path: str = "/proc/cpuinfo") -> dict:
-    """Model name and kernel-relevant flags of the first CPU listed ({} fields where unreadable)."""
-    model, flags = "unknown", set()
-    try:
-        with open(cpuinfo_path) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model == "unknown":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                    break
-    except OSError:
-        pass
+    """Model name and the kernel-relevant flags of this CPU, and the CPUs this process may run on."""
+    model, flags = read_cpuinfo(cpuinfo_path)
     return {"model": model, "flags": sorted(flags & set(KERNEL_FLAGS)), "cpus": len(os.sched_getaffinity(0))}
 
 
