@@ -41,9 +41,11 @@ class AsyncLLM:
 
     @classmethod
     async def create(cls, args: EngineArgs | None = None, address: str | list[str] | None = None,
-                     socket_setup=None, restart_core: bool = True) -> "AsyncLLM":
+                     socket_setup=None, restart_core: bool = True,
+                     on_starting: Callable[["AsyncLLM"], None] | None = None) -> "AsyncLLM":
         """Starts a core child process for `args` (restarted when it dies, if restart_core), or connects
-        to the core(s) at `address` (socket_setup: the CURVE client keys)."""
+        to the core(s) at `address` (socket_setup: the CURVE client keys). on_starting(engine) is called
+        before any core answers, so that a caller can say why it is still waiting (engine.waiting_reason)."""
         if address is None:
             clients = [AsyncMPClient(args, None, restart_core=restart_core)]
         else:
@@ -59,12 +61,18 @@ class AsyncLLM:
                     c.shutdown()
                 raise
         engine = cls(clients)
+        if on_starting is not None:
+            on_starting(engine)
         try:
             await engine.router.start(STARTUP_TIMEOUT_SECONDS)
         except BaseException:  # failed or cancelled: stop the core child (if ours) and close the sockets
             engine.shutdown()
             raise
         return engine
+
+    def waiting_reason(self) -> str:
+        """Before the first READY: what each core link waits for (a refused CURVE key, no connection, ...)."""
+        return self.router.describe()
 
     @property
     def client(self) -> AsyncMPClient:

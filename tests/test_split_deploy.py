@@ -323,6 +323,10 @@ def test_two_hosts_with_curve(two_hosts, keys, tmp_path):
                          timeout=WAIT + 20)
         assert answer["status"] == 503 and "starting" in answer["body"], answer  # it never got READY
         wait_until(lambda: "refused this frontend's CURVE key" in intruder.log(), WAIT, what="the intruder's log")
+        # and its /health says why, not only that it is starting
+        refusal = ns_json(hosts.front_ns, WAIT_HEALTH.format(base="http://127.0.0.1:8001", want=503, timeout=WAIT),
+                          timeout=WAIT + 20)
+        assert refusal["status"] == 503 and "refused this frontend's CURVE key" in refusal["body"], refusal
         wait_until(lambda: "refused a frontend whose CURVE public key" in core.log(), WAIT, what="the core's log")
 
         again = ns_json(hosts.front_ns, OPENAI_CLIENT.format(base=base))

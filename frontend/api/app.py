@@ -26,6 +26,7 @@ from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse
                                    HealthResponse, ModelCard, ModelList, TokenizeChatRequest,
                                    TokenizeCompletionRequest, TokenizeResponse, VersionResponse)
 from frontend.api.state import ServerState
+from frontend.async_llm import AsyncLLM
 
 logger = logging.getLogger("nvllm")
 
@@ -55,16 +56,19 @@ def version() -> str:
             return "unknown"
 
 
-def build_app(engine_factory: Callable[[], Awaitable], *, api_key: str | None = None,
+def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[AsyncLLM]], *,
+              api_key: str | None = None,
               served_model_name: str | None = None, on_ready: Callable | None = None,
               on_failure: Callable[[BaseException], None] | None = None,
               limits: HTTPLimits | None = None, chat: ChatOptions | None = None) -> FastAPI:
-    """engine_factory(): awaitable AsyncLLM (e.g. `lambda: AsyncLLM.create(args)`)."""
+    """engine_factory(on_starting): awaitable AsyncLLM (e.g. `lambda on_starting: AsyncLLM.create(args,
+    on_starting=on_starting)`); the engine it hands to on_starting before it is READY tells /health why
+    it is still waiting."""
     state = ServerState(served_model_name, api_key, limits, chat)
 
     async def start_engine() -> None:
         try:
-            engine = await engine_factory()
+            engine = await engine_factory(state.engine_starting)
         except asyncio.CancelledError:
             raise
         except BaseException as e:

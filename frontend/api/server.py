@@ -35,7 +35,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_server(engine_factory: Callable[[], Awaitable], *, host: str, port: int, api_key: str | None,
+def run_server(engine_factory: Callable[[Callable], Awaitable], *, host: str, port: int, api_key: str | None,
                served_model_name: str | None, log_level: str = "info", access_log: bool = True,
                limits: HTTPLimits | None = None, chat: ChatOptions | None = None) -> int:
     """Serves until SIGINT/SIGTERM; returns the exit code (1 when the engine failed to start)."""

@@ -21,6 +21,10 @@ class ServerState:
         self.admission = AdmissionGate(self.limits.max_queued_requests)
         self.metrics = Metrics()
         self.startup_error: str | None = None
+        self.starting: AsyncLLM | None = None  # created, not yet READY: says what it waits for
+
+    def engine_starting(self, engine: AsyncLLM) -> None:
+        self.starting = engine
 
     @property
     def model_name(self) -> str:
@@ -31,10 +35,16 @@ class ServerState:
     def ready_engine(self) -> AsyncLLM:
         """The engine, or a 503 while it is starting, failed to start, or died."""
         if self.engine is None:
-            raise engine_unavailable(self.startup_error or "it is still starting; retry shortly")
+            raise engine_unavailable(self.startup_error or self._still_starting())
         if self.engine.dead is not None:
             raise engine_unavailable(str(self.engine.dead))
         return self.engine
+
+    def _still_starting(self) -> str:
+        # a core that refuses this frontend's key looks like one still starting unless we say so
+        if self.starting is not None:
+            return f"it is still starting ({self.starting.waiting_reason()}); retry shortly"
+        return "it is still starting; retry shortly"
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

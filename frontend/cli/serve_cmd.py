@@ -92,7 +92,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     args = engine_args_from(ns)
     args.validate()
     os.environ.setdefault("NVLLM_LOG_LEVEL", ns.log_level.upper())  # the core child logs at this level too
-    return _serve_http(ns, lambda: AsyncLLM.create(args), None)
+    return _serve_http(ns, lambda on_starting: AsyncLLM.create(args, on_starting=on_starting), None)
 
 
 def run_frontend(ns: argparse.Namespace) -> int:
@@ -103,7 +103,8 @@ def run_frontend(ns: argparse.Namespace) -> int:
     if len(set(engines)) != len(engines):
         raise ValueError(f"--engine names an engine core twice: {' '.join(engines)}")
     socket_setup = frontend_socket_setup(ns, engines)
-    return _serve_http(ns, lambda: AsyncLLM.create(address=engines, socket_setup=socket_setup),
+    return _serve_http(ns, lambda on_starting: AsyncLLM.create(address=engines, socket_setup=socket_setup,
+                                                               on_starting=on_starting),
                        ns.served_model_name)
 
 
