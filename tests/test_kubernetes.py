@@ -12,12 +12,13 @@ import shutil
 import subprocess
 import sysconfig
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from http_helpers import ROOT
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # runs kubectl
 
 K8S = os.path.join(ROOT, "deploy", "kubernetes")
 LAYOUTS = ("base", "overlays/gpu", "overlays/multinode-tp")
@@ -315,7 +316,7 @@ def check_multinode(docs, core_sts, core_c, core, core_svc, by_container) -> Non
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_rendered_objects_pass_the_kubernetes_schemas(rendered, layout):
-    kv = pytest.importorskip("kubernetes_validate")
+    kv = kubernetes_validate
     version = kv.latest_version()
     kinds = set()
     for doc in rendered[layout]:
@@ -336,7 +337,7 @@ def test_commands_parse_and_agree(rendered, layout, tmp_path):
 def test_the_checks_catch_broken_manifests(rendered, tmp_path):
     """A refused flag, a frontend dialling the wrong port, a key file no Secret holds, a worker with
     the wrong --nnodes, an unknown field: each one is caught."""
-    kv = pytest.importorskip("kubernetes_validate")
+    kv = kubernetes_validate
     base, multi = rendered["base"], rendered["overlays/multinode-tp"]
 
     def broken(docs, kind, name, change):
