@@ -51,6 +51,7 @@ CMD ["nvllm", "frontend", "--engine", "tcp://engine-core:5555", "--host", "0.0.0
 
 
 FROM python AS core
+# the same pip settings as the frontend's: an ARG reaches only the stage that declares it
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG PIP_FIND_LINKS
