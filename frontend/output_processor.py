@@ -64,7 +64,8 @@ class OutputProcessor:
         children = {}
         for i, cid in enumerate(core_ids):
             detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop,
-                                           params.include_stop_str_in_output, params.skip_special_tokens)
+                                           params.include_stop_str_in_output, params.skip_special_tokens,
+                                           min_tokens=params.min_tokens)
             children[cid] = SequenceState(i, detok, logprobs=[] if params.logprobs is not None else None,
                                           cumulative_logprob=0.0 if params.logprobs is not None else None)
             self.child_to_parent[cid] = request_id

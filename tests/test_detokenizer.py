@@ -59,6 +59,30 @@ def test_stop_string_excluded_and_included(tokenizer):
     assert "".join(pieces) == "The answer is 42. STOP"
 
 
+def test_stop_strings_wait_for_min_tokens(tokenizer):
+    """A stop string ends a sequence only where it ends in the min_tokens-th token's text or later, like EOS and
+    stop token ids, which the sampler bans before min_tokens."""
+    text = "Paris is big. Paris is old. Paris is far."
+    ids = tokenizer.encode(text)
+    first_end = len(tokenizer.encode("Paris"))  # tokens up to the end of the first "Paris"
+    second = text.index("Paris", 1)
+    second_end = len(tokenizer.encode(text[:second + 5]))
+    for min_tokens, kept in [(0, ""), (first_end, ""), (first_end + 1, text[:second]), (second_end, text[:second]),
+                             (second_end + 1, text[:text.index("Paris", second + 1)]), (len(ids), text)]:
+        params = SamplingParams(stop=["Paris"], min_tokens=min_tokens, max_tokens=len(ids),
+                                output_kind=RequestOutputKind.DELTA)
+        pieces, final, _ = _stream(tokenizer, ids, params)
+        assert "".join(pieces) == kept, min_tokens
+        assert final.outputs[0].finish_reason == ("length" if kept == text else "stop"), min_tokens
+    # tokens coming several at once (speculative decoding's accepted runs) change nothing
+    proc = OutputProcessor(tokenizer)
+    processor = Processor(tokenizer, RequestLimits(vocab_size=len(tokenizer), max_model_len=4096), [])
+    proc.add_request(processor.process("r", [1, 2, 3], SamplingParams(stop=["Paris"], min_tokens=first_end + 1,
+                                                                      output_kind=RequestOutputKind.FINAL_ONLY)))
+    results, _ = proc.process_outputs(EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="r", new_token_ids=ids)]))
+    assert results[0][1].outputs[0].text == text[:second]
+
+
 def test_partial_stop_string_is_held_back_then_released(tokenizer):
     text = "abc ST and STO but never the word"
     ids = tokenizer.encode(text)

@@ -23,8 +23,8 @@ from frontend.api.limits import HTTPLimits, LimitsMiddleware, key_error
 from frontend.api.metrics import CONTENT_TYPE
 from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
-                                   HealthResponse, ModelCard, ModelList, TokenizeChatRequest,
-                                   TokenizeCompletionRequest, TokenizeResponse, VersionResponse)
+                                   HealthResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+                                   VersionResponse)
 from frontend.api.state import ServerState
 from frontend.async_llm import AsyncLLM
 
@@ -129,7 +129,7 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
         return ModelList(data=[ModelCard(id=state.model_name, max_model_len=engine.model_info.max_model_len)])
 
     @api.post("/tokenize", response_model=TokenizeResponse)
-    async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest):
+    async def tokenize(body: TokenizeRequest):
         return await serving_tokenize.tokenize(state, body)
 
     @api.post("/detokenize", response_model=DetokenizeResponse)

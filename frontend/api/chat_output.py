@@ -80,3 +80,8 @@ def read_whole(text: str, tool_format: str | None, reasoning_format: str | None,
 def finish_reason(reason: str | None, called: bool) -> str | None:
     """OpenAI says "tool_calls" when a choice ended (not cut by length) with calls."""
     return "tool_calls" if called and reason == "stop" else reason
+
+
+def legacy_finish_reason(reason: str | None) -> str | None:
+    """What OpenAI says for a call made through the deprecated `functions`."""
+    return "function_call" if reason == "tool_calls" else reason

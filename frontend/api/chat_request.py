@@ -18,6 +18,7 @@ from common.errors import InvalidParameter
 from common.structured_outputs import StructuredOutputsParams
 from frontend import chat_template
 from frontend.api.chat_options import ChatOptions
+from frontend.api.openai_fields import NO_THINKING_EFFORTS
 from frontend.reasoning import THINK_CLOSE, reasoning_parser_for_template
 from frontend.tool_calls import (messages_for_template, template_takes_tools, tool_call_grammar,
                                  tool_parser_for_template, with_tools_in_system_turn)
@@ -42,13 +43,15 @@ def template_text(tokenizer) -> str | None:
 def plan_chat(body, tokenizer, options: ChatOptions) -> ChatPlan:
     """Raises InvalidParameter naming the field (a tool_choice naming no tool, special tokens in tools)."""
     template = template_text(tokenizer)
-    messages = [_message(m) for m in body.messages]
+    messages = [m.for_template() for m in body.messages]
     reasoning = options.reasoning_parser or reasoning_parser_for_template(template)
     # /tokenize's chat bodies have messages only
     plan = ChatPlan(messages, dict(getattr(body, "chat_template_kwargs", None) or {}),
                     reasoning_parser=None if reasoning == "none" else reasoning)
-    tools = [t.model_dump(exclude_none=True) for t in getattr(body, "tools", None) or []]
-    choice = getattr(body, "tool_choice", None)
+    _apply_reasoning_effort(plan, getattr(body, "reasoning_effort", None))
+    chat_request = hasattr(body, "tool_definitions")  # /tokenize's chat bodies have no tools
+    tools = [t.model_dump(exclude_none=True) for t in body.tool_definitions()] if chat_request else []
+    choice = body.tool_choice_option() if chat_request else None
     choice = choice.model_dump() if hasattr(choice, "model_dump") else choice
     if choice is not None and choice != "none" and not tools:
         raise InvalidParameter("tool_choice", "tool_choice needs tools")
@@ -66,7 +69,8 @@ def plan_chat(body, tokenizer, options: ChatOptions) -> ChatPlan:
         plan.conversation = with_tools_in_system_turn(plan.conversation, tools)
     if choice not in (None, "auto"):
         try:
-            grammar = tool_call_grammar(tools, choice, getattr(body, "parallel_tool_calls", True), plan.tool_parser)
+            parallel = body.parallel_tool_calls and not body.legacy_functions  # a function_call is one call
+            grammar = tool_call_grammar(tools, choice, parallel, plan.tool_parser)
         except ValueError as e:
             raise InvalidParameter("tool_choice", f"tool_choice: {e}") from None
         plan.tool_constraint = StructuredOutputsParams(grammar=grammar)
@@ -86,16 +90,15 @@ def with_constraint_after_reasoning(constraint: StructuredOutputsParams | None, 
                                    starts_after_token_ids=tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
 
 
-def _message(m) -> dict:
-    """A message as the helpers and templates take it: OpenAI's shape, developer as system, text content."""
-    out = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-    if m.name is not None:
-        out["name"] = m.name
-    if m.tool_calls:
-        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    return out
+def _apply_reasoning_effort(plan: ChatPlan, effort: str | None) -> None:
+    """OpenAI's reasoning_effort onto the template: its own variable of that name (templates such as gpt-oss
+    read it) and, on a reasoning model, the thinking switch (Qwen3's enable_thinking). chat_template_kwargs,
+    the explicit form, wins where both set a variable."""
+    if effort is None:
+        return
+    plan.template_kwargs.setdefault("reasoning_effort", effort)
+    if plan.reasoning_parser is not None:
+        plan.template_kwargs.setdefault("enable_thinking", effort not in NO_THINKING_EFFORTS)
 
 
 def _check_no_special_tokens(tokenizer, value, field_name: str) -> None:

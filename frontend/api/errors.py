@@ -69,33 +69,83 @@ def engine_unavailable(why: str) -> APIError:
     return APIError(503, f"the engine core is unavailable: {why}", code="engine_unavailable")
 
 
+def field_path(loc, body, error_type: str = "") -> list[str | int]:
+    """A pydantic error's location as a path into the body the client sent: the names of union members and
+    tags that pydantic puts in a location are in no body, so they are left out. A missing field is named."""
+    path, value = [], body
+    loc = [p for p in loc]
+    if loc and loc[0] == "body":
+        loc = loc[1:]
+    for i, part in enumerate(loc):
+        if isinstance(value, dict) and isinstance(part, str) and part in value:
+            path.append(part)
+            value = value[part]
+        elif isinstance(value, list) and type(part) is int and 0 <= part < len(value):
+            path.append(part)
+            value = value[part]
+        elif isinstance(value, dict) and i == len(loc) - 1 and error_type == "missing":
+            path.append(part)
+    return path
+
+
+def format_path(path: list[str | int]) -> str:
+    """messages[1].content[0].text"""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if type(part) is int else (f".{part}" if text else str(part))
+    return text
+
+
+OWN_MESSAGES = ("shape", "unsupported")  # error types whose message the request models wrote for clients
+
+
 def _validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     json_error = next((e for e in errors if e.get("type") == "json_invalid"), None)
     if json_error is not None:
         why = (json_error.get("ctx") or {}).get("error", "")
         return APIError(400, f"the request body is not valid JSON{': ' + why if why else ''}", code="invalid_json")
-    # the first error names the parameter; a union (e.g. prompt) reports one error per alternative
-    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = loc[0] if loc else None
-    same = [e for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
-    if param is None:
+    body = getattr(exc, "body", None)
+    paths = [field_path(e.get("loc", ()), body, e.get("type", "")) for e in errors]
+    if not errors or not paths[0]:
+        first = errors[0] if errors else {"type": "missing", "msg": "invalid request"}
         message = "the request body must be a JSON object with the documented fields"
         if first.get("type") not in ("missing", "model_attributes_type", "dict_type"):
             message += f": {first.get('msg')}"
-    elif len(same) > 1 and first.get("type") not in ("missing", "extra_forbidden"):
-        # a union: the deepest error is usually the one about what the client meant
-        deepest = max(same, key=lambda e: len(e.get("loc", ())))
-        where = ".".join(str(p) for p in deepest.get("loc", ()) if p != "body")
-        message = f"{param} has the wrong type or value (no accepted form matches; e.g. {where}: {deepest.get('msg')})"
-    elif first.get("type") == "extra_forbidden":
-        message = f"{param} is not a parameter this endpoint accepts"
-    elif first.get("type") == "shape":  # protocol.py's own checks name the field and element themselves
-        message = first["msg"] if len(loc) == 1 else f"{'.'.join(loc)}: {first['msg']}"
+        return APIError(400, message)
+    first, path = errors[0], paths[0]
+    kind = first.get("type")
+    if kind in ("union_tag_invalid", "union_tag_not_found"):  # name the tag field (role, type) itself
+        tag = str((first.get("ctx") or {}).get("discriminator", "")).strip("'")
+        path = path + [tag] if tag else path
+    # a union (e.g. content: text or parts) reports one error per alternative; the deepest is usually the one
+    # about what the client meant
+    same = [(e, p) for e, p in zip(errors, paths) if p[:len(path)] == path]
+    union_message = None
+    if len(same) > 1 and kind not in ("missing", "extra_forbidden"):
+        deepest, deep_path = max(same, key=lambda item: len(item[1]))
+        if deepest.get("type") in OWN_MESSAGES:  # a refusal of the form the client chose: that is the answer
+            first, path, kind = deepest, deep_path, deepest.get("type")
+        else:
+            union_message = (f"{format_path(path)} has the wrong type or value (no accepted form matches; e.g. "
+                             f"{format_path(deep_path)}: {deepest.get('msg')})")
+    param = format_path(path)
+    if union_message is not None:
+        message = union_message
+    elif kind == "union_tag_invalid":
+        ctx = first.get("ctx") or {}
+        message = f"{param} must be one of {ctx.get('expected_tags')}, got {ctx.get('tag')!r}"
+    elif kind == "union_tag_not_found":
+        message = f"{param}: Field required"
+    elif kind == "extra_forbidden":
+        where = "parameter this endpoint accepts" if len(path) == 1 else "field this endpoint accepts there"
+        message = f"{param} is not a {where}"
+    elif kind in OWN_MESSAGES and (len(path) == 1 or first["msg"].startswith(param)):
+        message = first["msg"]  # the request models' own checks name the field and element themselves
     else:
-        got = f" (got {first['input']!r})" if _short(first.get("input")) and first.get("type") != "missing" else ""
-        message = f"{'.'.join(loc)}: {first.get('msg')}{got}"
+        got = f" (got {first['input']!r})" if _short(first.get("input")) and kind not in ("missing", *OWN_MESSAGES) \
+            else ""
+        message = f"{param}: {first.get('msg')}{got}"
     if len(message) > 1000:
         message = message[:1000] + "..."
     return APIError(400, message, param=param)

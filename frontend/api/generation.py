@@ -6,6 +6,7 @@ The engine is always asked for DELTA outputs: streaming sends them on, non-strea
 and the metrics see every step either way.
 """
 
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -25,6 +26,8 @@ from frontend.async_llm import AsyncLLM
 from frontend.core_client import EngineDeadError
 from frontend.outputs import CompletionOutput, Logprob, RequestOutput
 from frontend.processor import ProcessedRequest
+
+logger = logging.getLogger("nvllm")
 
 
 @dataclass
@@ -123,13 +126,17 @@ async def collect(stream: AsyncIterator[tuple[int, RequestOutput]], num_prompts:
     return choices
 
 
-async def sse_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """A streamed response's events, then [DONE]; an engine that fails mid-stream ends it with an error event."""
+async def sse_events(events: AsyncIterator[str], request_id: str) -> AsyncIterator[str]:
+    """A streamed response's events, then [DONE]; a failure mid-stream ends it with an error event (a bug
+    is logged with its traceback and the request id: the client has had its 200 already)."""
     try:
         async for event in events:
             yield event
-    except Exception as e:  # the engine died mid-stream: say so in the stream, then end it
-        yield f"data: {engine_error(e).body().model_dump_json()}\n\n"
+    except Exception as e:
+        error = engine_error(e)
+        if error.status == 500:
+            logger.exception("internal error streaming request %s", request_id)
+        yield f"data: {error.body().model_dump_json()}\n\n"
     yield SSE_DONE
 
 

@@ -9,27 +9,21 @@ Unknown fields are refused (400 naming the field) rather than silently ignored.
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Discriminator, Field, PlainValidator, Tag
 
+from common.errors import InvalidParameter
 from common.sampling_params import RequestOutputKind, SamplingParams
 from frontend.api.constraint_fields import ConstraintFields
-from frontend.api.tool_protocol import MAX_TOOLS, DeltaToolCall, OmitNone, ToolCall, ToolChoice, ToolDefinition
+from frontend.api.messages import ChatMessage
+from frontend.api.openai_fields import OpenAIChatFields, OpenAICompletionFields
+from frontend.api.tool_protocol import (MAX_TOOLS, DeltaFunctionCall, DeltaToolCall, FunctionCall, NamedToolChoice,
+                                       OmitNone, ToolCall, ToolChoice, ToolDefinition)
+from frontend.api.wire_types import StrictModel, Text, at_most, shape_error
 
 
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
-
-def _utf8(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid UTF-8 text (it holds a lone surrogate)") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_utf8)]  # what the tokenizer and the wire can take
 
 # Caps on element counts, checked before any element is looked at; a body is at most
 # --max-request-body-bytes anyway, these keep the work per request small and bounded.
@@ -40,11 +34,6 @@ MAX_TOKEN_IDS = 1 << 20  # token ids in one request's `prompt`, or in /detokeniz
 MAX_STOP = 4096  # stop strings
 MAX_STOP_TOKEN_IDS = 65536
 MAX_MESSAGES = 4096
-MAX_CONTENT_PARTS = 256  # parts of one message's content
-
-
-def _shape_error(message: str) -> PydanticCustomError:
-    return PydanticCustomError("shape", message)
 
 
 def _describe(value) -> str:
@@ -58,14 +47,15 @@ def _check_token_ids(ids: list, where: str) -> list[int]:
     if set(map(type, ids)) <= {int} and (not ids or (min(ids) >= 0 and max(ids) <= INT32_MAX)):
         return ids
     i, bad = next((i, t) for i, t in enumerate(ids) if type(t) is not int or not 0 <= t <= INT32_MAX)
-    raise _shape_error(f"{where}[{i}] must be a token id (an integer in [0, 2**31)), got {_describe(bad)}")
+    raise shape_error(f"{where}[{i}] must be a token id (an integer in [0, 2**31)), got {_describe(bad)}")
 
 
 def _check_text(text: str, where: str) -> str:
     try:
-        return _utf8(text)
-    except ValueError as e:
-        raise _shape_error(f"{where} {e}") from None
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise shape_error(f"{where} must be valid UTF-8 text (it holds a lone surrogate)") from None
+    return text
 
 
 def _prompt(value):
@@ -74,44 +64,34 @@ def _prompt(value):
     if isinstance(value, str):
         return _check_text(value, "prompt")
     if not isinstance(value, list):
-        raise _shape_error("prompt must be a string, a list of strings, a list of token ids or a list of "
+        raise shape_error("prompt must be a string, a list of strings, a list of token ids or a list of "
                            f"lists of token ids, got {_describe(value)}")
     if not value:
         return value
     first = value[0]
     if type(first) is int:
         if len(value) > MAX_TOKEN_IDS:
-            raise _shape_error(f"prompt has {len(value)} token ids, more than {MAX_TOKEN_IDS}")
+            raise shape_error(f"prompt has {len(value)} token ids, more than {MAX_TOKEN_IDS}")
         return _check_token_ids(value, "prompt")
     if not isinstance(first, (str, list)):
-        raise _shape_error(f"prompt[0] must be a string, a token id or a list of token ids, got {_describe(first)}")
+        raise shape_error(f"prompt[0] must be a string, a token id or a list of token ids, got {_describe(first)}")
     if len(value) > MAX_PROMPTS:
-        raise _shape_error(f"prompt is a list of {len(value)} prompts, more than {MAX_PROMPTS}")
+        raise shape_error(f"prompt is a list of {len(value)} prompts, more than {MAX_PROMPTS}")
     if isinstance(first, str):
         for i, p in enumerate(value):
             if not isinstance(p, str):
-                raise _shape_error(f"prompt[{i}] must be a string like prompt[0], got {_describe(p)}")
+                raise shape_error(f"prompt[{i}] must be a string like prompt[0], got {_describe(p)}")
             _check_text(p, f"prompt[{i}]")
         return value
     total = 0
     for i, p in enumerate(value):
         if not isinstance(p, list):
-            raise _shape_error(f"prompt[{i}] must be a list of token ids like prompt[0], got {_describe(p)}")
+            raise shape_error(f"prompt[{i}] must be a list of token ids like prompt[0], got {_describe(p)}")
         total += len(p)
         if total > MAX_TOKEN_IDS:
-            raise _shape_error(f"prompt holds more than {MAX_TOKEN_IDS} token ids")
+            raise shape_error(f"prompt holds more than {MAX_TOKEN_IDS} token ids")
         _check_token_ids(p, f"prompt[{i}]")
     return value
-
-
-def _at_most(limit: int, name: str):
-    """A before-validator: a list longer than `limit` is refused before its items are validated
-    (pydantic's max_length counts only after validating every item)."""
-    def check(value):
-        if isinstance(value, list) and len(value) > limit:
-            raise _shape_error(f"{name} has {len(value)} items, more than {limit}")
-        return value
-    return BeforeValidator(check)
 
 
 TokenIdList = list[TokenId]
@@ -122,15 +102,10 @@ PromptInput = Annotated[str | list[int] | list[str] | list[list[int]],  # the sc
 
 def _detokenize_tokens(value):
     if not isinstance(value, list):
-        raise _shape_error(f"tokens must be a list of token ids, got {_describe(value)}")
+        raise shape_error(f"tokens must be a list of token ids, got {_describe(value)}")
     if len(value) > MAX_TOKEN_IDS:
-        raise _shape_error(f"tokens has {len(value)} token ids, more than {MAX_TOKEN_IDS}")
+        raise shape_error(f"tokens has {len(value)} token ids, more than {MAX_TOKEN_IDS}")
     return _check_token_ids(value, "tokens")
-
-
-class StrictModel(BaseModel):
-    # NaN and +-Infinity parse as JSON numbers in Python; no parameter means anything by them
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -160,9 +135,9 @@ class SamplingFields(ConstraintFields, StrictModel):
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX, description="vLLM extension: keep the k most likely tokens; -1 or 0: off")
     min_p: float | None = Field(None, ge=0, le=1, description="vLLM extension: drop tokens below min_p x the top one")
     seed: int | None = Field(None, ge=0, lt=2**63, description="per-request seed; same seed, same output")
-    stop: Annotated[Text | list[Text] | None, _at_most(MAX_STOP, "stop")] = Field(
+    stop: Annotated[Text | list[Text] | None, at_most(MAX_STOP, "stop")] = Field(
         None, description="stop strings (not included in the text)")
-    stop_token_ids: Annotated[list[TokenId] | None, _at_most(MAX_STOP_TOKEN_IDS, "stop_token_ids")] = Field(
+    stop_token_ids: Annotated[list[TokenId] | None, at_most(MAX_STOP_TOKEN_IDS, "stop_token_ids")] = Field(
         None, description="vLLM extension: token ids that end the completion")
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
@@ -179,7 +154,10 @@ class SamplingFields(ConstraintFields, StrictModel):
         "cannot learn from cache hits what another's prompts hold"))
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """Raises InvalidParameter when the request sets more than one output constraint."""
+        """Raises InvalidParameter when the request sets more than one output constraint, or stream_options
+        without streaming (as OpenAI does)."""
+        if self.stream_options is not None and not self.stream:
+            raise InvalidParameter("stream_options", "stream_options is only allowed with stream: true")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         constraint, _ = self.constraint()
         return SamplingParams(
@@ -219,7 +197,7 @@ class UsageInfo(BaseModel):
 
 # ---- /v1/completions ----------------------------------------------------------------------------
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(OpenAICompletionFields, SamplingFields):
     prompt: PromptInput = Field(description="a string, a list of strings, a list of token ids, or a list of lists "
                                             f"of token ids (at most {MAX_PROMPTS} prompts, {MAX_TOKEN_IDS} token ids)")
     max_tokens: int | None = Field(16, ge=1, description="tokens to generate; null: up to max_model_len")
@@ -227,6 +205,9 @@ class CompletionRequest(SamplingFields):
     echo: bool = Field(False, description="prepend the prompt to the text (its tokens get null logprobs)")
 
     def to_sampling_params(self) -> SamplingParams:
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidParameter("best_of", f"best_of {self.best_of} is not supported: completions are not ranked, "
+                                              f"so best_of must equal n ({self.n}) or be left out")
         return self._sampling_params(self.max_tokens, self.logprobs)
 
 
@@ -260,34 +241,14 @@ class CompletionStreamResponse(CompletionResponse):
 
 # ---- /v1/chat/completions -----------------------------------------------------------------------
 
-class TextContentPart(StrictModel):
-    type: Literal["text"]
-    text: Text
-
-
-class ChatMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[Text | list[TextContentPart] | None, _at_most(MAX_CONTENT_PARTS, "content")] = None
-    name: Text | None = None
-    tool_calls: Annotated[list[ToolCall] | None, _at_most(MAX_TOOLS, "tool_calls")] = Field(
-        None, description="an assistant turn's calls")
-    tool_call_id: Text | None = Field(None, description="a tool turn: the call it answers")
-    reasoning_content: Text | None = Field(None, description="an assistant turn's reasoning (not sent to the model)")
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "\n".join(part.text for part in self.content)
-        return self.content or ""
-
-
-class ChatCompletionRequest(SamplingFields):
-    messages: Annotated[list[ChatMessage], _at_most(MAX_MESSAGES, "messages")] = Field(min_length=1)
+class ChatCompletionRequest(OpenAIChatFields, SamplingFields):
+    messages: Annotated[list[ChatMessage], at_most(MAX_MESSAGES, "messages")] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI for max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1, description="tokens to generate; null: up to max_model_len")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20, description="needs logprobs: true")
     add_generation_prompt: bool = Field(True, description="end the prompt with the assistant turn's header")
-    tools: Annotated[list[ToolDefinition] | None, _at_most(MAX_TOOLS, "tools")] = None
+    tools: Annotated[list[ToolDefinition] | None, at_most(MAX_TOOLS, "tools")] = None
     tool_choice: ToolChoice | None = Field(None, description="none, auto (the default with tools), required, or "
                                                              "a named function")
     parallel_tool_calls: bool = Field(True, description="required: allow several calls in one answer")
@@ -297,6 +258,30 @@ class ChatCompletionRequest(SamplingFields):
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+
+    @property
+    def legacy_functions(self) -> bool:
+        """Tools given in OpenAI's deprecated form: answers name the call in `function_call` too."""
+        return self.functions is not None
+
+    def tool_definitions(self) -> list[ToolDefinition]:
+        """`tools`, or OpenAI's deprecated `functions` as function tools."""
+        if self.functions is None:
+            return list(self.tools or [])
+        if self.tools is not None:
+            raise InvalidParameter("functions", "functions is OpenAI's deprecated form of tools; send one of them")
+        return [ToolDefinition(function=f) for f in self.functions]
+
+    def tool_choice_option(self) -> ToolChoice | None:
+        """`tool_choice`, or OpenAI's deprecated `function_call` as it."""
+        if self.function_call is None:
+            return self.tool_choice
+        if self.tool_choice is not None:
+            raise InvalidParameter("function_call", "function_call is OpenAI's deprecated form of tool_choice; send "
+                                                    "one of them")
+        if isinstance(self.function_call, str):
+            return self.function_call
+        return NamedToolChoice(function=self.function_call)
 
 
 class ChatTopLogprob(BaseModel):
@@ -318,6 +303,7 @@ class ChatResponseMessage(BaseModel):
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCall] = []
+    function_call: FunctionCall | None = Field(None, description="the call, when the request sent `functions`")
 
 
 class ChatChoice(BaseModel):
@@ -335,6 +321,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
+    service_tier: str = Field("default", description="how it was served: always as OpenAI's default tier")
 
 
 class DeltaMessage(OmitNone):
@@ -343,6 +330,7 @@ class DeltaMessage(OmitNone):
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    function_call: DeltaFunctionCall | None = None  # when the request sent `functions`
 
 
 class ChatStreamChoice(BaseModel):
@@ -360,6 +348,7 @@ class ChatCompletionStreamResponse(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    service_tier: str = Field("default", description="how it was served: always as OpenAI's default tier")
 
 
 # ---- /v1/models, /tokenize, /detokenize, /version, /health --------------------------------------
@@ -385,8 +374,17 @@ class TokenizeCompletionRequest(StrictModel):
 
 class TokenizeChatRequest(StrictModel):
     model: Text | None = None
-    messages: Annotated[list[ChatMessage], _at_most(MAX_MESSAGES, "messages")] = Field(min_length=1)
+    messages: Annotated[list[ChatMessage], at_most(MAX_MESSAGES, "messages")] = Field(min_length=1)
     add_generation_prompt: bool = True
+
+
+def _tokenize_form(body) -> str:
+    return "chat-form" if isinstance(body, dict) and "messages" in body else "prompt-form"
+
+
+# a body with `messages` is a chat, any other a prompt: errors then come from that form alone
+TokenizeRequest = Annotated[Annotated[TokenizeCompletionRequest, Tag("prompt-form")]
+                            | Annotated[TokenizeChatRequest, Tag("chat-form")], Discriminator(_tokenize_form)]
 
 
 class TokenizeResponse(BaseModel):

@@ -4,6 +4,9 @@ A stream begins with one {"role": "assistant", "content": ""} delta per choice, 
 token by token; the last delta of a choice carries its finish_reason.
 """
 
+import json
+import logging
+
 import msgspec
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -12,7 +15,7 @@ from frontend import chat_template
 from frontend.api import generation as G
 from frontend.api import offload
 from common.errors import InvalidParameter
-from frontend.api.chat_output import ChatOutputReader, finish_reason, read_whole
+from frontend.api.chat_output import ChatOutputReader, finish_reason, legacy_finish_reason, read_whole
 from frontend.api.chat_request import ChatPlan, plan_chat, with_constraint_after_reasoning
 from frontend.api.errors import APIError, bad_request
 from frontend.api.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletionRequest, ChatCompletionResponse,
@@ -22,6 +25,8 @@ from frontend.api.state import ServerState
 from frontend.api.streams import ClientDisconnected, cancel_on_disconnect, sse
 from frontend.outputs import Logprob
 from frontend.reasoning import prompt_opens_reasoning
+
+logger = logging.getLogger("nvllm")
 
 
 async def render_chat(state: ServerState, engine, messages: list[ChatMessage], plan: ChatPlan,
@@ -73,6 +78,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
                            f"with {other}", param="tool_choice")
         constraint_field = "tools"
     request_id = G.new_request_id("chatcmpl")
+    if body.metadata:
+        logger.info("request %s metadata %s", request_id, json.dumps(body.metadata, ensure_ascii=False))
     G.check_sequences([body.messages], params, param="messages")
     ticket = state.admission.admit(params.n)  # 503 when overloaded, before any work
     try:
@@ -91,7 +98,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     formats = (plan.tool_parser, plan.reasoning_parser, in_reasoning)
     if body.stream:
         return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream, num_top,
-                                                      formats)),
+                                                      formats), request_id),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
         choices = await cancel_on_disconnect(raw, G.collect(stream, 1, params.n))
@@ -103,11 +110,15 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     result = []
     for c in choices:
         read = read_whole(c.text, *formats)
+        message = ChatResponseMessage(content=read.content, reasoning_content=read.reasoning,
+                                      tool_calls=read.tool_calls)
+        reason = finish_reason(c.finish_reason, bool(read.tool_calls))
+        if body.legacy_functions and read.tool_calls:  # answered in the form it was asked in
+            message.function_call, reason = read.tool_calls[0].function, legacy_finish_reason(reason)
         result.append(ChatChoice(
-            index=c.index, message=ChatResponseMessage(content=read.content, reasoning_content=read.reasoning,
-                                                       tool_calls=read.tool_calls),
+            index=c.index, message=message,
             logprobs=chat_logprobs(engine, c.token_ids, c.logprobs, num_top) if body.logprobs else None,
-            finish_reason=finish_reason(c.finish_reason, bool(read.tool_calls)), stop_reason=c.stop_reason))
+            finish_reason=reason, stop_reason=c.stop_reason))
     return ChatCompletionResponse(id=request_id, model=state.model_name, choices=result,
                                   usage=G.usage(prompts, sum(len(c.token_ids) for c in choices)))
 
@@ -135,8 +146,11 @@ async def _stream(state: ServerState, engine, body: ChatCompletionRequest, reque
                 continue  # the parsers hold this piece back (a marker may be starting)
             delta = DeltaMessage(content=read.content, reasoning_content=read.reasoning,
                                  tool_calls=read.tool_calls or None)
-            choices.append(ChatStreamChoice(index=c.index, delta=delta, logprobs=logprobs,
-                                            finish_reason=finish_reason(c.finish_reason, reader.called),
+            reason = finish_reason(c.finish_reason, reader.called)
+            if body.legacy_functions:  # one call, mirrored in OpenAI's deprecated form
+                delta.function_call = read.tool_calls[0].function if read.tool_calls else None
+                reason = legacy_finish_reason(reason)
+            choices.append(ChatStreamChoice(index=c.index, delta=delta, logprobs=logprobs, finish_reason=reason,
                                             stop_reason=c.stop_reason))
         if choices:
             yield chunk(choices)

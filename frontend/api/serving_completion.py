@@ -82,7 +82,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         raise
     stream = G.generate(state, engine, prompts, ticket)
     if body.stream:
-        return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream)),
+        return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream), request_id),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
         choices = await cancel_on_disconnect(raw, G.collect(stream, len(prompts), params.n))
@@ -126,7 +126,7 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
             logprobs = None
             if body.logprobs is not None:
                 builders[index] = LogprobsBuilder(engine, body.logprobs)
-                logprobs = builders[index].prompt(prompt.token_ids)
+                logprobs = builders[index].prompt(prompt.prompt_token_ids)
             yield chunk([CompletionChoice(index=index, text=text, logprobs=logprobs)])
     async for i, out in stream:
         choices = []
