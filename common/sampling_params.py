@@ -9,6 +9,9 @@ from common.errors import invalid
 from common.structured_outputs import StructuredOutputsParams
 
 _INT32_MAX = 2**31 - 1
+# the largest temperature or repetition penalty (and 1/ it the smallest penalty): logits are float32, and a
+# divisor or factor past this turns them into inf and NaN, which no grammar mask can then hold
+MAX_SCALE = 1e30
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
@@ -61,7 +64,7 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
                 raise invalid(name, f"must be a finite number, got {getattr(self, name)}")
         checks = [
             (self.n >= 1, "n", f"must be at least 1, got {self.n}"),
-            (self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}"),
+            (0 <= self.temperature <= MAX_SCALE, "temperature", f"must be in [0, {MAX_SCALE:g}], got {self.temperature}"),
             (0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}"),
             (0 <= self.top_k <= _INT32_MAX, "top_k", f"must be -1 (off) or in [1, 2**31), got {self.top_k}"),
             (0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}"),
@@ -70,8 +73,8 @@ class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
             (0 <= self.min_tokens <= _INT32_MAX, "min_tokens", f"must be in [0, 2**31), got {self.min_tokens}"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
              f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"),
-            (self.repetition_penalty > 0, "repetition_penalty",
-             f"must be > 0, got {self.repetition_penalty}"),
+            (1 / MAX_SCALE <= self.repetition_penalty <= MAX_SCALE, "repetition_penalty",
+             f"must be in [{1 / MAX_SCALE:g}, {MAX_SCALE:g}], got {self.repetition_penalty}"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty",
              f"must be in [-2, 2], got {self.presence_penalty}"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty",

@@ -73,3 +73,29 @@ def test_reading_whole_and_streamed_agree():
     assert finish_reason("stop", reader.called) == "tool_calls" and finish_reason("length", True) == "length"
     plain = ChatOutputReader(None, None, False)
     assert plain.plain and plain.read(" raw ").content == " raw "
+
+
+def test_reasoning_effort_is_the_thinking_switch_of_a_reasoning_template(tokenizer):
+    thinks = ChatOptions(reasoning_parser="qwen3")
+    assert plan_chat(body(reasoning_effort="none"), tokenizer, thinks).template_kwargs == \
+        {"reasoning_effort": "none", "enable_thinking": False}
+    assert plan_chat(body(reasoning_effort="minimal"), tokenizer, thinks).template_kwargs["enable_thinking"] is False
+    assert plan_chat(body(reasoning_effort="high"), tokenizer, thinks).template_kwargs["enable_thinking"] is True
+    explicit = body(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True})
+    assert plan_chat(explicit, tokenizer, thinks).template_kwargs["enable_thinking"] is True  # the explicit form wins
+    # a model that does not reason: only the template variable, which such a template does not read
+    assert plan_chat(body(reasoning_effort="high"), tokenizer, ChatOptions(reasoning_parser="none")).template_kwargs == \
+        {"reasoning_effort": "high"}
+    assert plan_chat(body(), tokenizer, thinks).template_kwargs == {}
+
+
+def test_deprecated_functions_become_tools_and_errors_name_the_fields_sent(tokenizer):
+    legacy = body(functions=[WEATHER["function"]], function_call={"name": "get_weather"})
+    plan = plan_chat(legacy, tokenizer, ChatOptions())
+    assert plan.tool_constraint is not None and "get_weather" in plan.conversation[0]["content"]
+    with pytest.raises(InvalidParameter) as e:
+        plan_chat(body(function_call={"name": "get_weather"}), tokenizer, ChatOptions())
+    assert e.value.param == "function_call"
+    with pytest.raises(InvalidParameter) as e:
+        plan_chat(body(functions=[WEATHER["function"]], tools=[WEATHER]), tokenizer, ChatOptions())
+    assert e.value.param == "functions"

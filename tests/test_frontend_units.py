@@ -268,3 +268,26 @@ def test_limits_reach_the_processor(ready):
     processor = Processor.for_model(tokenizer_from_files(ready.tokenizer_files), engine_ready)
     with pytest.raises(InvalidParameter, match="--max-n"):
         processor.process("r", "Hello", SamplingParams(n=3))
+
+
+def test_a_bug_mid_stream_is_an_error_event_logged_with_traceback_and_request_id(caplog):
+    """A streamed response has sent its 200: the client gets an error event, the log gets the traceback."""
+    import json
+    import logging
+
+    from frontend.api.generation import sse_events
+
+    async def events():
+        yield "data: {}\n\n"
+        raise AttributeError("'ProcessedRequest' object has no attribute 'token_ids'")
+
+    async def run():
+        return [e async for e in sse_events(events(), "cmpl-abc123")]
+
+    with caplog.at_level(logging.ERROR, logger="nvllm"):
+        out = asyncio.run(run())
+    assert out[-1] == "data: [DONE]\n\n"
+    error = json.loads(out[1][len("data: "):])["error"]
+    assert error["type"] == "server_error" and "AttributeError" in error["message"]
+    record = next(r for r in caplog.records if "cmpl-abc123" in r.getMessage())
+    assert record.exc_info is not None and record.exc_info[0] is AttributeError

@@ -208,3 +208,13 @@ def test_reasoning_goes_to_reasoning_content_whole_and_streamed(qwen_client):
     content, _, finish, streamed_reasoning = streamed(qwen_client, messages, model="tiny", temperature=0.8, seed=3,
                                                       max_tokens=60, extra_body={"structured_outputs": forced})
     assert (content, streamed_reasoning, finish) == (whole.message.content, reasoning, "stop")
+
+
+def test_reasoning_effort_switches_the_templates_thinking(qwen_client):
+    """none turns thinking off (the template writes its empty <think></think> block), high leaves it on."""
+    messages = [{"role": "user", "content": "hi"}]
+    off = chat(qwen_client, messages, model="tiny", max_tokens=1, reasoning_effort="none")
+    on = chat(qwen_client, messages, model="tiny", max_tokens=1, reasoning_effort="high")
+    explicit_off = chat(qwen_client, messages, model="tiny", max_tokens=1,
+                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.usage.prompt_tokens == explicit_off.usage.prompt_tokens > on.usage.prompt_tokens

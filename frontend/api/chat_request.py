@@ -53,15 +53,18 @@ def plan_chat(body, tokenizer, options: ChatOptions) -> ChatPlan:
     tools = [t.model_dump(exclude_none=True) for t in body.tool_definitions()] if chat_request else []
     choice = body.tool_choice_option() if chat_request else None
     choice = choice.model_dump() if hasattr(choice, "model_dump") else choice
+    # errors name the fields the client sent: OpenAI's deprecated names where it used them
+    tools_field = "functions" if chat_request and body.functions is not None else "tools"
+    choice_field = "function_call" if chat_request and body.function_call is not None else "tool_choice"
     if choice is not None and choice != "none" and not tools:
-        raise InvalidParameter("tool_choice", "tool_choice needs tools")
+        raise InvalidParameter(choice_field, f"{choice_field} needs {tools_field}")
     takes_tools = template_takes_tools(template)
     if takes_tools:  # the template writes earlier calls as they are, outside any content
         _check_no_special_tokens(tokenizer, [m["tool_calls"] for m in messages if "tool_calls" in m], "messages")
     plan.conversation = messages_for_template(messages, takes_tools)
     if not tools or choice == "none":
         return plan
-    _check_no_special_tokens(tokenizer, tools, "tools")
+    _check_no_special_tokens(tokenizer, tools, tools_field)
     plan.tool_parser = options.tool_call_parser or tool_parser_for_template(template)
     if takes_tools:
         plan.template_kwargs["tools"] = tools
@@ -72,7 +75,7 @@ def plan_chat(body, tokenizer, options: ChatOptions) -> ChatPlan:
             parallel = body.parallel_tool_calls and not body.legacy_functions  # a function_call is one call
             grammar = tool_call_grammar(tools, choice, parallel, plan.tool_parser)
         except ValueError as e:
-            raise InvalidParameter("tool_choice", f"tool_choice: {e}") from None
+            raise InvalidParameter(choice_field, f"{choice_field}: {e}") from None
         plan.tool_constraint = StructuredOutputsParams(grammar=grammar)
     return plan
 

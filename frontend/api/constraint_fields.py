@@ -60,8 +60,8 @@ class ConstraintFields(_Strict):
             found.append((StructuredOutputsParams(json_object=True), "response_format"))
         elif rf is not None and rf.type == "json_schema":
             if rf.json_schema is None or rf.json_schema.schema_ is None:
-                raise InvalidParameter("response_format.json_schema.schema",
-                                       "response_format of type json_schema needs json_schema.schema")
+                missing = "response_format.json_schema" + (".schema" if rf.json_schema is not None else "")
+                raise InvalidParameter(missing, "response_format of type json_schema needs json_schema.schema")
             found.append((StructuredOutputsParams(json=rf.json_schema.schema_), "response_format.json_schema.schema"))
         so = self.structured_outputs
         if so is not None:

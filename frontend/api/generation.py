@@ -72,10 +72,11 @@ def check_sequences(prompts: list, params: SamplingParams, param: str = "prompt"
 async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str, prompts: list[str | list[int]],
                           params: SamplingParams, param: str = "prompt", cache_salt: str | None = None,
                           prompt_token_ids: list[list[int]] | None = None,
-                          constraint_field: str | None = None) -> list[ProcessedRequest]:
+                          constraint_field: str | None = None,
+                          max_tokens_field: str = "max_tokens") -> list[ProcessedRequest]:
     """One ProcessedRequest per prompt (tokenized and checked once; the same objects are then streamed),
-    or a 400 naming the field (`param` is what this endpoint calls the prompt; `constraint_field` what set
-    the output constraint). Characters are counted first; big prompts, and every constraint (llguidance
+    or a 400 naming the field (`param` is what this endpoint calls the prompt, `max_tokens_field` its output
+    length; `constraint_field` what set the output constraint). Characters are counted first; big prompts, and every constraint (llguidance
     compiles it to check it), are processed off the event loop."""
     check_sequences(prompts, params, param)
     for prompt in prompts:
@@ -95,14 +96,14 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
             try:
                 request = engine.process(rid, prompt, params, prompt_token_ids=ids, cache_salt=cache_salt)
             except InvalidParameter as e:
-                raise bad_request(e, rename={"prompt": param}) from None
+                raise bad_request(e, rename={"prompt": param, "max_tokens": max_tokens_field}) from None
             processed.append(request)
             cost += request_token_cost(request.params, request.params.max_tokens)
         limit = engine.limits.max_request_tokens
         if cost > limit:
-            raise APIError(400, f"max_tokens: the request's prompts ask for n x max_tokens x (1 + logprobs) = "
-                           f"{cost} in all, more than one request may ({limit}, --max-request-tokens)",
-                           param="max_tokens")
+            raise APIError(400, f"{max_tokens_field}: the request's prompts ask for n x {max_tokens_field} x "
+                           f"(1 + logprobs) = {cost} in all, more than one request may ({limit}, "
+                           "--max-request-tokens)", param=max_tokens_field)
         return processed
 
     size = offload.ALWAYS if params.structured_outputs is not None else sum(len(p) for p in prompts)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, PlainValidator, Tag
 
 from common.errors import InvalidParameter
-from common.sampling_params import RequestOutputKind, SamplingParams
+from common.sampling_params import MAX_SCALE, RequestOutputKind, SamplingParams
 from frontend.api.constraint_fields import ConstraintFields
 from frontend.api.messages import ChatMessage
 from frontend.api.openai_fields import OpenAIChatFields, OpenAICompletionFields
@@ -130,7 +130,7 @@ class StreamOptions(StrictModel):
 class SamplingFields(ConstraintFields, StrictModel):
     model: Text | None = Field(None, description="the served model name (see /v1/models); omitted: that model")
     n: int = Field(1, ge=1, description="completions per prompt")
-    temperature: float | None = Field(None, ge=0, description="0 is greedy; default 1")
+    temperature: float | None = Field(None, ge=0, le=MAX_SCALE, description="0 is greedy; default 1")
     top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling; default 1")
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX, description="vLLM extension: keep the k most likely tokens; -1 or 0: off")
     min_p: float | None = Field(None, ge=0, le=1, description="vLLM extension: drop tokens below min_p x the top one")
@@ -141,7 +141,7 @@ class SamplingFields(ConstraintFields, StrictModel):
         None, description="vLLM extension: token ids that end the completion")
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, description="vLLM extension; 1 is off")
+    repetition_penalty: float | None = Field(None, ge=1 / MAX_SCALE, le=MAX_SCALE, description="vLLM extension; 1 is off")
     ignore_eos: bool = Field(False, description="vLLM extension: keep going past EOS until max_tokens")
     min_tokens: int = Field(0, ge=0, le=INT32_MAX, description="vLLM extension: no EOS or stop before this many tokens")
     skip_special_tokens: bool = True
@@ -258,6 +258,12 @@ class ChatCompletionRequest(OpenAIChatFields, SamplingFields):
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+
+    @property
+    def max_tokens_field(self) -> str:
+        """The field that set the output length, as errors name it."""
+        return "max_tokens" if self.max_completion_tokens is None and self.max_tokens is not None \
+            else "max_completion_tokens"
 
     @property
     def legacy_functions(self) -> bool:

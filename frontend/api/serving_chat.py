@@ -89,7 +89,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             params.structured_outputs or plan.tool_constraint, plan, text, engine.tokenizer))
         prompts = await G.process_prompts(state, engine, request_id, [text], params, param="messages",
                                           cache_salt=body.cache_salt, prompt_token_ids=[ids],
-                                          constraint_field=constraint_field)
+                                          constraint_field=constraint_field, max_tokens_field=body.max_tokens_field)
     except BaseException:
         ticket.release()
         raise
