@@ -369,7 +369,7 @@ def _check_answer(server, path: str, body: dict) -> None:
 
 
 # no shrinking: every example is a round trip to the server, and the example found is readable as it is
-@settings(max_examples=60, suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+@settings(max_examples=150, suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
 @given(data=st.data())
 def test_fuzz_chat_requests_get_200_or_a_400_naming_a_field(server, data):
     body = data.draw(from_model(ChatCompletionRequest, SMALL, required=("max_completion_tokens",)))
@@ -377,7 +377,7 @@ def test_fuzz_chat_requests_get_200_or_a_400_naming_a_field(server, data):
     _check_answer(server, "/v1/chat/completions", body)
 
 
-@settings(max_examples=60, suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+@settings(max_examples=150, suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
 @given(data=st.data())
 def test_fuzz_completion_requests_get_200_or_a_400_naming_a_field(server, data):
     body = data.draw(from_model(CompletionRequest, SMALL, required=("max_tokens",)))
