@@ -56,6 +56,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     stop_reason: int | None = None  # the stop token id that ended it, if any
     num_cached_tokens: int = 0
     error: str | None = None
+    error_param: str | None = None  # the request field an error is about (None: the engine failed, not the request)
 
 
 class SchedulerGauges(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):

@@ -299,7 +299,7 @@ class Scheduler:
                 self._count_kept(num_drafts, len(tokens) - 1)
                 request.num_computed_tokens += len(tokens) - 1  # the kept proposals' K/V are valid
             new_tokens, reason, stop_reason = [], None, None
-            error = None
+            error = error_param = None
             for token in tokens:  # a stop condition among the kept proposals drops the rest
                 request.append_output_token(token)
                 new_tokens.append(token)
@@ -308,6 +308,7 @@ class Scheduler:
                     error = request.grammar.accept(token)
                     if error is not None:
                         reason = FinishReason.ERROR
+                        error_param = request.grammar.field
                     elif request.grammar.terminated:  # complete: only EOS could follow
                         reason = FinishReason.STOP
                 if reason is not None:
@@ -322,7 +323,7 @@ class Scheduler:
                 request_id=request.request_id, new_token_ids=new_tokens,
                 new_logprobs=(logprobs or {}).get(request.request_id, [])[:len(new_tokens)],
                 finish_reason=reason, stop_reason=stop_reason,
-                num_cached_tokens=max(0, request.num_cached_tokens), error=error))
+                num_cached_tokens=max(0, request.num_cached_tokens), error=error, error_param=error_param))
         if finished:
             self.running = [r for r in self.running if id(r) not in finished]
         outputs, self.pending_outputs = self.pending_outputs + outputs, []

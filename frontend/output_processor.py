@@ -25,6 +25,7 @@ class SequenceState:
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error_param: str | None = None
     sent_tokens: int = 0  # for delta outputs
     sent_logprobs: int = 0
     final_sent: bool = False
@@ -110,7 +111,7 @@ class OutputProcessor:
                 seq.finish_reason = str(FinishReason(out.finish_reason))
                 seq.stop_reason = out.stop_reason
                 if out.error:
-                    seq.stop_reason = out.error
+                    seq.stop_reason, seq.error_param = out.error, out.error_param
             updated[pid] = parent
         results = []
         for pid, parent in updated.items():
@@ -156,7 +157,7 @@ class OutputProcessor:
                     : max(0, len(seq.detokenizer.text) - seq.detokenizer.hold_back)]
                 token_ids, logprobs = list(seq.token_ids), seq.logprobs
             completions.append(CompletionOutput(seq.index, text, token_ids, seq.cumulative_logprob, logprobs,
-                                                seq.finish_reason, seq.stop_reason))
+                                                seq.finish_reason, seq.stop_reason, seq.error_param))
         if not completions:
             return None
         metrics = {"arrival_time": parent.arrival_time, "first_token_time": parent.first_token_time,

@@ -18,7 +18,8 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     logprobs: list[dict[int, Logprob]] | None = None  # per generated token: sampled + top N
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (the error's text)
+    error_param: str | None = None  # with finish_reason "error": the request field it is about, if it is one
 
     def finished(self) -> bool:
         return self.finish_reason is not None

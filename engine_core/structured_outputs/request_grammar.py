@@ -44,14 +44,17 @@ class RequestGrammar:
         return self.active and self.matcher is not None
 
     def accept(self, token: int) -> str | None:
-        """Advance by one kept token; the error when the grammar cannot take it (a masked row never
-        samples such a token, so this means a bug or a parser limit, and fails only this request)."""
+        """Advance by one kept token; the error when the grammar cannot take it, which fails only this request.
+        A masked row samples only tokens the mask allows, so this is the constraint asking for text the
+        vocabulary cannot spell (a regex for a character whose lead byte no token holds: llguidance's mask
+        then allows a token its parser refuses) or a parser limit: the request's constraint, named."""
         if not self.active:
             self._tail = (self._tail + [token])[-len(self._starts_after):]
             self.active = self._tail == self._starts_after
             return None
         if not self.matcher.consume_token(token):
-            return f"{self.field}: token {token} does not fit the grammar: {first_line(self.matcher.get_error())}"
+            return (f"{self.field}: token {token} does not fit the grammar; the constraint asks for text this model's "
+                    f"vocabulary cannot spell here ({first_line(self.matcher.get_error())})")
         return None
 
     @property

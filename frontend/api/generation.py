@@ -39,6 +39,7 @@ class Choice:
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error_param: str | None = None
 
     def add(self, delta: CompletionOutput) -> None:
         self.text += delta.text
@@ -47,6 +48,7 @@ class Choice:
             self.logprobs.extend(delta.logprobs)
         if delta.finish_reason is not None:
             self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+            self.error_param = delta.error_param
 
 
 def new_request_id(prefix: str) -> str:
@@ -110,12 +112,25 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
     return await offload.run(work, size)
 
 
-def generate(state: ServerState, engine: AsyncLLM, requests: list[ProcessedRequest],
-             ticket: Ticket) -> AsyncIterator[tuple[int, RequestOutput]]:
+def generate(state: ServerState, engine: AsyncLLM, requests: list[ProcessedRequest], ticket: Ticket,
+             constraint_field: str | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, delta RequestOutput) for every prompt's engine request, as they come; the
-    ticket lets each sequence go from the admission count at its first token."""
+    ticket lets each sequence go from the admission count at its first token. An error the core pins on
+    the constraint names it as the client set it (`constraint_field`)."""
     streams = [state.metrics.track(ticket.track(engine.stream(r), r.params.n), r.params.n) for r in requests]
-    return merge(streams)
+    merged = merge(streams)
+    return merged if constraint_field is None else _renamed_errors(merged, constraint_field)
+
+
+async def _renamed_errors(stream: AsyncIterator[tuple[int, RequestOutput]],
+                          constraint_field: str) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async for i, out in stream:
+        for c in out.outputs:
+            if c.error_param is not None and c.error_param.startswith("structured_outputs"):
+                if isinstance(c.stop_reason, str) and c.stop_reason.startswith(c.error_param):
+                    c.stop_reason = constraint_field + c.stop_reason[len(c.error_param):]
+                c.error_param = constraint_field
+        yield i, out
 
 
 async def collect(stream: AsyncIterator[tuple[int, RequestOutput]], num_prompts: int, n: int) -> list[Choice]:
@@ -142,13 +157,23 @@ async def sse_events(events: AsyncIterator[str], request_id: str) -> AsyncIterat
 
 
 def check_finished(state: ServerState, choices: list[Choice]) -> None:
-    """A completion the engine ended with an error fails the whole response."""
+    """A completion the engine ended with an error fails the whole response: a 400 where the error is about a
+    field of the request (a constraint the vocabulary cannot follow), else a 500."""
     for choice in choices:
+        if choice.finish_reason == "error" and choice.error_param is not None:
+            raise APIError(400, str(choice.stop_reason), param=choice.error_param)
         if choice.finish_reason == "error":
             engine = state.engine
             if engine is not None and engine.dead is not None:
                 raise engine_unavailable(str(engine.dead))
             raise APIError(500, f"the engine failed this request: {choice.stop_reason}")
+
+
+def raise_request_error(output: CompletionOutput) -> None:
+    """In a stream: a completion that ended with an error about a field of the request ends the stream with a
+    400-type error event naming the field (an engine failure stays a finish_reason "error" chunk)."""
+    if output.finish_reason == "error" and output.error_param is not None:
+        raise InvalidParameter(output.error_param, str(output.stop_reason))
 
 
 def engine_error(e: Exception) -> APIError:

@@ -76,7 +76,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             other = constraint_field or "structured_outputs"
             raise APIError(400, f"tool_choice required or naming a function is enforced with a grammar; it cannot go "
                            f"with {other}", param="tool_choice")
-        constraint_field = "tools"
+        constraint_field = "functions" if body.functions is not None else "tools"
     request_id = G.new_request_id("chatcmpl")
     if body.metadata:
         logger.info("request %s metadata %s", request_id, json.dumps(body.metadata, ensure_ascii=False))
@@ -93,7 +93,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     except BaseException:
         ticket.release()
         raise
-    stream = G.generate(state, engine, prompts, ticket)
+    stream = G.generate(state, engine, prompts, ticket, constraint_field)
     num_top = body.top_logprobs or 0
     formats = (plan.tool_parser, plan.reasoning_parser, in_reasoning)
     if body.stream:
@@ -137,6 +137,7 @@ async def _stream(state: ServerState, engine, body: ChatCompletionRequest, reque
     async for _, out in stream:
         choices = []
         for c in out.outputs:
+            G.raise_request_error(c)
             completion_tokens += len(c.token_ids)
             logprobs = chat_logprobs(engine, c.token_ids, c.logprobs or [], num_top) if body.logprobs else None
             reader = readers[c.index]

@@ -80,7 +80,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     except BaseException:
         ticket.release()
         raise
-    stream = G.generate(state, engine, prompts, ticket)
+    stream = G.generate(state, engine, prompts, ticket, constraint_field)
     if body.stream:
         return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream), request_id),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -131,6 +131,7 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
     async for i, out in stream:
         choices = []
         for c in out.outputs:
+            G.raise_request_error(c)
             index = i * n + c.index
             completion_tokens += len(c.token_ids)
             logprobs = None
