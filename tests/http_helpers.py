@@ -1,5 +1,6 @@
 """Starting real `nvllm` processes for the HTTP tests (a helper module, not a test module)."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -96,6 +97,21 @@ def start_serve(args: list[str], log_path: str, host: str = "127.0.0.1") -> tupl
         proc.stop()
         raise
     return base, port, proc
+
+
+@contextlib.contextmanager
+def serving(args: list[str], log_dir):
+    """(base url, Proc) of `nvllm serve ARGS` (access log off, small KV cache) for a test module; at the end it
+    must stop cleanly on SIGTERM."""
+    base, _, proc = start_serve(["--disable-uvicorn-access-log", *args, *SMALL_ENGINE], str(log_dir / "serve.log"))
+    yield base, proc
+    assert proc.stop(signal.SIGTERM) == 0, proc.log()[-3000:]
+
+
+def openai_client(base_url: str):
+    """The official client on a test server: no retries (a failure shows at once), long timeouts (busy CPUs)."""
+    import openai
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def wait_until(condition, timeout: float = 120, interval: float = 0.1, what: str = ""):

@@ -6,7 +6,6 @@ and a schema-driven fuzz: any request the schema allows gets a 200 or a 400 nami
 never a 500 or an error inside a stream."""
 
 import json
-import signal
 
 import httpx
 import openai
@@ -21,7 +20,7 @@ from openai.types.chat import (ChatCompletionAssistantMessageParam, ChatCompleti
                                ChatCompletionUserMessageParam)
 
 from frontend.api.protocol import ChatCompletionRequest, CompletionRequest
-from http_helpers import SMALL_ENGINE, start_serve
+from http_helpers import openai_client, serving
 from schema_strategies import from_model
 
 pytestmark = pytest.mark.integration
@@ -37,16 +36,14 @@ ADD = {"type": "function", "function": {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     # n-gram speculation on: tokens then come several at a time, which stop strings and min_tokens must not see
-    base, _, proc = start_serve(["--disable-uvicorn-access-log", "--speculative-config",
-                                 '{"method": "ngram", "num_speculative_tokens": 3}', *SMALL_ENGINE],
-                                str(tmp_path_factory.mktemp("serve") / "serve.log"))
-    yield base, proc
-    assert proc.stop(signal.SIGTERM) == 0, proc.log()[-3000:]
+    with serving(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+                 tmp_path_factory.mktemp("serve")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai_client(server[0])
 
 
 def post(server, path: str, body: dict) -> httpx.Response:

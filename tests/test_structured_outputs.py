@@ -6,19 +6,17 @@ rows obey their grammars, unconstrained rows give exactly the tokens they give a
 
 import json
 import re
-import signal
 from typing import Literal
 
 import httpx
 import jsonschema
-import openai
 import pydantic
 import pytest
 
 from common.sampling_params import SamplingParams
 from common.structured_outputs import StructuredOutputsParams
 from conftest import DEFAULT_MODEL_KV, kv_block_bytes
-from http_helpers import SMALL_ENGINE, start_serve
+from http_helpers import openai_client, serving
 
 pytestmark = pytest.mark.integration
 
@@ -163,15 +161,13 @@ class Order(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    base, _, proc = start_serve(["--disable-uvicorn-access-log", *SMALL_ENGINE],
-                                str(tmp_path_factory.mktemp("serve") / "serve.log"))
-    yield base, proc
-    assert proc.stop(signal.SIGTERM) == 0, proc.log()[-3000:]
+    with serving([], tmp_path_factory.mktemp("serve")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai_client(server[0])
 
 
 def test_parse_with_a_pydantic_model_returns_the_parsed_object(client):

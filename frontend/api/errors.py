@@ -73,7 +73,7 @@ def field_path(loc, body, error_type: str = "") -> list[str | int]:
     """A pydantic error's location as a path into the body the client sent: the names of union members and
     tags that pydantic puts in a location are in no body, so they are left out. A missing field is named."""
     path, value = [], body
-    loc = [p for p in loc]
+    loc = list(loc)
     if loc and loc[0] == "body":
         loc = loc[1:]
     for i, part in enumerate(loc):

@@ -10,11 +10,11 @@ the part: images, audio and files in a user turn (nvllm serves text-only models)
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
 from frontend.api.tool_protocol import MAX_TOOLS, FunctionCall, ToolCall
-from frontend.api.wire_types import StrictModel, Text, at_most
+from frontend.api.wire_types import StrictModel, Text, at_most, null_only
 
 MAX_CONTENT_PARTS = 256  # parts of one message's content
 
@@ -90,13 +90,6 @@ class UserMessage(_Message):
     name: Text | None = None
 
 
-def _no_audio_reference(value):
-    if value is not None:
-        raise PydanticCustomError("unsupported", "an earlier audio answer cannot be referred to: nvllm gives text "
-                                                 "answers only (send audio: null or leave it out)")
-    return value
-
-
 class AssistantMessage(_Message):
     role: Literal["assistant"]
     content: Text | _parts(AssistantPart) | None = None
@@ -105,7 +98,9 @@ class AssistantMessage(_Message):
     tool_calls: Annotated[list[ToolCall] | None, at_most(MAX_TOOLS, "tool_calls")] = Field(
         None, description="the calls this turn made")
     function_call: FunctionCall | None = Field(None, description="deprecated by OpenAI for tool_calls; one call")
-    audio: Annotated[dict[str, Any] | None, AfterValidator(_no_audio_reference)] = Field(
+    audio: Annotated[dict[str, Any] | None, null_only(
+        "an earlier audio answer cannot be referred to: nvllm gives text answers only (send audio: null or leave "
+        "it out)")] = Field(
         None, description="OpenAI's reference to an audio answer; null only")
     annotations: list[dict[str, Any]] | None = Field(None, description="citations OpenAI attaches; ignored")
     reasoning_content: Text | None = Field(None, description="this turn's reasoning (not sent to the model)")

@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
-from frontend.api.messages import TextContentPart
+from frontend.api.messages import MAX_CONTENT_PARTS, TextContentPart
 from frontend.api.tool_protocol import MAX_TOOLS, FunctionDefinition, NamedFunction
-from frontend.api.wire_types import StrictModel, Text, at_most, shape_error
+from frontend.api.wire_types import StrictModel, Text, at_most, null_only, shape_error
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -36,15 +36,6 @@ def _metadata(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-def _refused(why: str):
-    """An after-validator refusing any value but null."""
-    def check(value):
-        if value is not None:
-            raise shape_error(why)
-        return value
-    return AfterValidator(check)
-
-
 def _text_only(modalities: list[str]) -> list[str]:
     if "audio" in modalities:
         raise shape_error('modalities: audio output is not supported (nvllm serves text-only models); send ["text"]')
@@ -53,7 +44,7 @@ def _text_only(modalities: list[str]) -> list[str]:
 
 class Prediction(StrictModel):
     type: Literal["content"]
-    content: Text | Annotated[list[TextContentPart], at_most(256, "prediction.content")]
+    content: Text | Annotated[list[TextContentPart], at_most(MAX_CONTENT_PARTS, "prediction.content")]
 
 
 class OpenAIChatFields(StrictModel):
@@ -70,12 +61,12 @@ class OpenAIChatFields(StrictModel):
     modalities: Annotated[list[Literal["text", "audio"]] | None,
                           AfterValidator(lambda v: v if v is None else _text_only(v))] = Field(
         None, description='["text"] only')
-    audio: Annotated[dict[str, Any] | None, _refused(
+    audio: Annotated[dict[str, Any] | None, null_only(
         "audio: audio output is not supported: nvllm serves text-only models (leave audio out)")] = None
-    web_search_options: Annotated[dict[str, Any] | None, _refused(
+    web_search_options: Annotated[dict[str, Any] | None, null_only(
         "web_search_options: web search is not supported: nvllm has no search tool (define a function tool "
         "instead)")] = None
-    moderation: Annotated[dict[str, Any] | None, _refused(
+    moderation: Annotated[dict[str, Any] | None, null_only(
         "moderation: not supported: nvllm runs no moderation model")] = None
     prompt_cache_key: Text | None = Field(None, description="accepted and ignored: prefix caching needs no key")
     prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(None, description="accepted and ignored")
@@ -87,13 +78,13 @@ class OpenAIChatFields(StrictModel):
         None, description="deprecated by OpenAI for tool_choice; taken as it")
 
 
-class OpenAICompletionFields(StrictModel):
-    best_of: int | None = Field(None, ge=1, description="accepted when equal to n (completions are not ranked)")
-    suffix: Annotated[Text | None, AfterValidator(lambda v: _no_suffix(v))] = Field(
-        None, description="refused unless empty: nvllm does not fill in text between a prompt and a suffix")
-
-
 def _no_suffix(value: str | None) -> str | None:
     if value:
         raise shape_error("suffix is not supported: nvllm completes text after the prompt only (no insertion)")
     return value
+
+
+class OpenAICompletionFields(StrictModel):
+    best_of: int | None = Field(None, ge=1, description="accepted when equal to n (completions are not ranked)")
+    suffix: Annotated[Text | None, AfterValidator(_no_suffix)] = Field(
+        None, description="refused unless empty: nvllm does not fill in text between a prompt and a suffix")

@@ -29,6 +29,16 @@ def shape_error(message: str) -> PydanticCustomError:
     return PydanticCustomError("shape", message)
 
 
+def null_only(why: str):
+    """An after-validator for a field OpenAI defines that nvllm cannot honour: any value but null is refused,
+    saying `why` (errors.py shows it as it is, or after the field's path when nested)."""
+    def check(value):
+        if value is not None:
+            raise PydanticCustomError("unsupported", why)
+        return value
+    return AfterValidator(check)
+
+
 def at_most(limit: int, name: str):
     """A before-validator: a list longer than `limit` is refused before its items are validated
     (pydantic's max_length counts only after validating every item)."""
