@@ -18,6 +18,7 @@ from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.capabilities import AttentionSetup
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.selector import select_attention_backend
+from engine_core.cpu_kernels import table
 from engine_core.cuda_graph import DecodeGraphRunner
 from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.engine_config import EngineConfig
@@ -71,6 +72,9 @@ class ModelRunner:
         if self.backend.capabilities.fused_cpu_decoder and hasattr(self.model, "cpu_decoder"):
             self.model.cpu_decoder = CpuDecoder.for_model(self.model)
         self.sampler = Sampler(device, config.seed) if tp_rank() == 0 else None
+        if tp_rank() == 0 and device.type == "cpu":
+            logger.info("%s; linear layers: %s", table.describe(str(dtype).removeprefix("torch.")),
+                        cpu_packing.kernels_used(self.model))
         if tp_rank() == 0:
             logger.info("loaded %s %s (%s) on %s in %.1f s, attention backend %s, weights kept quantized: %s "
                         "(%.0f MB of weights)", role, hf_config.architectures[0], str(dtype).removeprefix("torch."), device,

@@ -2,7 +2,7 @@
 
 import torch
 
-from common.cpu_info import cpu_flags  # noqa: F401 (engine_core's kernels import it from here)
+from engine_core.cpu_kernels import tiers
 
 
 def pick_device(requested: str = "auto") -> torch.device:
@@ -14,7 +14,8 @@ def pick_device(requested: str = "auto") -> torch.device:
 
 
 def cpu_has_fast_bf16() -> bool:
-    return "amx_bf16" in cpu_flags() or "avx512_bf16" in cpu_flags()
+    """bf16 dot products in hardware (the active tier: NVLLM_CPU_ISA=avx2 makes an AMX CPU answer no)."""
+    return tiers.at_least("avx512_bf16")
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,7 +27,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 where it is fast (CUDA with bf16, CPUs with AMX or AVX512-BF16), else float32."""
+    """auto: bfloat16 where it is fast (CUDA with bf16, the CPU tiers avx512_bf16 and amx), else float32."""
     if requested != "auto":
         return _DTYPES[requested]
     if device.type == "cuda":

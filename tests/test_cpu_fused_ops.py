@@ -4,6 +4,7 @@ bit-identical results, odd shapes, strided inputs, in-place semantics, fallbacks
 import pytest
 import torch
 
+from engine_core.cpu_kernels import table
 from engine_core.layers import cpu_ops
 from engine_core.layers.activation import silu_and_mul
 from engine_core.layers.norm import RMSNorm
@@ -181,10 +182,10 @@ def test_rotary_falls_back():
 @pytest.fixture
 def fused_ops_off(monkeypatch):
     monkeypatch.setenv("NVLLM_CPU_FUSED_OPS", "0")
-    cpu_ops.load.cache_clear()
+    table.forget()
     yield
     monkeypatch.undo()
-    cpu_ops.load.cache_clear()  # later tests load the kernels again
+    table.forget()  # later tests load the kernels again
 
 
 def test_disabled_by_environment(fused_ops_off):

@@ -11,27 +11,15 @@ SDPA instead. NVLLM_CPU_DECODE_KERNEL=0 turns them off.
 """
 
 import ctypes
-import functools
-import os
 
 import torch
 
-from engine_core.cpu_kernels import load_library
-from engine_core.platform import cpu_flags
+from engine_core.cpu_kernels import table
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_decode.c")
-# -ffp-contract=off: no multiply-add fused in one inlined copy of the code and not in another, so that a
-# row's result does not depend on which of the kernel's instances computed it
-EXTRA_FLAGS = ("-ffp-contract=off",)
 
-@functools.cache
-def load():
+@table.loader("cpu_decode")
+def load(library):
     """The kernel library, or None where it cannot be had (logged once)."""
-    if os.environ.get("NVLLM_CPU_DECODE_KERNEL", "1") == "0" or "avx512_bf16" not in cpu_flags():
-        return None
-    library = load_library(SOURCE, EXTRA_FLAGS, "the CPU attention kernels (cpu_decode.c)")
-    if library is None:
-        return None
     fn = library.paged_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,

@@ -8,25 +8,17 @@ file. NVLLM_CPU_GENERIC_ATTENTION=0 turns it off.
 """
 
 import ctypes
-import functools
-import os
 
 import torch
 
-from engine_core.cpu_kernels import load_library
+from engine_core.cpu_kernels import table
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_generic_attention.c")
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-@functools.cache
-def load():
+@table.loader("cpu_generic_attention")
+def load(library):
     """The kernel library, or None where it cannot be had (turned off, no compiler: logged once)."""
-    if os.environ.get("NVLLM_CPU_GENERIC_ATTENTION", "1") == "0":
-        return None
-    library = load_library(SOURCE, ("-ffp-contract=off",), "the generic CPU attention kernel (cpu_generic_attention.c)")
-    if library is None:
-        return None
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     fn = library.generic_paged_attention
     fn.restype = int_

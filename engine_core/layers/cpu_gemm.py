@@ -10,34 +10,25 @@ of an AMX Xeon, the default model's layer shapes at 128-2048 rows: oneDNN 869-10
 """
 
 import ctypes
-import functools
-import os
 
 import torch
 
 from engine_core.batch_invariance import batch_invariant
-from engine_core.cpu_kernels import load_library
-from engine_core.platform import cpu_flags
+from engine_core.cpu_kernels import table, tiers
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_gemm.c")
 LANES = 16  # output columns per packed panel (cpu_gemm.c)
 
 def load():
     """The kernel library, or None where it does not apply (no AVX512-BF16, turned off, no compiler;
     AMX present and batch invariance off: oneDNN's AMX kernels are faster, but choose their sum order
     by the row count, so batch-invariant runs keep this kernel on AMX CPUs too)."""
-    if "amx_bf16" in cpu_flags() and not batch_invariant():
+    if tiers.at_least("amx") and not batch_invariant():
         return None
     return _library()
 
 
-@functools.cache
-def _library():
-    if os.environ.get("NVLLM_CPU_GEMM", "nvllm") == "onednn" or "avx512_bf16" not in cpu_flags():
-        return None
-    library = load_library(SOURCE, (), "the bf16 linear kernel (cpu_gemm.c)")
-    if library is None:
-        return None
+@table.loader("cpu_gemm")
+def _library(library):
     ptr, long = ctypes.c_void_p, ctypes.c_long
     library.pack_weight_bf16.argtypes = [ptr, long, long, long, ptr]
     library.pack_weight_bf16.restype = None
@@ -54,6 +45,7 @@ class PanelWeight:
     """A [N, K] bf16 weight (K even) packed into 16-column panels."""
 
     _bias_order: torch.Tensor | None = None  # the output column of each packed column, where they differ
+    kernel = "linear/cpu_gemm.c"  # the source it runs (cpu_kernels/), for the load log
 
     def __init__(self, weight: torch.Tensor):
         library = load()

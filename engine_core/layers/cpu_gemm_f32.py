@@ -11,24 +11,18 @@ multiply-add in one inlined copy of the tile code and not in another.
 """
 
 import ctypes
-import functools
-import os
 
 import torch
 
-from engine_core.cpu_kernels import load_library
+from engine_core.cpu_kernels import table
 from engine_core.layers import cpu_gemm
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_gemm_f32.c")
 LANES = 16  # output columns per packed panel (cpu_gemm_f32.c)
 
 
-@functools.cache
-def load():
+@table.loader("cpu_gemm_f32")
+def load(library):
     """The kernel library, or None where it cannot be had (no compiler: logged once)."""
-    library = load_library(SOURCE, ("-ffp-contract=off",), "the fixed-order linear kernel (cpu_gemm_f32.c)")
-    if library is None:
-        return None
     ptr, long = ctypes.c_void_p, ctypes.c_long
     for name in ("pack_weight_f32", "pack_weight_bf16_generic"):
         getattr(library, name).argtypes = [ptr, long, long, long, ptr]
@@ -48,6 +42,8 @@ class GenericPanelWeight:
     """A [N, K] float32 or bfloat16 weight packed into 16-column panels [ceil(N/16)][K][16].
 
     Invariant: matmul's row i depends only on x's row i (and the weight and bias)."""
+
+    kernel = "linear/cpu_gemm_f32.c"
 
     def __init__(self, weight: torch.Tensor):
         library = load()

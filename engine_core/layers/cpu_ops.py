@@ -8,17 +8,12 @@ kernel on this machine); the caller then runs its torch code. NVLLM_CPU_FUSED_OP
 """
 
 import ctypes
-import functools
 import logging
-import os
 
 import torch
 
-from engine_core.cpu_kernels import load_library
-from engine_core.platform import cpu_flags
+from engine_core.cpu_kernels import table
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_ops.c")
-_CPU_FEATURES = {"avx512f", "avx512bw", "avx512vl"}
 
 logger = logging.getLogger("nvllm")
 
@@ -26,16 +21,10 @@ _norm_ok = False  # the norm kernel matched torch's sum order at load
 _silu_table = None  # kept alive: the C side reads it
 
 
-@functools.cache
-def load():
-    """The kernel library, or None where it cannot be had (disabled, another CPU, no compiler)."""
+@table.loader("cpu_ops")  # built without fused multiply-adds: torch rounds every product before adding
+def load(library):
+    """The kernel library, or None where it cannot be had (disabled, a tier below avx512, no compiler)."""
     global _norm_ok, _silu_table
-    if os.environ.get("NVLLM_CPU_FUSED_OPS", "1") == "0" or not _CPU_FEATURES <= cpu_flags():
-        return None
-    # no fused multiply-adds: torch rounds every product before adding
-    library = load_library(SOURCE, ("-ffp-contract=off",), "the fused CPU kernels (cpu_ops.c)")
-    if library is None:
-        return None
     long, ptr = ctypes.c_long, ctypes.c_void_p
     library.rms_norm_bf16.argtypes = [ptr, long, long, ptr, long, long, ptr, long, long, ptr, long, long, long,
                                       ctypes.c_float, ctypes.c_int]

@@ -32,6 +32,8 @@ BATCH_HINT = 32  # the row count oneDNN tunes its packed layout for; any row cou
 class OneDnnWeight:
     """A weight in oneDNN's blocked layout."""
 
+    kernel = "oneDNN"
+
     def __init__(self, weight: torch.Tensor):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), BATCH_HINT)
 
@@ -125,6 +127,17 @@ class PackableWeight:
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, self.weight, self.packed_weight, bias)
+
+
+def kernels_used(model: torch.nn.Module) -> str:
+    """'30 linear/cpu_quant.c, 1 linear/cpu_gemm.c': how many linear layers each kernel serves."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        packed = getattr(module, "packed_weight", None)
+        if isinstance(module, PackableWeight):
+            name = packed.kernel if packed is not None else "torch"
+            counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{count} {name}" for name, count in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def pack_model(model: torch.nn.Module) -> int:

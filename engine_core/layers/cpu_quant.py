@@ -8,29 +8,21 @@ steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the sa
 """
 
 import ctypes
-import functools
-import os
 
 import torch
 
 from engine_core.batch_invariance import batch_invariant
-from engine_core.cpu_kernels import load_library
+from engine_core.cpu_kernels import table
 from engine_core.layers import cpu_gemm
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_quant.c")
 BLOCK = 32  # inputs per quantized block
 
 # GGUF type ids (ggml.h) of the formats the kernels take -> (bytes per block, packed format in cpu_quant.c)
 GGUF_TYPES = {"q4_0": (2, 18, 0), "q4_1": (3, 20, 0), "q8_0": (8, 34, 1)}
 
-@functools.cache
-def load():
-    """The kernel library, or None where cpu_gemm's panels do not apply (see cpu_gemm.load)."""
-    if cpu_gemm.load() is None:
-        return None
-    library = load_library(SOURCE, (), "the quantized linear kernel (cpu_quant.c)")
-    if library is None:
-        return None
+@table.loader("cpu_quant")
+def load(library):
+    """The kernel library (AVX512-BF16 and AMX tiers), or None where it cannot be had."""
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     library.quant_packed_bytes.argtypes = [int_, long, long]
     library.quant_packed_bytes.restype = long
@@ -79,6 +71,7 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
     """A quantized weight packed into cpu_quant.c's panels; `matmul` as cpu_gemm.PanelWeight's."""
 
     gated = 0
+    kernel = "linear/cpu_quant.c"
 
     def __init__(self, weight: QuantizedTensor):
         library = load()

@@ -6,25 +6,20 @@ torch's x.pow(2).mean(-1) splits one row's sum across threads when a step has fe
 """
 
 import ctypes
-import functools
-import os
 
 import torch
 
-from engine_core.cpu_kernels import load_library
-
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_rms.c")
+from engine_core.cpu_kernels import table
 
 
-@functools.cache
-def load():
+
+@table.loader("cpu_rms")
+def load(library):
     """The kernel library, or None where it cannot be had (no compiler: logged once)."""
-    library = load_library(SOURCE, ("-ffp-contract=off",), "the fixed-order RMS kernel (cpu_rms.c)")
-    if library is not None:
-        long = ctypes.c_long
-        library.rms_scale_f32.argtypes = [ctypes.c_void_p, long, long, long, ctypes.c_float, ctypes.c_void_p,
-                                          ctypes.c_int]
-        library.rms_scale_f32.restype = None
+    long = ctypes.c_long
+    library.rms_scale_f32.argtypes = [ctypes.c_void_p, long, long, long, ctypes.c_float, ctypes.c_void_p,
+                                      ctypes.c_int]
+    library.rms_scale_f32.restype = None
     return library
 
 

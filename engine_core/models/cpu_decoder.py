@@ -10,20 +10,17 @@ NVLLM_CPU_DECODER=0 turns it off.
 """
 
 import ctypes
-import functools
 import logging
-import os
 
 import torch
 
 from engine_core.attention import cpu_decode_kernel
 from engine_core.batch_invariance import batch_invariant
-from engine_core.cpu_kernels import load_library
+from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.forward_context import get_forward_context
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_decoder.c")
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 logger = logging.getLogger("nvllm")
@@ -56,14 +53,10 @@ class _Step(ctypes.Structure):
                 + [("threads", ctypes.c_int), ("every_row_alike", ctypes.c_int)])
 
 
-@functools.cache
-def load():
-    if os.environ.get("NVLLM_CPU_DECODER", "1") == "0":
-        return None
-    library = load_library(SOURCE, (), "the CPU decoder loop (cpu_decoder.c)")
-    if library is not None:
-        library.decoder_layers_bf16.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
-        library.decoder_layers_bf16.restype = ctypes.c_int
+@table.loader("cpu_decoder")
+def load(library):
+    library.decoder_layers_bf16.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
+    library.decoder_layers_bf16.restype = ctypes.c_int
     return library
 
 

@@ -24,7 +24,7 @@
 #include <immintrin.h>
 #endif
 
-#include "bf16_scalar.h"
+#include "../bf16_scalar.h"
 
 #define LANES 16 /* output columns per panel */
 #define MR 6     /* rows per register tile */

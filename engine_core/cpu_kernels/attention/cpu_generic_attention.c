@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../layers/bf16_scalar.h"
+#include "../bf16_scalar.h"
 #include "paged_work_items.h"
 
 #define TILE 32  /* keys per tile, aligned to absolute positions */

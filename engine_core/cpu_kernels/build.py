@@ -1,8 +1,9 @@
 """Build-and-load of small C kernels for the CPU, called through ctypes.
 
-A C source is compiled at first use with the system's C compiler (-O3 -march=native, OpenMP) into
-<cache>/kernels/NAME-<hash>.so, the hash covering the source (and the local files it includes), the flags and this CPU's features
-(-march=native code runs only where it was built). Several processes may start at once: the build
+A C source is compiled at first use with the system's C compiler (-O3, OpenMP, the active tier's flags:
+tiers.py) into <cache>/kernels/NAME-<tier>-<hash>.so, the hash covering the source (and the local files
+it includes) and the flags: a build is for its tier, not for the machine that made it, so a cache made
+on one CPU serves another of the same tier. Several processes may start at once: the build
 holds a file lock and renames a finished temporary file into place. Where a library cannot be had
 (no compiler, a failed build, a load error) load_library returns None and logs why, once per source.
 
@@ -20,11 +21,11 @@ import shutil
 import subprocess
 import tempfile
 
-from engine_core.platform import cpu_flags
+from engine_core.cpu_kernels import tiers
 
 logger = logging.getLogger("nvllm")
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-pthread")
+FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-pthread")
 
 _loaded: dict[tuple, ctypes.CDLL | None] = {}
 
@@ -52,32 +53,33 @@ def _build(source: str, flags: list[str], target: str) -> None:
 
 
 def _source_text(source: str) -> bytes:
-    """The source and the local files it #includes (one level): a change to either makes a new build."""
+    """The source and the local files it #includes (and theirs): a change to any makes a new build."""
     with open(source, "rb") as f:
         text = f.read()
     folder = os.path.dirname(source)
     for name in re.findall(rb'^#include "([^"]+)"', text, re.MULTILINE):
-        with open(os.path.join(folder, name.decode()), "rb") as f:
-            text += f.read()
+        text += _source_text(os.path.join(folder, name.decode()))
     return text
 
 
 def load_library(source: str, extra_flags: tuple[str, ...] = (), what: str | None = None) -> ctypes.CDLL | None:
-    """The ctypes library built from the C file `source`, or None where it cannot be had (logged once).
+    """The ctypes library built from the C file `source` for the active tier, or None where it cannot be
+    had (logged once).
 
     `what` names the kernels in log lines (default: the file's name)."""
-    key = (source, tuple(extra_flags))
+    tier = tiers.active_tier()
+    key = (source, tuple(extra_flags), tier)
     if key in _loaded:
         return _loaded[key]
     from engine_core.weights.model_resolver import cache_dir
 
-    flags = [*FLAGS, *extra_flags]
+    flags = [*FLAGS, *tiers.compile_flags(tier), *extra_flags]
     name = os.path.splitext(os.path.basename(source))[0]
     what = what or name
     library = None
     try:
-        digest = hashlib.sha256(_source_text(source) + " ".join(flags + sorted(cpu_flags())).encode()).hexdigest()[:16]
-        target = os.path.join(cache_dir(), "kernels", f"{name}-{digest}.so")
+        digest = hashlib.sha256(_source_text(source) + " ".join(flags).encode()).hexdigest()[:16]
+        target = os.path.join(cache_dir(), "kernels", f"{name}-{tier}-{digest}.so")
         if not os.path.exists(target):
             logger.info("building %s into %s", what, target)
             _build(source, flags, target)

@@ -1,0 +1,124 @@
+"""The one table of nvllm's CPU kernels: which C source serves which operation on which tier.
+
+KERNELS lists each source with the lowest tier it runs on; OPERATIONS lists, per operation, the kernels
+that can serve it, best first. On a machine (or under NVLLM_CPU_ISA) the first one whose tier is
+active, that is not turned off and that builds, serves. The torch layers ask `load(name)` for a kernel
+and never test CPU flags themselves; adding a tier or an operation is a line here and a source file.
+"""
+
+import ctypes
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine_core.cpu_kernels import tiers
+from engine_core.cpu_kernels.build import load_library
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# -ffp-contract=off where a kernel must round like torch, or like every other inlined copy of itself
+NO_CONTRACT = ("-ffp-contract=off",)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    source: str  # relative to this package
+    lowest_tier: str
+    what: str  # for log lines
+    flags: tuple[str, ...] = ()
+    off_switch: tuple[str, str] | None = None  # (variable, value) that turns it off
+
+    @property
+    def path(self) -> str:
+        return os.path.join(HERE, self.source)
+
+    def switched_off(self) -> bool:
+        return self.off_switch is not None and os.environ.get(self.off_switch[0], "") == self.off_switch[1]
+
+
+KERNELS = {
+    "cpu_gemm": Kernel("linear/cpu_gemm.c", "avx512_bf16", "the bf16 linear kernel (vdpbf16ps panels)",
+                       off_switch=("NVLLM_CPU_GEMM", "onednn")),
+    "cpu_gemm_f32": Kernel("linear/cpu_gemm_f32.c", "portable", "the fixed-order linear kernel (fp32 FMA)", NO_CONTRACT),
+    "cpu_quant": Kernel("linear/cpu_quant.c", "avx512_bf16", "the quantized linear kernel (bf16 dot products)"),
+    "quant_dot": Kernel("linear/quant_dot.c", "portable",
+                        "the quantized linear kernel (8-bit activations, integer dot products)"),
+    "cpu_ops": Kernel("ops/cpu_ops.c", "avx512", "the fused bf16 norm / SiLU-and-mul / rotary kernels", NO_CONTRACT,
+                      off_switch=("NVLLM_CPU_FUSED_OPS", "0")),
+    "cpu_rms": Kernel("ops/cpu_rms.c", "portable", "the fixed-order RMS statistic", NO_CONTRACT),
+    "cpu_decode": Kernel("attention/cpu_decode.c", "avx512_bf16", "the bf16 paged attention kernels", NO_CONTRACT,
+                         off_switch=("NVLLM_CPU_DECODE_KERNEL", "0")),
+    "cpu_generic_attention": Kernel("attention/cpu_generic_attention.c", "portable",
+                                    "the fixed-order paged attention kernel", NO_CONTRACT,
+                                    off_switch=("NVLLM_CPU_GENERIC_ATTENTION", "0")),
+    "cpu_decoder": Kernel("decoder/cpu_decoder.c", "avx512_bf16", "the one-call decoder loop",
+                          off_switch=("NVLLM_CPU_DECODER", "0")),
+}
+
+# operation -> the kernels that can serve it, best first; a name not in KERNELS is the torch code's
+OPERATIONS = {
+    "linear bfloat16": ("cpu_gemm", "cpu_gemm_f32"),
+    "linear float32": ("cpu_gemm_f32",),
+    "kept-quantized linear bfloat16": ("cpu_quant", "quant_dot", "dequantized"),
+    "kept-quantized linear float32": ("quant_dot", "dequantized"),
+    "attention bfloat16": ("cpu_decode", "cpu_generic_attention"),
+    "attention float32": ("cpu_generic_attention",),
+    "norm, rotary, SiLU bfloat16": ("cpu_ops", "torch"),
+    "RMS statistic float32": ("cpu_rms", "torch"),
+    "decoder loop bfloat16": ("cpu_decoder", "python"),
+}
+
+_loaders: dict[str, Callable[[], ctypes.CDLL | None]] = {}
+
+
+def runs_here(name: str) -> bool:
+    """Whether kernel `name` may serve on the active tier (not whether it builds)."""
+    kernel = KERNELS[name]
+    return tiers.at_least(kernel.lowest_tier) and not kernel.switched_off()
+
+
+def loader(name: str):
+    """Decorates a wrapper's `declare(library) -> library | None` (ctypes signatures, checks) into its
+    cached `load()`: kernel `name` built for the active tier and declared, or None where its tier is not
+    active, it is turned off, it cannot be built (logged once by build.load_library) or declare refuses."""
+
+    def wrap(declare: Callable[[ctypes.CDLL], ctypes.CDLL | None]) -> Callable[[], ctypes.CDLL | None]:
+        @functools.cache
+        def load() -> ctypes.CDLL | None:
+            if not runs_here(name):
+                return None
+            kernel = KERNELS[name]
+            library = load_library(kernel.path, kernel.flags, f"{kernel.what} ({kernel.source})")
+            return None if library is None else declare(library)
+
+        _loaders[name] = load
+        return load
+
+    return wrap
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The loaded kernel `name` (its wrapper module declares it), or None."""
+    return _loaders[name]() if name in _loaders else None
+
+
+def forget() -> None:
+    """Drops every choice made so far, for a changed NVLLM_CPU_ISA or off switch (tests)."""
+    tiers.active_tier.cache_clear()
+    for load_kernel in _loaders.values():
+        load_kernel.cache_clear()
+
+
+def serving(operation: str) -> str:
+    """The kernel that serves `operation` here: the first of its list that runs on this tier and builds
+    (the torch code's name where none does)."""
+    for name in OPERATIONS[operation]:
+        if name not in KERNELS or load(name) is not None:
+            return name if name not in KERNELS else KERNELS[name].source
+    return "torch"
+
+
+def describe(dtype: str) -> str:
+    """One line for the load log: the tier and the kernel picked for each operation of a `dtype` engine."""
+    picked = [f"{op.removesuffix(' ' + dtype)}: {serving(op)}" for op in OPERATIONS if op.endswith(dtype)]
+    return f"CPU kernels for tier {tiers.describe()}: " + ", ".join(picked)
