@@ -18,7 +18,7 @@ from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.capabilities import AttentionSetup
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.selector import select_attention_backend
-from engine_core.cpu_kernels import table
+from engine_core.cpu_kernels import table as cpu_kernel_table
 from engine_core.cuda_graph import DecodeGraphRunner
 from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.engine_config import EngineConfig
@@ -62,8 +62,9 @@ class ModelRunner:
         self.model.load_weights(load_safetensors_weights(config.model.path))
         self.model.eval()
         self.quantization = quantized.apply(self.model, config.model.path, config.quantization, device, dtype)
-        if cpu_packing.can_pack(device, dtype):
-            cpu_packing.pack_model(self.model)
+        dense = cpu_packing.can_pack(device, dtype)
+        if dense or self.quantization != "none":
+            cpu_packing.pack_model(self.model, dense)
         if device.type == "cpu" and dtype == torch.bfloat16:
             cpu_decode_kernel.load()  # built (once per machine) now, not in the first request's decode step
             cpu_ops.load()  # likewise the fused norm / SiLU-and-mul / rotary kernels
@@ -73,7 +74,7 @@ class ModelRunner:
             self.model.cpu_decoder = CpuDecoder.for_model(self.model)
         self.sampler = Sampler(device, config.seed) if tp_rank() == 0 else None
         if tp_rank() == 0 and device.type == "cpu":
-            logger.info("%s; linear layers: %s", table.describe(str(dtype).removeprefix("torch.")),
+            logger.info("%s; linear layers: %s", cpu_kernel_table.describe(str(dtype).removeprefix("torch.")),
                         cpu_packing.kernels_used(self.model))
         if tp_rank() == 0:
             logger.info("loaded %s %s (%s) on %s in %.1f s, attention backend %s, weights kept quantized: %s "

@@ -8,6 +8,7 @@ from common.config import EngineArgs
 from engine_core.engine_config import resolve_engine_config
 from engine_core.model_runner import ModelRunner
 from engine_core.step_input import StepInput
+from cpu_tier_helpers import forced_tier, tier_params
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +43,15 @@ def run_step(runner: ModelRunner, seqs: list[tuple[list[int], int, list[int]]]) 
     return list(logits.split([b - a for a, b in zip(step.query_start_loc, step.query_start_loc[1:])]))
 
 
+@pytest.fixture(scope="module", params=tier_params("own", "avx2", "portable"))
+def tier(request):
+    """Every comparison on this machine's CPU tier and, forced (NVLLM_CPU_ISA), on the AVX2 and portable ones."""
+    with forced_tier(request.param):
+        yield request.param
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
-def pair(request, tiny_models):
+def pair(request, tiny_models, tier):
     path = tiny_models[request.param]
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     return make_runner(path), hf
@@ -94,7 +102,8 @@ def test_prefix_hit_and_mixed_batch(pair):
     torch.testing.assert_close(rows_b, hf_logits(hf, b)[12:], atol=ATOL, rtol=0)
 
 
-def test_greedy_generate_with_preemption_matches(tiny_models):
+@pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2", "portable"))
+def test_greedy_generate_with_preemption_matches(tiny_models, cpu_tier):
     """Through the whole engine: a pool so small that requests get preempted and recomputed,
     and greedy tokens still equal transformers' generate."""
     from frontend import LLM, SamplingParams
@@ -103,8 +112,9 @@ def test_greedy_generate_with_preemption_matches(tiny_models):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     prompts = [TOKENS[:9], TOKENS[3:20], TOKENS[5:11], TOKENS[:17]]
     # 24 blocks of 4 tokens: the four requests (up to 17 + 24 tokens each) cannot all stay resident
-    llm = LLM(path, dtype="float32", block_size=4, kv_cache_memory=24 * 2 * 2 * 4 * 2 * 16 * 4,
-              max_model_len=96, max_num_batched_tokens=16)
+    with forced_tier(cpu_tier):  # the engine process inherits NVLLM_CPU_ISA
+        llm = LLM(path, dtype="float32", block_size=4, kv_cache_memory=24 * 2 * 2 * 4 * 2 * 16 * 4,
+                  max_model_len=96, max_num_batched_tokens=16)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     stats = llm.get_stats()

@@ -5,7 +5,7 @@ for near-ties, HF folders take per-channel int8, and what cannot run says why.""
 import pytest
 
 from common.sampling_params import SamplingParams
-from engine_core.layers import cpu_gemm, cpu_quant
+from engine_core.layers import cpu_gemm, cpu_quant, cpu_quant_dot
 
 pytestmark = pytest.mark.integration
 KERNELS = cpu_quant.load() is not None
@@ -84,8 +84,8 @@ def test_int8_per_channel_on_an_hf_folder(tiny_models):
 
 
 @pytest.mark.parametrize("quantization,dtype,why", [
-    ("gguf", "bfloat16", "no GGUF Q4_0 / Q4_1 / Q8_0 tensors" if KERNELS else "need an AVX512-BF16 CPU"),
-    ("int8", "float32", "run in bfloat16 on the CPU")])
+    ("gguf", "bfloat16", "no GGUF Q4_0 / Q4_1 / Q8_0 tensors"),
+    ("int8", "float16", "run in float32 or bfloat16 on the CPU")])
 def test_what_cannot_run_says_why(tiny_models, quantization, dtype, why):
     from frontend.llm import LLM
     with pytest.raises(Exception, match=why) as info:
@@ -94,10 +94,31 @@ def test_what_cannot_run_says_why(tiny_models, quantization, dtype, why):
     assert f"quantization {quantization}" in str(info.value)
 
 
-def test_auto_dequantizes_where_the_kernels_do_not_run(default_model_dir):
+def test_auto_dequantizes_where_the_kernels_do_not_run(default_model_dir, monkeypatch):
     from frontend.llm import LLM
+    monkeypatch.setattr(cpu_quant, "load", lambda: None)  # as where no kernel builds (no C compiler)
+    monkeypatch.setattr(cpu_quant_dot, "load", lambda: None)
     llm = LLM(default_model_dir, multiprocess=False, dtype="float32", kv_cache_memory="64MiB", max_model_len=256)
     try:
         assert _runner(llm).quantization == "none"
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.skipif(cpu_quant_dot.load() is None, reason="no C compiler: quant_dot.c is not built")
+def test_float32_engines_keep_the_default_model_quantized(default_model_dir):
+    """quant_dot.c on every tier: the default model's float32 engine runs from its GGUF blocks, the tied head
+    and the embedding from the same packed weight."""
+    from frontend.llm import LLM
+    llm = LLM(default_model_dir, multiprocess=False, dtype="float32", kv_cache_memory="64MiB", max_model_len=256)
+    try:
+        runner = _runner(llm)
+        assert runner.quantization == "120 layers q4_1, 1 layers q8_0"
+        model = runner.model
+        assert {type(m.packed_weight) for m in model.modules() if hasattr(m, "packed_weight")} == {
+            cpu_quant_dot.QuantDotWeight}
+        assert model.embed_tokens.quantized_rows is model.lm_head.packed_weight
+        out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        assert out[0].outputs[0].text.strip().startswith("Paris")
     finally:
         llm.shutdown()

@@ -47,7 +47,9 @@ def hf_model():
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
     from frontend.llm import LLM
-    engine = LLM(None, dtype="float32", max_model_len=1024, kv_cache_memory="256MiB")
+    # the dequantized weights, transformers' (quantization auto would keep the GGUF blocks and round each input
+    # row to 8 bits per block in float32 engines: tests/test_cpu_tiers.py bounds that)
+    engine = LLM(None, dtype="float32", quantization="none", max_model_len=1024, kv_cache_memory="256MiB")
     yield engine
     engine.shutdown()
 

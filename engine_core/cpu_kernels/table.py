@@ -42,7 +42,7 @@ KERNELS = {
     "cpu_gemm_f32": Kernel("linear/cpu_gemm_f32.c", "portable", "the fixed-order linear kernel (fp32 FMA)", NO_CONTRACT),
     "cpu_quant": Kernel("linear/cpu_quant.c", "avx512_bf16", "the quantized linear kernel (bf16 dot products)"),
     "quant_dot": Kernel("linear/quant_dot.c", "portable",
-                        "the quantized linear kernel (8-bit activations, integer dot products)"),
+                        "the quantized linear kernel (8-bit activations, integer dot products)", NO_CONTRACT),
     "cpu_ops": Kernel("ops/cpu_ops.c", "avx512", "the fused bf16 norm / SiLU-and-mul / rotary kernels", NO_CONTRACT,
                       off_switch=("NVLLM_CPU_FUSED_OPS", "0")),
     "cpu_rms": Kernel("ops/cpu_rms.c", "portable", "the fixed-order RMS statistic", NO_CONTRACT),
@@ -85,10 +85,7 @@ def loader(name: str):
     def wrap(declare: Callable[[ctypes.CDLL], ctypes.CDLL | None]) -> Callable[[], ctypes.CDLL | None]:
         @functools.cache
         def load() -> ctypes.CDLL | None:
-            if not runs_here(name):
-                return None
-            kernel = KERNELS[name]
-            library = load_library(kernel.path, kernel.flags, f"{kernel.what} ({kernel.source})")
+            library = _build(name)
             return None if library is None else declare(library)
 
         _loaders[name] = load
@@ -97,9 +94,16 @@ def loader(name: str):
     return wrap
 
 
+def _build(name: str) -> ctypes.CDLL | None:
+    if not runs_here(name):
+        return None
+    kernel = KERNELS[name]
+    return load_library(kernel.path, kernel.flags, f"{kernel.what} ({kernel.source})")
+
+
 def load(name: str) -> ctypes.CDLL | None:
-    """The loaded kernel `name` (its wrapper module declares it), or None."""
-    return _loaders[name]() if name in _loaders else None
+    """Kernel `name` as its wrapper module declared it (built only, where that module is not imported), or None."""
+    return _loaders[name]() if name in _loaders else _build(name)
 
 
 def forget() -> None:

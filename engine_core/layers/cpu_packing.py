@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.batch_invariance import batch_invariant
-from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant
+from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant, cpu_quant_dot
 
 logger = logging.getLogger("nvllm")
 
@@ -45,7 +45,24 @@ class OneDnnWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
-PackedWeight = cpu_gemm.PanelWeight | cpu_gemm_f32.GenericPanelWeight | OneDnnWeight
+PackedWeight = cpu_gemm.PanelWeight | cpu_gemm_f32.GenericPanelWeight | OneDnnWeight | cpu_quant_dot.QuantDotWeight
+QuantizedPack = cpu_quant.QuantPanelWeight | cpu_quant_dot.QuantDotWeight
+
+
+def keeps_quantized(dtype: torch.dtype) -> bool:
+    """Whether a quantized kernel serves linear layers of a `dtype` engine on this tier."""
+    return (dtype is torch.bfloat16 and cpu_quant.load() is not None) or (
+        dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.load() is not None)
+
+
+def pack_quantized(weight: cpu_quant.QuantizedTensor, dtype: torch.dtype) -> QuantizedPack | None:
+    """A quantized weight packed for the kernel that serves a `dtype` engine (the bf16 panels of
+    cpu_quant.c on the avx512_bf16 and amx tiers, quant_dot.c elsewhere), or None where none does."""
+    if dtype is torch.bfloat16 and cpu_quant.can_pack(weight):
+        return cpu_quant.QuantPanelWeight(weight)
+    if dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.can_pack(weight):
+        return cpu_quant_dot.QuantDotWeight(weight)
+    return None
 
 
 def _onednn_bf16_runs() -> bool:
@@ -110,11 +127,14 @@ class PackableWeight:
     quantized_weight: cpu_quant.QuantizedTensor | None = None
     keeps_weight = False  # True where another layer reads the weight too (a tied LM head's embedding)
 
-    def pack_weight(self) -> None:
-        if self.quantized_weight is not None and cpu_quant.can_pack(self.quantized_weight):
-            self.packed_weight = self.quantized_form(self.quantized_weight)
-        else:
-            self.packed_weight = self.packed_form(self.weight)
+    def pack_weight(self, dense: bool = True) -> None:
+        """Packs the quantized weight where there is one and a kernel takes it, else (`dense`) the weight."""
+        quantized = None
+        if self.quantized_weight is not None:
+            quantized = self.quantized_form(self.quantized_weight, self.weight.dtype)
+        if quantized is None and not dense:
+            return
+        self.packed_weight = quantized if quantized is not None else self.packed_form(self.weight)
         if not self.keeps_weight:
             self.weight.data = self.weight.data.new_empty(0)
 
@@ -122,8 +142,8 @@ class PackableWeight:
         """The packed copy of `weight` this layer computes with (a layer may pick a special layout)."""
         return pack(weight)
 
-    def quantized_form(self, weight: cpu_quant.QuantizedTensor) -> cpu_quant.QuantPanelWeight:
-        return cpu_quant.QuantPanelWeight(weight)
+    def quantized_form(self, weight: cpu_quant.QuantizedTensor, dtype: torch.dtype) -> QuantizedPack | None:
+        return pack_quantized(weight, dtype)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, self.weight, self.packed_weight, bias)
@@ -140,19 +160,21 @@ def kernels_used(model: torch.nn.Module) -> str:
     return ", ".join(f"{count} {name}" for name, count in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def pack_model(model: torch.nn.Module) -> int:
-    """Packs every layer that can take it; returns how many. An embedding with a quantized weight then
-    serves its rows from the packed blocks (those of its tied LM head where it has one)."""
+def pack_model(model: torch.nn.Module, dense: bool = True) -> int:
+    """Packs every layer that can take it (dense weights too where `dense`: can_pack); returns how many
+    layers there are. An embedding with a quantized weight then serves its rows from the packed blocks
+    (those of its tied LM head where it has one)."""
     layers = [m for m in model.modules() if isinstance(m, PackableWeight)]
     for layer in layers:
-        layer.pack_weight()
+        layer.pack_weight(dense)
     packed = {id(layer.quantized_weight): layer.packed_weight for layer in layers
-              if isinstance(layer.packed_weight, cpu_quant.QuantPanelWeight)}
+              if isinstance(layer.packed_weight, QuantizedPack)}
     for module in model.modules():
         weight = getattr(module, "quantized_weight", None)
         if isinstance(module, PackableWeight) or weight is None or not hasattr(module, "quantized_rows"):
             continue
-        if id(weight) in packed or cpu_quant.can_pack(weight):
-            module.quantized_rows = packed.get(id(weight)) or cpu_quant.QuantPanelWeight(weight)
+        rows = packed.get(id(weight)) or pack_quantized(weight, module.weight.dtype)
+        if rows is not None:
+            module.quantized_rows = rows
             module.weight.data = module.weight.data.new_empty(0)  # a tied head's float copy goes too
     return len(layers)

@@ -102,8 +102,10 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self._run(self._linear, x, bias, self.out_features)
 
-    def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
-        """Columns `ids` of W, dequantized to bf16 [len(ids), K] (the rows of an embedding)."""
+    def rows_of(self, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """Columns `ids` of W, dequantized to bf16 [len(ids), K] (the rows of an embedding; `dtype`: the
+        engine's, always bf16 where these panels serve)."""
+        assert dtype is torch.bfloat16
         ids = ids.reshape(-1).to(torch.int64).contiguous()
         out = torch.empty((ids.numel(), self.in_features), dtype=torch.bfloat16, device="cpu")
         if ids.numel():

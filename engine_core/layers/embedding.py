@@ -27,7 +27,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.quantized_rows is not None:
-            return self.quantized_rows.rows_of(input_ids).view(*input_ids.shape, -1)
+            return self.quantized_rows.rows_of(input_ids, self.weight.dtype).view(*input_ids.shape, -1)
         if tp_size() == 1:
             return F.embedding(input_ids, self.weight)
         mine = (input_ids >= self.start) & (input_ids < self.end)

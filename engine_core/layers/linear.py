@@ -62,10 +62,11 @@ class GateUpSiluLinear(MergedColumnParallelLinear):
             return super().packed_form(weight)
         return cpu_gemm.GatedPanelWeight(weight, table)
 
-    def quantized_form(self, weight: cpu_quant.QuantizedTensor):
+    def quantized_form(self, weight: cpu_quant.QuantizedTensor, dtype: torch.dtype):
         table = cpu_ops.silu_table()
-        if table is None or weight.shape[0] % (4 * cpu_gemm.LANES):
-            return super().quantized_form(weight)
+        if (table is None or weight.shape[0] % (4 * cpu_gemm.LANES) or dtype is not torch.bfloat16
+                or not cpu_quant.can_pack(weight)):
+            return super().quantized_form(weight, dtype)
         return cpu_quant.GatedQuantPanelWeight(weight, table)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

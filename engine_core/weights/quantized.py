@@ -8,7 +8,8 @@
 - none: everything dequantized (the path compared with transformers).
 - auto: gguf where the model has such tensors and the kernels run, else none.
 
-The kernels (cpu_quant.c) compute in bf16 on AVX512-BF16 CPUs, on one rank. Elsewhere auto means none,
+The kernels run on one rank, on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized:
+cpu_quant.c for bf16 on the avx512_bf16 and amx tiers, quant_dot.c elsewhere). Elsewhere auto means none,
 and an explicit gguf / int8 is an error that says why.
 """
 
@@ -29,12 +30,12 @@ _INT8_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def _why_not(device: torch.device, dtype: torch.dtype) -> str | None:
-    if device.type != "cpu" or dtype is not torch.bfloat16:
-        return f"the quantized kernels run in bfloat16 on the CPU (this engine: {dtype} on {device.type})"
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        return f"the quantized kernels run in float32 or bfloat16 on the CPU (this engine: {dtype} on {device.type})"
     if tp_size() != 1:
         return "the quantized kernels run on one rank (tensor_parallel_size 1)"
-    if cpu_quant.load() is None:
-        return "the quantized kernels need an AVX512-BF16 CPU (on an AMX CPU: batch invariance on) and a C compiler"
+    if not cpu_packing.keeps_quantized(dtype):
+        return "the quantized kernels could not be built (no C compiler? the log above says why)"
     return None
 
 

@@ -1,0 +1,394 @@
+/* Linear layers whose weights stay quantized (GGUF Q4_0, Q4_1, Q8_0), for every CPU tier:
+ * out[M, N] = x[M, K] @ W[N, K]^T (+ bias), x and out in float32 or bfloat16.
+ *
+ * The way llama.cpp multiplies on CPUs without bf16 dot products: each row of x is quantized to 8 bits
+ * per block of 32 inputs (scale d_x = max|x| / 127, q_x = rint(x / d_x), in [-127, 127]), and a weight
+ * block (scale d_w, integers q_w; Q4_1 also an offset m_w, Q4_0 is Q4_1 with m_w = -8 d_w) meets it in
+ * integer dot products, exact in int32:
+ *     sum_k (d_w q_w + m_w)(d_x q_x) = d_w d_x * sum_k q_w q_x + m_w * (d_x sum_k q_x).
+ * The result is the dot product of the dequantized weights with the row rounded to 8 bits per block,
+ * summed in fp32: about 0.3% of a row's magnitude from the dense product (the tests bound it).
+ * AVX2: vpmaddubsw + vpmaddwd (unsigned 4-bit or |q8| times signed 8-bit: no int16 saturation is
+ * possible); AVX512-VNNI: vpdpbusd, the same integers. Portable C: the same integers in plain loops.
+ *
+ * One arithmetic on every tier, so every tier gives the same bits: the integer sum of a block is taken
+ * in 8 lanes of 4 inputs each (lane l: inputs 4l..4l+3), each lane converted to fp32 and added to that
+ * lane's running sum times the block's d_w d_x in one fused multiply-add (the portable build calls
+ * fmaf, exact everywhere, slow only where the CPU has no FMA); after each group of 8 blocks lane l also
+ * adds m_w * s_x of block l of the group, fused likewise. The 8 lanes are then added in a fixed tree
+ * ((l, l+4), (l, l+2), (l, l+1)), then the bias. Built with -ffp-contract=off, so nothing else is fused.
+ * A row's result depends on that row alone, whatever M, the tile it falls in or the thread: batch
+ * invariant.
+ *
+ * Packed layout (quant_dot_pack), one column (output) after another, each a run of groups of 8 blocks:
+ *   d[8] fp16, Q4_1 only: m[8] fp16, then the blocks' integers: Q4 16 bytes per block (GGUF's order:
+ *   byte j holds input j in its low nibble and input j + 16 in its high one), Q8 32 signed bytes.
+ * A last group of fewer blocks keeps 8 scale slots (zeros past its end) and only its blocks' integers.
+ * Q4_1 and Q8_0 take as many bytes as in the GGUF file; Q4_0 as many (its m is -8 d, never stored).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "../bf16_scalar.h"
+
+enum { GGUF_Q4_0 = 2, GGUF_Q4_1 = 3, GGUF_Q8_0 = 8 };
+#define QBLOCK 32
+#define GROUP 8     /* blocks per group: one vector of 8 scales */
+#define LANES 8     /* int32 / fp32 lanes of a block's dot product */
+#define MR 4        /* rows per register tile */
+#define NR 4        /* columns per register tile of one row; 2 from two rows on */
+#define ROW_CHUNK 64 /* rows whose quantized inputs stay in L2 while a thread's columns pass over them */
+#ifndef QUANT_DOT_PARALLEL_MIN_WORK
+#define QUANT_DOT_PARALLEL_MIN_WORK (1L << 16) /* M * N * K below this: one thread */
+#endif
+
+static inline int has_offset(int type) { return type == GGUF_Q4_1; }
+static inline long block_ints(int type) { return type == GGUF_Q8_0 ? 32 : 16; }
+static inline long gguf_block_bytes(int type) { return type == GGUF_Q4_0 ? 18 : type == GGUF_Q4_1 ? 20 : 34; }
+static inline long header_bytes(int type) { return (has_offset(type) ? 2 : 1) * GROUP * 2; }
+
+static float half_to_float(uint16_t h) { /* exact, any CPU */
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023;
+    uint32_t u;
+    if (exponent == 31) {
+        u = sign | 0x7f800000 | (mantissa << 13);
+    } else if (exponent) {
+        u = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa) { /* subnormal: m * 2^-24 */
+        float f = (float)mantissa * 5.9604644775390625e-8f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    } else {
+        u = sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* bytes of one packed column of K inputs, and of a whole weight */
+static long column_bytes(int type, long K) {
+    const long blocks = K / QBLOCK, groups = (blocks + GROUP - 1) / GROUP;
+    return groups * header_bytes(type) + blocks * block_ints(type);
+}
+
+long quant_dot_packed_bytes(int type, long N, long K) { return N * column_bytes(type, K); }
+
+/* GGUF rows of a [N, K] weight (row_bytes apart) -> packed columns. Returns 0, or -1 for another type. */
+int quant_dot_pack(const uint8_t *rows, long row_bytes, int type, long N, long K, uint8_t *packed) {
+    if (type != GGUF_Q4_0 && type != GGUF_Q4_1 && type != GGUF_Q8_0) return -1;
+    const long blocks = K / QBLOCK, col = column_bytes(type, K), ints = block_ints(type), gb = gguf_block_bytes(type);
+    const long skip = type == GGUF_Q4_1 ? 4 : 2; /* the integers' offset in a GGUF block */
+    for (long n = 0; n < N; n++) {
+        uint8_t *dst = packed + n * col;
+        for (long g = 0; g * GROUP < blocks; g++) {
+            const long count = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
+            uint16_t d[GROUP] = {0}, m[GROUP] = {0};
+            for (long b = 0; b < count; b++) {
+                const uint8_t *src = rows + n * row_bytes + (g * GROUP + b) * gb;
+                memcpy(&d[b], src, 2);
+                if (has_offset(type)) memcpy(&m[b], src + 2, 2);
+            }
+            memcpy(dst, d, sizeof d);
+            dst += sizeof d;
+            if (has_offset(type)) {
+                memcpy(dst, m, sizeof m);
+                dst += sizeof m;
+            }
+            for (long b = 0; b < count; b++, dst += ints)
+                memcpy(dst, rows + n * row_bytes + (g * GROUP + b) * gb + skip, ints);
+        }
+    }
+    return 0;
+}
+
+/* ---- the inputs, 8 bits per block ------------------------------------------------------------------ */
+
+typedef struct {
+    int8_t *q;      /* [M][blocks * 32] */
+    float *d, *s;   /* [M][groups * 8]: d_x, and d_x * sum q_x (zeros past the last block) */
+    long blocks, slots;
+} Quantized;
+
+static float input(const void *x, int x_bf16, long i) {
+    return x_bf16 ? bf16_to_float(((const bf16 *)x)[i]) : ((const float *)x)[i];
+}
+
+static void quantize_row(const void *x, int x_bf16, long K, int8_t *q, float *d, float *s) {
+    const long blocks = K / QBLOCK;
+    for (long b = 0; b < blocks; b++) {
+        float v[QBLOCK], amax = 0.0f;
+        for (int k = 0; k < QBLOCK; k++) {
+            v[k] = input(x, x_bf16, b * QBLOCK + k);
+            const float a = fabsf(v[k]);
+            amax = a > amax ? a : amax;
+        }
+        const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+        int sum = 0;
+        for (int k = 0; k < QBLOCK; k++) {
+            const float r = rintf(v[k] * inverse);
+            const int qk = r >= -127.0f && r <= 127.0f ? (int)r : (r > 0.0f ? 127 : -127); /* NaN: -127 */
+            q[b * QBLOCK + k] = (int8_t)qk;
+            sum += qk;
+        }
+        d[b] = scale;
+        s[b] = scale * (float)sum;
+    }
+}
+
+static int quantize(const void *x, int x_bf16, long M, long K, long x_stride, Quantized *out, int threads) {
+    out->blocks = K / QBLOCK;
+    out->slots = (out->blocks + GROUP - 1) / GROUP * GROUP;
+    out->q = malloc(M * K);
+    out->d = calloc(M * out->slots, sizeof(float));
+    out->s = calloc(M * out->slots, sizeof(float));
+    if (!out->q || !out->d || !out->s) return -1;
+    const size_t elem = x_bf16 ? 2 : 4;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (long i = 0; i < M; i++)
+        quantize_row((const char *)x + i * x_stride * elem, x_bf16, K, out->q + i * K, out->d + i * out->slots,
+                     out->s + i * out->slots);
+    return 0;
+}
+
+/* ---- one block's integer dot products, 8 lanes ---------------------------------------------------- */
+
+#if defined(__AVX2__)
+typedef __m256 lanes;
+static inline lanes lanes_zero(void) { return _mm256_setzero_ps(); }
+
+static inline __m256i weight_ints(const uint8_t *p, int q8) {
+    if (q8) return _mm256_loadu_si256((const __m256i *)p);
+    const __m128i v = _mm_loadu_si128((const __m128i *)p), low = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+}
+
+/* lane l: sum of w[4l + t] x[4l + t], t < 4 (w unsigned nibbles, or signed bytes for q8) */
+static inline __m256i block_dot(__m256i w, __m256i x, int q8) {
+    if (q8) { /* |w| times x with w's sign: unsigned by signed */
+        x = _mm256_sign_epi8(x, w);
+        w = _mm256_sign_epi8(w, w);
+    }
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
+
+static inline lanes add_scaled(lanes acc, __m256i sums, const float *scale) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_broadcast_ss(scale), acc);
+}
+
+static inline lanes add_products(lanes acc, const float *m, const float *s) {
+    return _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_loadu_ps(s), acc);
+}
+
+static inline float lanes_total(lanes v) {
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* l + (l + 4) */
+    half = _mm_add_ps(half, _mm_movehl_ps(half, half));                                /* l + (l + 2) */
+    half = _mm_add_ss(half, _mm_shuffle_ps(half, half, 1));                            /* 0 + 1 */
+    return _mm_cvtss_f32(half);
+}
+#else
+typedef struct { float v[LANES]; } lanes;
+static inline lanes lanes_zero(void) { lanes z = {{0}}; return z; }
+
+static inline lanes add_block(lanes acc, const uint8_t *w, const int8_t *x, int q8, const float *scale) {
+    for (int l = 0; l < LANES; l++) {
+        int32_t sum = 0;
+        for (int t = 0; t < 4; t++) {
+            const int k = 4 * l + t;
+            const int wk = q8 ? (int8_t)w[k] : k < 16 ? w[k] & 15 : w[k - 16] >> 4;
+            sum += wk * x[k];
+        }
+        acc.v[l] = fmaf((float)sum, *scale, acc.v[l]);
+    }
+    return acc;
+}
+
+static inline lanes add_products(lanes acc, const float *m, const float *s) {
+    for (int l = 0; l < LANES; l++) acc.v[l] = fmaf(m[l], s[l], acc.v[l]);
+    return acc;
+}
+
+static inline float lanes_total(lanes a) {
+    float h[4];
+    for (int l = 0; l < 4; l++) h[l] = a.v[l] + a.v[l + 4];
+    h[0] = h[0] + h[2], h[1] = h[1] + h[3];
+    return h[0] + h[1];
+}
+#endif
+
+/* ---- tiles ------------------------------------------------------------------------------------------ */
+
+static inline void store(float total, const float *bias, long n, void *out, int out_bf16, long at) {
+    if (bias) total = total + bias[n];
+    if (out_bf16)
+        ((bf16 *)out)[at] = float_to_bf16(total);
+    else
+        ((float *)out)[at] = total;
+}
+
+/* rows [0, mr) x columns [0, nr) over all of K; mr, nr compile-time where inlined */
+static inline __attribute__((always_inline)) void tile(const Quantized *a, long row, const uint8_t *w, long col_bytes,
+                                                       const int type, const float *bias, long n0, void *out, int out_bf16,
+                                                       long out_stride, const int mr, const int nr) {
+    const int q8 = type == GGUF_Q8_0, offset = has_offset(type);
+    const long blocks = a->blocks, ints = block_ints(type), header = header_bytes(type), K = blocks * QBLOCK;
+    lanes acc[MR][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = lanes_zero();
+    long at = 0; /* byte offset of the group within a column */
+    for (long g = 0; g * GROUP < blocks; g++) {
+        const long count = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
+        float scale[MR][NR][GROUP], m[NR][GROUP];
+        for (int j = 0; j < nr; j++) {
+            const uint16_t *head = (const uint16_t *)(w + j * col_bytes + at);
+            float dw[GROUP];
+#if defined(__AVX2__) /* F16C: the same exact conversion, 8 at once */
+            _mm256_storeu_ps(dw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head)));
+            if (offset) _mm256_storeu_ps(m[j], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + GROUP))));
+#else
+            for (int b = 0; b < GROUP; b++) dw[b] = half_to_float(head[b]);
+            if (offset)
+                for (int b = 0; b < GROUP; b++) m[j][b] = half_to_float(head[GROUP + b]);
+#endif
+            if (!offset)
+                for (int b = 0; b < GROUP; b++) m[j][b] = -8.0f * dw[b];
+            for (int i = 0; i < mr; i++) {
+                const float *dx = a->d + (row + i) * a->slots + g * GROUP;
+                for (int b = 0; b < GROUP; b++) scale[i][j][b] = dw[b] * dx[b];
+            }
+        }
+        const uint8_t *ints0 = w + at + header;
+        for (long b = 0; b < count; b++) {
+            const long k = (g * GROUP + b) * QBLOCK;
+#if defined(__AVX2__)
+            __m256i wq[NR];
+            for (int j = 0; j < nr; j++) wq[j] = weight_ints(ints0 + j * col_bytes + b * ints, q8);
+            for (int i = 0; i < mr; i++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + k));
+                for (int j = 0; j < nr; j++) acc[i][j] = add_scaled(acc[i][j], block_dot(wq[j], xq, q8), &scale[i][j][b]);
+            }
+#else
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++)
+                    acc[i][j] = add_block(acc[i][j], ints0 + j * col_bytes + b * ints, a->q + (row + i) * K + k, q8,
+                                          &scale[i][j][b]);
+#endif
+        }
+        if (!q8)
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++)
+                    acc[i][j] = add_products(acc[i][j], m[j], a->s + (row + i) * a->slots + g * GROUP);
+        at += header + count * ints;
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++)
+            store(lanes_total(acc[i][j]), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
+}
+
+#define TILE(MRV, NRV) tile(a, m, w, col, type, bias, n, out, out_bf16, out_stride, MRV, NRV)
+#define TILE_NR(MRV)              \
+    switch (nr) {                 \
+    case 1: TILE(MRV, 1); break;  \
+    case 2: TILE(MRV, 2); break;  \
+    case 3: TILE(MRV, 3); break;  \
+    default: TILE(MRV, 4); break; \
+    }
+
+/* columns [n_begin, n_end) for every row: rows in chunks whose inputs stay in L2, a tile of columns at a
+ * time over the chunk (its weights stay in L1); one row takes 4 columns per tile (more weight streams in
+ * flight), more rows 4 x 2. Inlined once per type, so each tile is compiled for one type. */
+static inline __attribute__((always_inline)) void columns(const Quantized *a, long M, const uint8_t *packed,
+                                                          const int type, long col, const float *bias, void *out,
+                                                          int out_bf16, long out_stride, long n_begin, long n_end) {
+    for (long m0 = 0; m0 < M; m0 += ROW_CHUNK) {
+        const long m_end = M - m0 < ROW_CHUNK ? M : m0 + ROW_CHUNK;
+        const int width = m_end - m0 == 1 ? NR : 2;
+        for (long n = n_begin; n < n_end; n += width) {
+            const int nr = n_end - n < width ? (int)(n_end - n) : width;
+            const uint8_t *w = packed + n * col;
+            for (long m = m0; m < m_end; m += MR) {
+                const int mr = m_end - m < MR ? (int)(m_end - m) : MR;
+                switch (mr) {
+                case 1: TILE_NR(1); break;
+                case 2: TILE_NR(2); break;
+                case 3: TILE_NR(3); break;
+                default: TILE_NR(4); break;
+                }
+            }
+        }
+    }
+}
+#undef TILE_NR
+#undef TILE
+
+/* out [M, N] (row stride out_stride, float32 or bf16) = x [M, K] (row stride x_stride, float32 or bf16)
+ * @ W^T + bias (float32, or NULL). packed: quant_dot_pack's. Returns 0, or -1 when out of memory. */
+int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, const uint8_t *packed, int type, long N,
+                     const float *bias, void *out, int out_bf16, long out_stride, int num_threads) {
+    const int threads = num_threads < 2 || M * N * K < QUANT_DOT_PARALLEL_MIN_WORK || N < 2 ? 1 : num_threads;
+    Quantized a = {0};
+    int status = 0;
+    if (quantize(x, x_bf16, M, K, x_stride, &a, M > 1 ? threads : 1) == 0) {
+        const long col = column_bytes(type, K);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            extern int omp_get_thread_num(void), omp_get_num_threads(void);
+            const long t = omp_get_thread_num(), n = omp_get_num_threads();
+            const long begin = N * t / n, end = N * (t + 1) / n;
+            if (type == GGUF_Q4_0)
+                columns(&a, M, packed, GGUF_Q4_0, col, bias, out, out_bf16, out_stride, begin, end);
+            else if (type == GGUF_Q4_1)
+                columns(&a, M, packed, GGUF_Q4_1, col, bias, out, out_bf16, out_stride, begin, end);
+            else
+                columns(&a, M, packed, GGUF_Q8_0, col, bias, out, out_bf16, out_stride, begin, end);
+        }
+    } else {
+        status = -1;
+    }
+    free(a.q);
+    free(a.d);
+    free(a.s);
+    return status;
+}
+
+/* columns ids of W dequantized (an embedding lookup): out[r] = d q + m of column ids[r], K values each, in
+ * float32 or bf16 (d q is exact in fp32, + m rounds once: gguf-py's dequantized values) */
+void quant_dot_rows(const uint8_t *packed, int type, long K, const int64_t *ids, long count, void *out, int out_bf16) {
+    const long blocks = K / QBLOCK, col = column_bytes(type, K), ints = block_ints(type), header = header_bytes(type);
+    for (long r = 0; r < count; r++) {
+        const uint8_t *w = packed + ids[r] * col;
+        long at = 0;
+        for (long g = 0; g * GROUP < blocks; g++) {
+            const long n = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
+            const uint16_t *head = (const uint16_t *)(w + at);
+            for (long b = 0; b < n; b++) {
+                const float d = half_to_float(head[b]);
+                const uint8_t *q = w + at + header + b * ints;
+                for (int k = 0; k < QBLOCK; k++) {
+                    float v;
+                    if (type == GGUF_Q8_0)
+                        v = d * (float)(int8_t)q[k];
+                    else if (type == GGUF_Q4_1)
+                        v = d * (float)(k < 16 ? q[k] & 15 : q[k - 16] >> 4) + half_to_float(head[GROUP + b]);
+                    else
+                        v = d * (float)((k < 16 ? q[k] & 15 : q[k - 16] >> 4) - 8);
+                    const long i = r * K + (g * GROUP + b) * QBLOCK + k;
+                    if (out_bf16)
+                        ((bf16 *)out)[i] = float_to_bf16(v);
+                    else
+                        ((float *)out)[i] = v;
+                }
+            }
+            at += header + n * ints;
+        }
+    }
+}

@@ -1,0 +1,149 @@
+"""CPU tiers (engine_core/cpu_kernels): the tier read from a CPU's flags, NVLLM_CPU_ISA forcing a lower one
+(and refusing a higher one or a misspelt one), the table naming the kernel each operation gets, and the
+kept-quantized kernel of every tier (quant_dot.c) run for real on each tier this machine has: against the
+float64 product of the dequantized weights and the 8-bit-rounded rows, the same bits on every tier, and a
+row's result independent of the other rows (M = 1..300) and of the thread count."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from cpu_tier_helpers import forced_tier, tier_params, tiers_here
+from engine_core.cpu_kernels import table, tiers
+from engine_core.layers import cpu_quant, cpu_quant_dot
+
+pytestmark = pytest.mark.integration
+
+FLAGS = {
+    "portable": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"},
+    "avx512_bf16": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
+                    "avx512_bf16"},
+    "amx": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
+            "amx_tile", "amx_bf16", "amx_int8"},
+}
+FORMATS = ["q4_0", "q4_1", "q8_0"]
+
+
+@pytest.mark.parametrize("tier", list(FLAGS))
+def test_a_cpus_flags_give_its_tier(tier, monkeypatch):
+    monkeypatch.setattr(tiers, "_x86", lambda: True)
+    assert tiers.cpu_tier(frozenset(FLAGS[tier] | {"sse2", "ssse3"})) == tier
+
+
+def test_avx2_without_f16c_is_portable_and_amx_needs_avx512_bf16(monkeypatch):
+    monkeypatch.setattr(tiers, "_x86", lambda: True)
+    assert tiers.cpu_tier(frozenset({"avx2", "fma"})) == "portable"
+    assert tiers.cpu_tier(frozenset(FLAGS["avx512"] | {"amx_tile", "amx_bf16", "amx_int8"})) == "avx512"
+
+
+def test_nvllm_cpu_isa_forces_a_lower_tier_and_refuses_the_rest(monkeypatch):
+    own = tiers.cpu_tier()
+    for tier in tiers_here():
+        with forced_tier(tier):
+            assert tiers.active_tier() == tier
+            assert tiers.describe() == tier if tier == own else tiers.describe().startswith(f"{tier} (forced")
+    monkeypatch.setenv(tiers.ENV, "sse9")
+    tiers.active_tier.cache_clear()
+    with pytest.raises(ValueError, match="not a CPU tier .*portable, avx2, avx512, avx512_bf16, amx"):
+        tiers.active_tier()
+    if own != "amx":
+        monkeypatch.setenv(tiers.ENV, "amx")
+        tiers.active_tier.cache_clear()
+        with pytest.raises(ValueError, match="needs CPU flags this CPU lacks.*amx"):
+            tiers.active_tier()
+    monkeypatch.delenv(tiers.ENV)
+    table.forget()
+
+
+def test_every_tier_builds_for_itself_never_for_this_machine():
+    for tier in tiers.TIERS:
+        assert "-march=native" not in tiers.compile_flags(tier)
+    assert "-mavx512bf16" in tiers.compile_flags("amx") and "-mavx512bf16" not in tiers.compile_flags("avx512")
+
+
+@pytest.mark.parametrize("tier", tier_params("portable", "avx2", "avx512", "avx512_bf16", "amx"))
+def test_the_table_names_the_kernel_of_each_operation(tier):
+    with forced_tier(tier):
+        line = table.describe("float32")
+        assert line.startswith(f"CPU kernels for tier {tier}")
+        assert "kept-quantized linear: linear/quant_dot.c" in line and "linear: linear/cpu_gemm_f32.c" in line
+        bf16 = table.describe("bfloat16")
+        fast = tiers.rank(tier) >= tiers.rank("avx512_bf16")
+        assert ("linear: linear/cpu_gemm.c" in bf16) == fast
+        assert ("kept-quantized linear: linear/cpu_quant.c" if fast else "linear/quant_dot.c") in bf16
+        assert ("attention: attention/cpu_decode.c" if fast else "attention/cpu_generic_attention.c") in bf16
+
+
+def _quantized(qtype: str, n: int, k: int, seed: int) -> tuple[cpu_quant.QuantizedTensor, torch.Tensor]:
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    kind = GGMLQuantizationType[qtype.upper()]
+    raw = quants.quantize(w, kind)
+    dequantized = torch.from_numpy(quants.dequantize(raw, kind).reshape(n, k).copy())
+    return cpu_quant.QuantizedTensor(torch.from_numpy(raw.view(np.uint8).reshape(n, -1).copy()), qtype, k), dequantized
+
+
+def _rounded_rows(x: torch.Tensor) -> torch.Tensor:
+    """x with each block of 32 rounded as quant_dot.c rounds it: d = max|x| / 127, rint(x / d) * d (float64)."""
+    blocks = x.double().view(x.shape[0], -1, 32)
+    d = (blocks.abs().amax(-1, keepdim=True).float() / 127).double()
+    inverse = torch.where(d > 0, (1 / d.float()).double(), 0)
+    q = torch.round((blocks.float() * inverse.float()).double())
+    return (q * d).view_as(x.double())
+
+
+TIERS = tier_params("portable", "avx2", "avx512", "avx512_bf16", "amx")
+
+
+@pytest.fixture(scope="module")
+def products():
+    """{(tier, qtype, n, k, dtype): output} filled as the tiers run, so that later tiers compare with earlier."""
+    return {}
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("qtype", FORMATS)
+@pytest.mark.parametrize("n,k", [(1, 32), (17, 96), (100, 576), (40, 288)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_quant_dot_is_the_product_of_the_rounded_rows_the_same_on_every_tier(tier, qtype, n, k, dtype, products):
+    weight, dequantized = _quantized(qtype, n, k, seed=n + k)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    with forced_tier(tier):
+        packed = cpu_quant_dot.QuantDotWeight(weight)
+        got = packed.matmul(x, bias)
+        rows = packed.rows_of(torch.arange(n), torch.float32)
+    assert got.dtype is dtype
+    assert torch.equal(rows, dequantized)  # gguf-py's values exactly
+    exact = _rounded_rows(x.float()) @ dequantized.double().T + bias.double()
+    scale = _rounded_rows(x.float()).abs() @ dequantized.double().abs().T + bias.double().abs()
+    rounding = 2**-8 if dtype is torch.bfloat16 else 0
+    assert torch.all((got.double() - exact).abs() <= exact.abs() * rounding + scale * 2**-16), (tier, qtype)
+    # against the unrounded rows: what rounding each row to 8 bits per block costs
+    dense = x.double() @ dequantized.double().T + bias.double()
+    assert ((got.double() - dense).abs().max() / dense.abs().max()).item() < 0.02
+    for earlier, value in products.items():
+        if earlier[1:] == (qtype, n, k, dtype):
+            assert torch.equal(value, got), (earlier[0], tier)
+    products[(tier, qtype, n, k, dtype)] = got
+
+
+@pytest.mark.parametrize("tier", tier_params("portable", "avx2", "avx512", "own"))
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_quant_dot_rows_do_not_depend_on_the_batch_or_the_threads(tier, qtype):
+    n, k = 70, 192
+    weight, _ = _quantized(qtype, n, k, seed=3)
+    x = torch.randn(300, k, generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    with forced_tier(tier):
+        packed = cpu_quant_dot.QuantDotWeight(weight)
+        alone = torch.cat([packed.matmul(x[i:i + 1]) for i in range(300)])
+        try:
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                for m in (1, 2, 3, 4, 5, 7, 8, 13, 64, 65, 127, 300):
+                    assert torch.equal(packed.matmul(x[:m]), alone[:m]), (tier, qtype, count, m)
+        finally:
+            torch.set_num_threads(threads)
