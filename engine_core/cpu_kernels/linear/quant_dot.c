@@ -42,6 +42,7 @@ enum { GGUF_Q4_0 = 2, GGUF_Q4_1 = 3, GGUF_Q8_0 = 8 };
 #define LANES 8     /* int32 / fp32 lanes of a block's dot product */
 #define MR 4        /* rows per register tile */
 #define NR 4        /* columns per register tile of one row; 2 from two rows on */
+#define PREFETCH_AHEAD 4096 /* bytes */
 #define ROW_CHUNK 64 /* rows whose quantized inputs stay in L2 while a thread's columns pass over them */
 #ifndef QUANT_DOT_PARALLEL_MIN_WORK
 #define QUANT_DOT_PARALLEL_MIN_WORK (1L << 16) /* M * N * K below this: one thread */
@@ -164,8 +165,9 @@ static inline lanes lanes_zero(void) { return _mm256_setzero_ps(); }
 
 static inline __m256i weight_ints(const uint8_t *p, int q8) {
     if (q8) return _mm256_loadu_si256((const __m256i *)p);
-    const __m128i v = _mm_loadu_si128((const __m128i *)p), low = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+    /* the 16 bytes in both halves (one load), the high half shifted down a nibble, both masked */
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(15));
 }
 
 /* lane l: sum of w[4l + t] x[4l + t], t < 4 (w unsigned nibbles, or signed bytes for q8) */
@@ -267,6 +269,11 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             }
         }
         const uint8_t *ints0 = w + at + header;
+#if defined(__AVX2__)
+        for (int j = 0; j < nr; j++) /* the tile's weights a few groups ahead: they stream from memory */
+            for (long ahead = 0; ahead < header + count * ints; ahead += 64)
+                _mm_prefetch((const char *)(w + j * col_bytes + at + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
+#endif
         for (long b = 0; b < count; b++) {
             const long k = (g * GROUP + b) * QBLOCK;
 #if defined(__AVX2__)
