@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine_core.cpu_kernels import table
-from engine_core.layers import cpu_ops
+from engine_core.layers import cpu_ops, cpu_rms
 from engine_core.layers.activation import silu_and_mul
 from engine_core.layers.norm import RMSNorm
 from engine_core.layers.rotary import RotaryEmbedding, _rotate
@@ -97,8 +97,6 @@ def test_rms_norm_falls_back():
     x = _rand(3, 8, seed=8)
     assert cpu_ops.rms_norm(x, None, norm.weight, 1e-5) is None
     assert torch.equal(norm(x), _torch_norm(norm, x))
-    x32 = torch.randn(3, 64)  # float32: the torch path (compared with transformers)
-    assert cpu_ops.rms_norm(x32, None, torch.ones(64), 1e-5) is None
     strided = _rand(3, 128, seed=9)[:, ::2]  # elements not contiguous
     assert cpu_ops.rms_norm(strided, None, _norm_module(64).weight, 1e-5) is None
 
@@ -131,7 +129,7 @@ def test_silu_and_mul_strided_rows():
     x = wide[:, : 2 * 1000]  # rows 3000 apart
     gate, up = x.chunk(2, dim=-1)
     assert torch.equal(cpu_ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
-    assert cpu_ops.silu_and_mul(torch.randn(3, 64)) is None  # float32: torch
+    assert cpu_ops.silu_and_mul(torch.randn(3, 64).half()) is None  # float16: torch
 
 
 def _rotary_case(tokens, heads, kv_heads, head_dim, seed=13, max_position=4096):
@@ -175,8 +173,8 @@ def test_rotary_falls_back():
     assert not cpu_ops.rotary(bad, qk, rotary.cos, rotary.sin) and torch.equal(qk, before)
     assert not cpu_ops.rotary(positions.int(), qk, rotary.cos, rotary.sin)  # int32 positions: torch
     assert torch.equal(rotary.rotate(positions.int(), qk), expected)
-    q32 = torch.randn(5, 3, 64)
-    assert not cpu_ops.rotary(positions, q32, rotary.cos, rotary.sin)
+    q16 = torch.randn(5, 3, 64).half()  # float16: torch
+    assert not cpu_ops.rotary(positions, q16, rotary.cos, rotary.sin)
 
 
 @pytest.fixture
@@ -227,3 +225,33 @@ def test_bf16_model_logits_equal_the_torch_path(arch, monkeypatch, default_model
     with_kernels = _bf16_logits(path, lens)
     monkeypatch.setattr(cpu_ops, "load", lambda: None)
     assert torch.equal(_bf16_logits(path, lens), with_kernels)
+
+
+needs_f32_kernel = pytest.mark.skipif(cpu_ops.load_f32() is None, reason="no C compiler: cpu_ops_f32.c is not built")
+
+
+@needs_f32_kernel
+@pytest.mark.parametrize("tokens,n", [(1, 576), (3, 64), (40, 1536)])
+def test_float32_norm_is_the_fixed_order_torch_arithmetic(tokens, n):
+    """float32 (every tier): x + residual, the cpu_rms statistic, weight * (x * scale), as norm.py computes them."""
+    g = torch.Generator().manual_seed(n)
+    x, residual, weight = torch.randn(tokens, n, generator=g), torch.randn(tokens, n, generator=g), torch.randn(n, generator=g)
+    assert torch.equal(cpu_ops.rms_norm(x.clone(), None, weight, 1e-5), weight * (x * cpu_rms.inverse_rms(x, 1e-5)))
+    summed = x + residual
+    normed, new_residual = cpu_ops.rms_norm(x.clone(), residual.clone(), weight, 1e-6)
+    assert torch.equal(new_residual, summed)
+    assert torch.equal(normed, weight * (summed * cpu_rms.inverse_rms(summed, 1e-6)))
+
+
+@needs_f32_kernel
+def test_float32_rotary_and_silu():
+    g = torch.Generator().manual_seed(3)
+    heads = torch.randn(5, 7, 64, generator=g)
+    cos, sin = torch.randn(100, 64, generator=g), torch.randn(100, 64, generator=g)
+    positions = torch.tensor([0, 3, 99, 50, 7])
+    expected = _rotate(heads, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+    assert cpu_ops.rotary(positions, heads, cos, sin) and torch.equal(heads, expected)
+    assert not cpu_ops.rotary(torch.tensor([0, 1, 100, 2, 3]), heads, cos, sin)  # past the tables
+    x = torch.randn(9, 2 * 300, generator=g) * 6
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)

@@ -46,6 +46,8 @@ KERNELS = {
     "cpu_ops": Kernel("ops/cpu_ops.c", "avx512", "the fused bf16 norm / SiLU-and-mul / rotary kernels", NO_CONTRACT,
                       off_switch=("NVLLM_CPU_FUSED_OPS", "0")),
     "cpu_rms": Kernel("ops/cpu_rms.c", "portable", "the fixed-order RMS statistic", NO_CONTRACT),
+    "cpu_ops_f32": Kernel("ops/cpu_ops_f32.c", "portable", "the fused float32 norm / SiLU-and-mul / rotary kernels",
+                          NO_CONTRACT, off_switch=("NVLLM_CPU_FUSED_OPS", "0")),
     "cpu_decode": Kernel("attention/cpu_decode.c", "avx512_bf16", "the bf16 paged attention kernels", NO_CONTRACT,
                          off_switch=("NVLLM_CPU_DECODE_KERNEL", "0")),
     "cpu_generic_attention": Kernel("attention/cpu_generic_attention.c", "portable",
@@ -64,7 +66,7 @@ OPERATIONS = {
     "attention bfloat16": ("cpu_decode", "cpu_generic_attention"),
     "attention float32": ("cpu_generic_attention",),
     "norm, rotary, SiLU bfloat16": ("cpu_ops", "torch"),
-    "RMS statistic float32": ("cpu_rms", "torch"),
+    "norm, rotary, SiLU float32": ("cpu_ops_f32", "torch"),
     "decoder loop bfloat16": ("cpu_decoder", "python"),
 }
 

@@ -1,4 +1,5 @@
-"""Fused bfloat16 kernels for AVX512 CPUs (cpu_ops.c): residual add + RMSNorm, SiLU-and-mul, rotary.
+"""Fused kernels: residual add + RMSNorm, SiLU-and-mul, rotary. bfloat16 on the avx512 tiers and up
+(cpu_ops.c), float32 on every tier (cpu_ops_f32.c, the arithmetic of the torch code below in a fixed order).
 
 In a bf16 prefill on CPU the small torch ops these replace (dtype conversions, mul, add, pow, silu,
 sum, cat, neg and their temporaries) cost about a quarter of the step; each kernel does the same
@@ -12,6 +13,7 @@ import logging
 
 import torch
 
+from engine_core.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 
 
@@ -43,6 +45,35 @@ def load(library):
     return library
 
 
+@table.loader("cpu_ops_f32")
+def load_f32(library):
+    """The float32 kernels (every tier), or None where they cannot be had (disabled, no compiler)."""
+    long, ptr = ctypes.c_long, ctypes.c_void_p
+    library.rms_norm_f32.argtypes = [ptr, long, long, ptr, long, long, ptr, long, long, ptr, long, long, long,
+                                     ctypes.c_float, ctypes.c_int]
+    library.silu_and_mul_f32.argtypes = [ptr, long, ptr, long, long, long, ctypes.c_int]
+    library.rotary_f32.argtypes = [ptr, long, long, long, long, long, ptr, ptr, ptr, long, ctypes.c_int]
+    for fn in (library.rms_norm_f32, library.silu_and_mul_f32, library.rotary_f32):
+        fn.restype = ctypes.c_int
+    return library
+
+
+def _kernel(dtype: torch.dtype, name: str):
+    """The kernel `name` (rms_norm, silu_and_mul, rotary) for `dtype` tensors, or None."""
+    if dtype is torch.bfloat16:
+        library = load()
+        if library is None or (name == "rms_norm" and not _norm_ok):
+            return None
+        return getattr(library, name + "_bf16")
+    if dtype is torch.float32:
+        library = load_f32()
+        # the float32 norm is the batch-invariant path's (cpu_rms's statistic); --no-batch-invariant keeps torch's
+        if library is None or (name == "rms_norm" and not batch_invariant()):
+            return None
+        return getattr(library, name + "_f32")
+    return None
+
+
 def norm_kernel_ok() -> bool:
     """Whether the RMSNorm kernel runs (it reproduces this torch's sum order)."""
     return load() is not None and _norm_ok
@@ -72,7 +103,8 @@ def _pick_sum_lanes(library) -> bool:
     expected = [_torch_rms_norm(x, w, 1e-5) for x, w in zip(rows, weights)]
     for lanes in (8, 16):
         library.set_sum_lanes(lanes)
-        if all(torch.equal(_call_rms_norm(library, x, None, w, 1e-5), e) for x, w, e in zip(rows, weights, expected)):
+        if all(torch.equal(_call_rms_norm(library.rms_norm_bf16, x, None, w, 1e-5), e)
+                for x, w, e in zip(rows, weights, expected)):
             return True
     logger.warning("the fused CPU RMSNorm kernel does not reproduce this torch's sum order; RMSNorm runs in torch")
     return False
@@ -83,18 +115,17 @@ def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     norm, both IN PLACE: the normed rows overwrite x and the new residual overwrites residual;
     returns (x, residual). x: [T, n] or [T, H, n], rows contiguous, 16 <= n <= 16384. None (inputs
     untouched) where the kernel does not apply."""
-    if x.dtype is not torch.bfloat16 or not x.is_cpu or weight.dtype is not torch.bfloat16 or not weight.is_cpu:
+    if not x.is_cpu or weight.dtype is not x.dtype or not weight.is_cpu:
         return None
-    library = load()
-    if library is None or not _norm_ok:
+    kernel = _kernel(x.dtype, "rms_norm")
+    if kernel is None:
         return None
-    if residual is not None and (residual.dtype is not torch.bfloat16 or not residual.is_cpu
-                                 or residual.shape != x.shape):
+    if residual is not None and (residual.dtype is not x.dtype or not residual.is_cpu or residual.shape != x.shape):
         return None
-    return _call_rms_norm(library, x, residual, weight, eps)
+    return _call_rms_norm(kernel, x, residual, weight, eps)
 
 
-def _call_rms_norm(library, x, residual, weight, eps):
+def _call_rms_norm(kernel, x, residual, weight, eps):
     n = x.shape[-1]
     if x.stride(-1) != 1 or not weight.is_contiguous() or weight.shape != (n,) or not 16 <= n <= 16384:
         return None
@@ -107,28 +138,28 @@ def _call_rms_norm(library, x, residual, weight, eps):
     if residual is None:
         out = torch.empty(x.shape, dtype=x.dtype, device="cpu")
         o0, o1 = (n1 * n, n) if x.dim() == 3 else (n, 0)
-        library.rms_norm_bf16(x.data_ptr(), s0, s1, None, 0, 0, out.data_ptr(), o0, o1, weight.data_ptr(), n0, n1,
-                              n, eps, torch.get_num_threads())
+        kernel(x.data_ptr(), s0, s1, None, 0, 0, out.data_ptr(), o0, o1, weight.data_ptr(), n0, n1, n, eps,
+               torch.get_num_threads())
         return out
     if residual.stride(-1) != 1:
         return None
     r0, r1 = residual.stride()[:2] if x.dim() == 3 else (residual.stride(0), 0)
-    library.rms_norm_bf16(x.data_ptr(), s0, s1, residual.data_ptr(), r0, r1, x.data_ptr(), s0, s1,
-                          weight.data_ptr(), n0, n1, n, eps, torch.get_num_threads())
+    kernel(x.data_ptr(), s0, s1, residual.data_ptr(), r0, r1, x.data_ptr(), s0, s1, weight.data_ptr(), n0, n1, n,
+           eps, torch.get_num_threads())
     return x, residual
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     """silu(x[:, :n]) * x[:, n:] for x [T, 2n] (rows contiguous) as a new [T, n] tensor; None where
     the kernel does not apply."""
-    if x.dtype is not torch.bfloat16 or not x.is_cpu or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] % 2:
+    if not x.is_cpu or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] % 2:
         return None
-    library = load()
-    if library is None:
+    kernel = _kernel(x.dtype, "silu_and_mul")
+    if kernel is None:
         return None
     rows, n = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, n), dtype=x.dtype, device="cpu")
-    if library.silu_and_mul_bf16(x.data_ptr(), x.stride(0), out.data_ptr(), n, rows, n, torch.get_num_threads()):
+    if kernel(x.data_ptr(), x.stride(0), out.data_ptr(), n, rows, n, torch.get_num_threads()):
         return None
     return out
 
@@ -136,14 +167,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
 def rotary(positions: torch.Tensor, heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Rotates heads [T, H, D] (heads rows contiguous) IN PLACE by positions [T] (int64) with the
     float32 tables cos/sin [max_position, D]. False, heads untouched, where the kernel does not apply."""
-    if heads.dtype is not torch.bfloat16 or not heads.is_cpu or heads.dim() != 3 or positions.dtype is not torch.int64:
+    if not heads.is_cpu or heads.dim() != 3 or positions.dtype is not torch.int64:
         return False
-    library = load()
+    kernel = _kernel(heads.dtype, "rotary")
     tokens, num_heads, d = heads.shape
-    if (library is None or heads.stride(2) != 1 or heads.stride(1) != d or d % 2 or not positions.is_contiguous()
+    if (kernel is None or heads.stride(2) != 1 or heads.stride(1) != d or d % 2 or not positions.is_contiguous()
             or positions.shape != (tokens,) or not positions.is_cpu or cos.dtype is not torch.float32
             or cos.shape[1] != d or not cos.is_cpu or not cos.is_contiguous() or not sin.is_contiguous()
             or sin.shape != cos.shape or sin.dtype is not torch.float32 or not sin.is_cpu):
         return False
-    return library.rotary_bf16(heads.data_ptr(), heads.stride(0), d, tokens, num_heads, d, positions.data_ptr(),
-                               cos.data_ptr(), sin.data_ptr(), cos.shape[0], torch.get_num_threads()) == 0
+    return kernel(heads.data_ptr(), heads.stride(0), d, tokens, num_heads, d, positions.data_ptr(), cos.data_ptr(),
+                  sin.data_ptr(), cos.shape[0], torch.get_num_threads()) == 0

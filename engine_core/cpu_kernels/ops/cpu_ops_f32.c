@@ -1,0 +1,73 @@
+/* Fused float32 kernels for every CPU tier: residual add + RMSNorm, SiLU-and-mul, rotary. The same
+ * operations and argument layouts as cpu_ops.c's bf16 kernels, for float32 engines (the tiers below
+ * avx512_bf16 run those), where the module path and the C decoder loop (decoder/cpu_decoder_f32.c) both
+ * call them, so the two give the same bits.
+ *
+ * Each row's arithmetic is fixed, whatever the row count or the thread that takes the row:
+ *  - RMSNorm: x' = x + residual (one add), its statistic from cpu_rms.c's fixed-order row sum, then
+ *    weight * (x' * scale), two products, as norm.py's torch code computes them;
+ *  - SiLU: gate / (1 + expf(-gate)) with libm's expf (the same on every tier: it is never vectorized,
+ *    math-errno stays on), times up;
+ *  - rotary: x * cos + rotate_half(x) * sin, two products and an add, as rotary.py's _rotate.
+ * Built with -ffp-contract=off: no product is fused into an add.
+ */
+#include "cpu_rms.c"
+
+#include <stdint.h>
+
+#define PARALLEL_MIN_ELEMENTS 32768 /* below this, one thread */
+
+static void rms_norm_row(float *x, float *res, float *out, const float *w, long n, float eps) {
+    if (res)
+        for (long k = 0; k < n; k++) res[k] = x[k] + res[k];
+    const float *src = res ? res : x;
+    const float scale = row_scale(src, n, eps);
+    for (long k = 0; k < n; k++) out[k] = w[k] * (src[k] * scale);
+}
+
+/* rows (n0 x n1, strides xs0/xs1 etc.) of n values: out = RMSNorm(x) * w; with res, res = x + res first and
+ * the norm is of that (x and res may be overwritten: out may be x) */
+int rms_norm_f32(float *x, long xs0, long xs1, float *res, long rs0, long rs1, float *out, long os0, long os1,
+                 const float *w, long n0, long n1, long n, float eps, int num_threads) {
+    const long rows = n0 * n1;
+    const int threads = rows * n < PARALLEL_MIN_ELEMENTS ? 1 : num_threads;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (long r = 0; r < rows; r++)
+        rms_norm_row(x + (r / n1) * xs0 + (r % n1) * xs1, res ? res + (r / n1) * rs0 + (r % n1) * rs1 : (float *)0,
+                     out + (r / n1) * os0 + (r % n1) * os1, w, n, eps);
+    return 0;
+}
+
+/* out[t] = silu(x[t][:n]) * x[t][n:] */
+int silu_and_mul_f32(const float *x, long xs0, float *out, long os0, long rows, long n, int num_threads) {
+    const int threads = rows * n < PARALLEL_MIN_ELEMENTS ? 1 : num_threads;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (long t = 0; t < rows; t++) {
+        const float *gate = x + t * xs0, *up = gate + n;
+        for (long k = 0; k < n; k++) out[t * os0 + k] = gate[k] / (1.0f + expf(-gate[k])) * up[k];
+    }
+    return 0;
+}
+
+/* heads of d values (rows xs0 apart per token, xs1 per head) rotated in place by their token's position;
+ * -1 (nothing written) for a position outside the tables */
+int rotary_f32(float *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
+               const float *cos, const float *sin, long max_position, int num_threads) {
+    for (long t = 0; t < tokens; t++)
+        if (positions[t] < 0 || positions[t] >= max_position) return -1;
+    const long half = d / 2;
+    const int threads = tokens * heads * d < PARALLEL_MIN_ELEMENTS ? 1 : num_threads;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (long t = 0; t < tokens; t++) {
+        const float *c = cos + positions[t] * d, *s = sin + positions[t] * d;
+        for (long h = 0; h < heads; h++) {
+            float *v = x + t * xs0 + h * xs1;
+            for (long k = 0; k < half; k++) {
+                const float a = v[k], b = v[k + half];
+                v[k] = a * c[k] + (-b) * s[k];
+                v[k + half] = b * c[k + half] + a * s[k + half];
+            }
+        }
+    }
+    return 0;
+}
