@@ -26,6 +26,7 @@ from engine_core.forward_context import forward_context
 from engine_core.layers import cpu_ops, cpu_packing
 from engine_core.layers.attention import PagedAttention
 from engine_core.models.cpu_decoder import CpuDecoder
+from engine_core.models.cpu_decoder_f32 import CpuDecoderF32
 from engine_core.models.registry import model_class
 from engine_core.request import Request
 from engine_core.sampler import Sampler
@@ -71,7 +72,8 @@ class ModelRunner:
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.backend = self._attention_backend()
         if self.backend.capabilities.fused_cpu_decoder and hasattr(self.model, "cpu_decoder"):
-            self.model.cpu_decoder = CpuDecoder.for_model(self.model)
+            decoder = CpuDecoderF32 if dtype is torch.float32 else CpuDecoder
+            self.model.cpu_decoder = decoder.for_model(self.model)
         self.sampler = Sampler(device, config.seed) if tp_rank() == 0 else None
         if tp_rank() == 0 and device.type == "cpu":
             logger.info("%s; linear layers: %s", cpu_kernel_table.describe(str(dtype).removeprefix("torch.")),

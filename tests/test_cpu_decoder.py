@@ -1,6 +1,6 @@
-"""The decoder layers run from C (models/cpu_decoder.c): the same tokens and logprobs, to the bit, as
-the module path, over chunked prefills, prefix-cache hits, decodes and mixed steps; and the module
-path wherever the C loop would not compute exactly the same."""
+"""The decoder layers run from C (decoder/cpu_decoder.c for bf16, cpu_decoder_f32.c for float32 on every
+tier): the same tokens and logprobs, to the bit, as the module path, over chunked prefills, prefix-cache
+hits, decodes and mixed steps; and the module path wherever the C loop would not compute exactly the same."""
 
 import pytest
 import torch
@@ -9,7 +9,9 @@ from common.sampling_params import SamplingParams
 from conftest import build_tiny_model
 from engine_core.attention import cpu_decode_kernel
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
-from engine_core.models import cpu_decoder
+from cpu_tier_helpers import forced_tier, tier_params
+from engine_core.layers import cpu_quant_dot
+from engine_core.models import cpu_decoder, cpu_decoder_f32
 
 pytestmark = pytest.mark.integration
 needs_c_decoder = pytest.mark.skipif(
@@ -64,11 +66,42 @@ def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny
         llm.shutdown()
 
 
+# float32 on every tier: default keeps the GGUF blocks (quant_dot.c), -dense dequantizes (cpu_gemm_f32.c); llama's
+# head_dim 16 takes the generic attention kernel too
+@pytest.mark.skipif(cpu_decoder_f32.load() is None, reason="no C compiler: the float32 C loop is not built")
+@pytest.mark.parametrize("tier,arch", [
+    *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("own", "avx2")
+      for arch in ("default", "default-dense", "qwen2", "qwen2-int8", "qwen3", "llama")],
+    *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("portable")
+      for arch in ("qwen2-int8", "qwen3")]])
+def test_the_float32_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_model_dir, tiny_models, qwen2_head32):
+    from frontend.llm import LLM
+    path = {"default": default_model_dir, "default-dense": default_model_dir, "qwen2": qwen2_head32,
+            "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"], "llama": tiny_models["llama"]}[arch]
+    quantization = {"default-dense": "none", "qwen2-int8": "int8"}.get(arch, "auto")
+    with forced_tier(tier):
+        llm = LLM(path, multiprocess=False, dtype="float32", kv_cache_memory="64MiB", max_model_len=512,
+                  max_num_batched_tokens=48, quantization=quantization)
+        try:
+            model = _model(llm)
+            assert isinstance(model.cpu_decoder, cpu_decoder_f32.CpuDecoderF32)
+            kept = isinstance(model.layers[0].self_attn.qkv_proj.packed_weight, cpu_quant_dot.QuantDotWeight)
+            assert kept == (arch in ("default", "qwen2-int8"))
+            prompts = _prompts(6, seed=2)
+            with_c = _run(llm, prompts)
+            llm.reset_prefix_cache()
+            model.cpu_decoder = None
+            assert _run(llm, prompts) == with_c
+        finally:
+            llm.shutdown()
+
+
 def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
     from frontend.llm import LLM
-    for path, dtype in ((tiny_models["llama"], "bfloat16"),  # head_dim 16: no attention kernel for it
-                        (tiny_models["qwen3"], "float32")):
-        llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="16MiB", max_model_len=256)
+    for path, dtype, invariant in ((tiny_models["llama"], "bfloat16", True),  # head_dim 16: no bf16 attention kernel
+                                   (tiny_models["qwen3"], "float32", False)):  # the float32 loop is the invariant path's
+        llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="16MiB", max_model_len=256,
+                  batch_invariant=invariant)
         try:
             assert _model(llm).cpu_decoder is None
             assert len(_run(llm, [[5, 6, 7]])[0][0]) == 12

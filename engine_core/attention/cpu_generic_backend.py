@@ -30,7 +30,8 @@ class CpuGenericAttentionBackend(TorchAttentionBackend):
     name = "cpu_generic"
     option = "torch"
     capabilities = BackendCapabilities(label="the generic CPU attention kernel", devices=frozenset({"cpu"}),
-                                       dtypes=cpu_generic_attention.DTYPES, batch_invariant=True)
+                                       dtypes=cpu_generic_attention.DTYPES, batch_invariant=True,
+                                       fused_cpu_decoder=True)
 
     @classmethod
     def missing(cls) -> str | None:

@@ -55,6 +55,8 @@ KERNELS = {
                                     off_switch=("NVLLM_CPU_GENERIC_ATTENTION", "0")),
     "cpu_decoder": Kernel("decoder/cpu_decoder.c", "avx512_bf16", "the one-call decoder loop",
                           off_switch=("NVLLM_CPU_DECODER", "0")),
+    "cpu_decoder_f32": Kernel("decoder/cpu_decoder_f32.c", "portable", "the one-call float32 decoder loop",
+                              off_switch=("NVLLM_CPU_DECODER", "0")),
 }
 
 # operation -> the kernels that can serve it, best first; a name not in KERNELS is the torch code's
@@ -68,6 +70,7 @@ OPERATIONS = {
     "norm, rotary, SiLU bfloat16": ("cpu_ops", "torch"),
     "norm, rotary, SiLU float32": ("cpu_ops_f32", "torch"),
     "decoder loop bfloat16": ("cpu_decoder", "python"),
+    "decoder loop float32": ("cpu_decoder_f32", "python"),
 }
 
 _loaders: dict[str, Callable[[], ctypes.CDLL | None]] = {}

@@ -62,13 +62,13 @@ class GenericPanelWeight:
     def nbytes(self) -> int:
         return self.panels.numel() * self.panels.element_size()
 
-    def _float_bias(self, bias: torch.Tensor) -> torch.Tensor:
+    def float_bias(self, bias: torch.Tensor) -> torch.Tensor:
         if self._bias is None or self._bias[0] is not bias:
             self._bias = (bias, bias.detach().float().contiguous())
         return self._bias[1]
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] @ W^T (+ bias, added in fp32 after the sum) -> [..., N], in the weight's dtype."""
-        bias32 = None if bias is None else self._float_bias(bias)
+        bias32 = None if bias is None else self.float_bias(bias)
         return cpu_gemm.run_panel_kernel(self._kernel, self.panels, self.in_features, self.dtype, x, bias32,
                                          self.out_features)

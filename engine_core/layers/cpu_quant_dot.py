@@ -61,7 +61,7 @@ class QuantDotWeight:
     def nbytes(self) -> int:
         return self.panels.numel()
 
-    def _float_bias(self, bias: torch.Tensor) -> torch.Tensor:
+    def float_bias(self, bias: torch.Tensor) -> torch.Tensor:
         if self._bias is None or self._bias[0] is not bias:
             self._bias = (bias, bias.detach().float().contiguous())
         return self._bias[1]
@@ -77,7 +77,7 @@ class QuantDotWeight:
         out = torch.empty((rows, self.out_features), dtype=x.dtype, device="cpu")
         if rows:
             half = int(x.dtype is torch.bfloat16)
-            bias32 = None if bias is None else self._float_bias(bias).data_ptr()
+            bias32 = None if bias is None else self.float_bias(bias).data_ptr()
             if self._library.quant_dot_linear(x2.data_ptr(), half, rows, self.in_features, x2.stride(0),
                                               self.panels.data_ptr(), self.type_id, self.out_features, bias32,
                                               out.data_ptr(), half, self.out_features, torch.get_num_threads()):

@@ -60,7 +60,8 @@ def load(library):
     return library
 
 
-def _address(library, name: str) -> int:
+def address(library, name: str) -> int:
+    """The address of the C function `name` of a loaded library (a kernel handed to the C loop)."""
     return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
 
 
@@ -142,11 +143,11 @@ class CpuDecoder:
         rotary = first.self_attn.rotary
         self._tables = (cpu_ops.silu_table(), rotary.cos, rotary.sin)
         return _Model(
-            linear=_address(gemm, "linear_bf16"), gated=_address(gemm, "linear_silu_mul_bf16"),
-            quant_linear=quant and _address(quant, "quant_linear_bf16"),
-            quant_gated=quant and _address(quant, "quant_linear_silu_mul_bf16"),
-            norm=_address(ops, "rms_norm_bf16"), rotary=_address(ops, "rotary_bf16"),
-            decode=_address(attention, "paged_decode_attention"), chunk=_address(attention, "paged_attention"),
+            linear=address(gemm, "linear_bf16"), gated=address(gemm, "linear_silu_mul_bf16"),
+            quant_linear=quant and address(quant, "quant_linear_bf16"),
+            quant_gated=quant and address(quant, "quant_linear_silu_mul_bf16"),
+            norm=address(ops, "rms_norm_bf16"), rotary=address(ops, "rotary_bf16"),
+            decode=address(attention, "paged_decode_attention"), chunk=address(attention, "paged_attention"),
             silu_table=self._tables[0].data_ptr(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(),
             max_position=rotary.cos.shape[0], num_layers=len(self.model.layers),
             hidden=first.input_layernorm.weight.shape[0], num_heads=self.heads, num_kv_heads=self.kv_heads,

@@ -1,0 +1,128 @@
+/* A Llama-family model's decoder layers for one step, in one call: float32 engines, every CPU tier.
+ *
+ * cpu_decoder.c's loop for float32 (what the tiers below avx512_bf16 run by default): the Python model
+ * spends ~0.25 ms of host work per layer on module calls, views and ctypes calls, more than a decode
+ * step's matmuls of a small quantized model. This file runs the same kernels in the same order on the
+ * same values, so the results are the module path's bit for bit (tested); it holds no arithmetic of its
+ * own. The kernels come in as pointers: linear layers from cpu_gemm_f32.c (dense panels) or quant_dot.c
+ * (GGUF blocks), norm / rotary / SiLU-and-mul from cpu_ops_f32.c, attention from cpu_generic_attention.c
+ * (one call for decodes and chunks alike: the batch-invariant path, the only one this loop serves).
+ *
+ * One layer, as llama.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k RMSNorm
+ * (Qwen3) and rotary, the new keys and values written to the paged cache, attention, o_proj, residual
+ * add + RMSNorm, the gate/up matmul, silu(gate) * up (in place over the gate half), down_proj.
+ */
+#include <stdint.h>
+#include <string.h>
+
+typedef void (*DenseFn)(const float *x, long M, long K, long x_stride, const void *packed, long N, const float *bias,
+                        float *out, long out_stride, int threads);
+typedef int (*QuantFn)(const void *x, int x_bf16, long M, long K, long x_stride, const void *packed, int type, long N,
+                       const float *bias, void *out, int out_bf16, long out_stride, int threads);
+typedef int (*NormFn)(float *x, long xs0, long xs1, float *residual, long rs0, long rs1, float *out, long os0,
+                      long os1, const float *weight, long n0, long n1, long n, float eps, int threads);
+typedef int (*RotaryFn)(float *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
+                        const float *cos, const float *sin, long max_position, int threads);
+typedef int (*SiluFn)(const float *x, long xs0, float *out, long os0, long rows, long n, int threads);
+typedef int (*AttentionFn)(const void *q, long q_row, const void *k_cache, const void *v_cache,
+                           const int32_t *block_tables, long table_row, const int32_t *seq_lens,
+                           const int32_t *query_start_loc, void *out, long out_row, int num_seqs, int num_heads,
+                           int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int threads);
+
+typedef struct {
+    const float *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL without per-head norms */
+    const void *qkv, *o, *gate_up, *down;                   /* packed weights */
+    const float *qkv_bias, *gate_up_bias;                  /* fp32, or NULL */
+    float *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
+    long qkv_type, o_type, gate_up_type, down_type;        /* -1: cpu_gemm_f32's panels; else a GGUF type */
+} Layer;
+
+typedef struct {
+    DenseFn dense;
+    QuantFn quant;
+    NormFn norm;
+    RotaryFn rotary;
+    SiluFn silu;
+    AttentionFn attention;
+    const float *cos, *sin;
+    long max_position, num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
+    float eps, qk_eps, scale;
+    const Layer *layers;
+} Model;
+
+typedef struct {
+    long tokens;
+    const int64_t *positions, *slot_mapping;
+    long num_seqs, num_decodes, table_row;
+    const int32_t *block_tables, *seq_lens, *query_start_loc;
+    /* buffers, rows contiguous: residual [T, hidden] holds the embeddings on entry and the residual stream on
+     * return; x [T, hidden] the last layer's output on return; act is [T, 2 * intermediate]; the rest scratch */
+    float *residual, *x, *normed, *qkv, *attn, *act, *q_normed, *k_normed; /* q/k_normed: with q_norm only */
+    int threads;
+    int every_row_alike; /* unused: every kernel here has one arithmetic at every M */
+} Step;
+
+static void write_cache(const Layer *l, const Step *s, const float *k, long k_row, const float *v, long v_row,
+                        long kv_size) {
+    for (long t = 0; t < s->tokens; t++) {
+        memcpy(l->k_cache + s->slot_mapping[t] * kv_size, k + t * k_row, kv_size * sizeof(float));
+        memcpy(l->v_cache + s->slot_mapping[t] * kv_size, v + t * v_row, kv_size * sizeof(float));
+    }
+}
+
+static int linear(const Model *m, const Step *s, const float *x, long M, long K, long x_stride, const void *w,
+                  long type, long N, const float *bias, float *out, long out_stride) {
+    if (type < 0) {
+        m->dense(x, M, K, x_stride, w, N, bias, out, out_stride, s->threads);
+        return 0;
+    }
+    return m->quant(x, 0, M, K, x_stride, w, (int)type, N, bias, out, 0, out_stride, s->threads);
+}
+
+/* 0 when done; -1 when a kernel declined in layer 0 (nothing but scratch and the new tokens' own cache slots
+ * written: the caller runs its modules instead); -2 when one failed later (the step cannot be run again) */
+int decoder_layers_f32(const Model *m, const Step *s) {
+    const long T = s->tokens, H = m->hidden, D = m->head_dim, I = m->intermediate, th = s->threads;
+    const long q_size = m->num_heads * D, kv_size = m->num_kv_heads * D, qkv_width = q_size + 2 * kv_size;
+    for (long li = 0; li < m->num_layers; li++) {
+        const Layer *l = &m->layers[li];
+        const int failed = li == 0 ? -1 : -2;
+        float *normed = li == 0 ? s->normed : s->x;
+        if (li == 0 ? m->norm(s->residual, H, 0, NULL, 0, 0, s->normed, H, 0, l->input_norm, T, 1, H, m->eps, th)
+                    : m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->input_norm, T, 1, H, m->eps, th))
+            return failed;
+        if (linear(m, s, normed, T, H, H, l->qkv, l->qkv_type, qkv_width, l->qkv_bias, s->qkv, qkv_width))
+            return failed;
+        const float *q, *k, *v = s->qkv + q_size + kv_size;
+        long q_row, k_row;
+        if (l->q_norm) {
+            if (m->norm(s->qkv, qkv_width, D, NULL, 0, 0, s->q_normed, q_size, D, l->q_norm, T, m->num_heads, D,
+                        m->qk_eps, th) ||
+                m->norm(s->qkv + q_size, qkv_width, D, NULL, 0, 0, s->k_normed, kv_size, D, l->k_norm, T,
+                        m->num_kv_heads, D, m->qk_eps, th) ||
+                m->rotary(s->q_normed, q_size, D, T, m->num_heads, D, s->positions, m->cos, m->sin, m->max_position,
+                          th) ||
+                m->rotary(s->k_normed, kv_size, D, T, m->num_kv_heads, D, s->positions, m->cos, m->sin,
+                          m->max_position, th))
+                return failed;
+            q = s->q_normed, q_row = q_size, k = s->k_normed, k_row = kv_size;
+        } else {
+            if (m->rotary(s->qkv, qkv_width, D, T, m->num_heads + m->num_kv_heads, D, s->positions, m->cos, m->sin,
+                          m->max_position, th))
+                return failed;
+            q = s->qkv, q_row = qkv_width, k = s->qkv + q_size, k_row = qkv_width;
+        }
+        write_cache(l, s, k, k_row, v, qkv_width, kv_size);
+        if (m->attention(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens,
+                         s->query_start_loc, s->attn, q_size, (int)s->num_seqs, (int)m->num_heads,
+                         (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, 0, (int)th))
+            return failed;
+        if (linear(m, s, s->attn, T, q_size, q_size, l->o, l->o_type, H, NULL, s->x, H) ||
+            m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
+            linear(m, s, s->x, T, H, H, l->gate_up, l->gate_up_type, 2 * I, l->gate_up_bias, s->act, 2 * I) ||
+            m->silu(s->act, 2 * I, s->act, 2 * I, T, I, (int)th) ||
+            linear(m, s, s->act, T, I, 2 * I, l->down, l->down_type, H, NULL, s->x, H))
+            return -2;
+    }
+    return 0;
+}
