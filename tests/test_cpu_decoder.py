@@ -10,7 +10,7 @@ from conftest import build_tiny_model
 from engine_core.attention import cpu_decode_kernel
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 from cpu_tier_helpers import forced_tier, tier_params
-from engine_core.layers import cpu_quant_dot
+from engine_core.layers import cpu_quant_f32
 from engine_core.models import cpu_decoder, cpu_decoder_f32
 
 pytestmark = pytest.mark.integration
@@ -66,7 +66,7 @@ def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny
         llm.shutdown()
 
 
-# float32 on every tier: default keeps the GGUF blocks (quant_dot.c), -dense dequantizes (cpu_gemm_f32.c); llama's
+# float32 on every tier: default keeps the GGUF blocks (quant_f32.c), -dense dequantizes (cpu_gemm_f32.c); llama's
 # head_dim 16 takes the generic attention kernel too
 @pytest.mark.skipif(cpu_decoder_f32.load() is None, reason="no C compiler: the float32 C loop is not built")
 @pytest.mark.parametrize("tier,arch", [
@@ -85,7 +85,7 @@ def test_the_float32_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_m
         try:
             model = _model(llm)
             assert isinstance(model.cpu_decoder, cpu_decoder_f32.CpuDecoderF32)
-            kept = isinstance(model.layers[0].self_attn.qkv_proj.packed_weight, cpu_quant_dot.QuantDotWeight)
+            kept = isinstance(model.layers[0].self_attn.qkv_proj.packed_weight, cpu_quant_f32.QuantF32Weight)
             assert kept == (arch in ("default", "qwen2-int8"))
             prompts = _prompts(6, seed=2)
             with_c = _run(llm, prompts)

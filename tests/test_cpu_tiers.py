@@ -1,7 +1,8 @@
 """CPU tiers (engine_core/cpu_kernels): the tier read from a CPU's flags, NVLLM_CPU_ISA forcing a lower one
 (and refusing a higher one or a misspelt one), the table naming the kernel each operation gets, and the
-kept-quantized kernel of every tier (quant_dot.c) run for real on each tier this machine has: against the
-float64 product of the dequantized weights and the 8-bit-rounded rows, the same bits on every tier, and a
+kept-quantized kernels of every tier run for real on each tier this machine has: quant_f32.c (float32) to the
+bit the dense kernel's product of the dequantized weights; quant_dot.c (bf16 below avx512_bf16) against the
+float64 product of the dequantized weights and the 8-bit-rounded rows; both the same bits on every tier, and a
 row's result independent of the other rows (M = 1..300) and of the thread count."""
 
 import numpy as np
@@ -11,7 +12,7 @@ from gguf import GGMLQuantizationType, quants
 
 from cpu_tier_helpers import forced_tier, tier_params, tiers_here
 from engine_core.cpu_kernels import table, tiers
-from engine_core.layers import cpu_quant, cpu_quant_dot
+from engine_core.layers import cpu_gemm_f32, cpu_quant, cpu_quant_dot, cpu_quant_f32
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +70,7 @@ def test_the_table_names_the_kernel_of_each_operation(tier):
     with forced_tier(tier):
         line = table.describe("float32")
         assert line.startswith(f"CPU kernels for tier {tier}")
-        assert "kept-quantized linear: linear/quant_dot.c" in line and "linear: linear/cpu_gemm_f32.c" in line
+        assert "kept-quantized linear: linear/quant_f32.c" in line and "linear: linear/cpu_gemm_f32.c" in line
         bf16 = table.describe("bfloat16")
         fast = tiers.rank(tier) >= tiers.rank("avx512_bf16")
         assert ("linear: linear/cpu_gemm.c" in bf16) == fast
@@ -139,6 +140,39 @@ def test_quant_dot_rows_do_not_depend_on_the_batch_or_the_threads(tier, qtype):
     threads = torch.get_num_threads()
     with forced_tier(tier):
         packed = cpu_quant_dot.QuantDotWeight(weight)
+        alone = torch.cat([packed.matmul(x[i:i + 1]) for i in range(300)])
+        try:
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                for m in (1, 2, 3, 4, 5, 7, 8, 13, 64, 65, 127, 300):
+                    assert torch.equal(packed.matmul(x[:m]), alone[:m]), (tier, qtype, count, m)
+        finally:
+            torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("qtype", FORMATS)
+@pytest.mark.parametrize("n,k", [(1, 32), (17, 96), (100, 576), (70, 1536)])
+def test_quant_f32_is_the_dense_kernel_on_the_dequantized_weights_to_the_bit(tier, qtype, n, k):
+    weight, dequantized = _quantized(qtype, n, k, seed=n + k)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    with forced_tier(tier):
+        packed, dense = cpu_quant_f32.QuantF32Weight(weight), cpu_gemm_f32.GenericPanelWeight(dequantized)
+        assert torch.equal(packed.rows_of(torch.arange(n)), dequantized)  # gguf-py's values exactly
+        for m in (1, 2, 3, 7, 8, 9, 40):  # the few-rows tiles and the unpacked slabs
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+            assert torch.equal(packed.matmul(x, bias), dense.matmul(x, bias)), (tier, qtype, m)
+
+
+@pytest.mark.parametrize("tier", tier_params("portable", "avx2", "avx512", "own"))
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_quant_f32_rows_do_not_depend_on_the_batch_or_the_threads(tier, qtype):
+    n, k = 70, 192
+    weight, _ = _quantized(qtype, n, k, seed=4)
+    x = torch.randn(300, k, generator=torch.Generator().manual_seed(6))
+    threads = torch.get_num_threads()
+    with forced_tier(tier):
+        packed = cpu_quant_f32.QuantF32Weight(weight)
         alone = torch.cat([packed.matmul(x[i:i + 1]) for i in range(300)])
         try:
             for count in (1, 2):

@@ -5,7 +5,8 @@ for near-ties, HF folders take per-channel int8, and what cannot run says why.""
 import pytest
 
 from common.sampling_params import SamplingParams
-from engine_core.layers import cpu_gemm, cpu_quant, cpu_quant_dot
+from cpu_tier_helpers import forced_tier, tier_params
+from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant, cpu_quant_dot, cpu_quant_f32
 
 pytestmark = pytest.mark.integration
 KERNELS = cpu_quant.load() is not None
@@ -98,6 +99,7 @@ def test_auto_dequantizes_where_the_kernels_do_not_run(default_model_dir, monkey
     from frontend.llm import LLM
     monkeypatch.setattr(cpu_quant, "load", lambda: None)  # as where no kernel builds (no C compiler)
     monkeypatch.setattr(cpu_quant_dot, "load", lambda: None)
+    monkeypatch.setattr(cpu_quant_f32, "load", lambda: None)
     llm = LLM(default_model_dir, multiprocess=False, dtype="float32", kv_cache_memory="64MiB", max_model_len=256)
     try:
         assert _runner(llm).quantization == "none"
@@ -105,20 +107,32 @@ def test_auto_dequantizes_where_the_kernels_do_not_run(default_model_dir, monkey
         llm.shutdown()
 
 
-@pytest.mark.skipif(cpu_quant_dot.load() is None, reason="no C compiler: quant_dot.c is not built")
-def test_float32_engines_keep_the_default_model_quantized(default_model_dir):
-    """quant_dot.c on every tier: the default model's float32 engine runs from its GGUF blocks, the tied head
-    and the embedding from the same packed weight."""
+def _float32_answers(default_model_dir: str, quantization: str):
     from frontend.llm import LLM
-    llm = LLM(default_model_dir, multiprocess=False, dtype="float32", kv_cache_memory="64MiB", max_model_len=256)
+    llm = LLM(default_model_dir, multiprocess=False, dtype="float32", kv_cache_memory="64MiB", max_model_len=256,
+              quantization=quantization)
     try:
         runner = _runner(llm)
-        assert runner.quantization == "120 layers q4_1, 1 layers q8_0"
         model = runner.model
-        assert {type(m.packed_weight) for m in model.modules() if hasattr(m, "packed_weight")} == {
-            cpu_quant_dot.QuantDotWeight}
-        assert model.embed_tokens.quantized_rows is model.lm_head.packed_weight
-        out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-        assert out[0].outputs[0].text.strip().startswith("Paris")
+        kinds = {type(m.packed_weight) for m in model.modules() if hasattr(m, "packed_weight")}
+        shared = model.embed_tokens.quantized_rows is model.lm_head.packed_weight
+        params = SamplingParams(temperature=0, max_tokens=12, logprobs=2)
+        outs = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(PROMPTS[:6], params,
+                                                                                        use_tqdm=False)]
+        return runner.quantization, kinds, shared, outs
     finally:
         llm.shutdown()
+
+
+@pytest.mark.skipif(cpu_quant_f32.load() is None, reason="no C compiler: quant_f32.c is not built")
+@pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2"))
+def test_float32_engines_keep_the_default_model_quantized_and_answer_as_the_dequantized_one(default_model_dir,
+                                                                                           cpu_tier):
+    """quant_f32.c on every tier: the float32 engine runs from the GGUF blocks (the tied head and the embedding
+    from one packed weight) and gives the dequantized model's tokens and logprobs to the bit."""
+    with forced_tier(cpu_tier):
+        what, kinds, shared, kept = _float32_answers(default_model_dir, "auto")
+        assert what == "120 layers q4_1, 1 layers q8_0" and kinds == {cpu_quant_f32.QuantF32Weight} and shared
+        what, kinds, _, dense = _float32_answers(default_model_dir, "none")
+        assert what == "none" and kinds == {cpu_gemm_f32.GenericPanelWeight}
+    assert kept == dense

@@ -47,8 +47,8 @@ def hf_model():
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
     from frontend.llm import LLM
-    # the dequantized weights, transformers' (quantization auto would keep the GGUF blocks and round each input
-    # row to 8 bits per block in float32 engines: tests/test_cpu_tiers.py bounds that)
+    # the dequantized weights, as transformers holds them (quantization auto keeps the GGUF blocks and gives the
+    # same bits in float32: tests/test_quantized_weights.py)
     engine = LLM(None, dtype="float32", quantization="none", max_model_len=1024, kv_cache_memory="256MiB")
     yield engine
     engine.shutdown()

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.batch_invariance import batch_invariant
-from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant, cpu_quant_dot
+from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant, cpu_quant_dot, cpu_quant_f32
 
 logger = logging.getLogger("nvllm")
 
@@ -45,19 +45,24 @@ class OneDnnWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
-PackedWeight = cpu_gemm.PanelWeight | cpu_gemm_f32.GenericPanelWeight | OneDnnWeight | cpu_quant_dot.QuantDotWeight
-QuantizedPack = cpu_quant.QuantPanelWeight | cpu_quant_dot.QuantDotWeight
+PackedWeight = (cpu_gemm.PanelWeight | cpu_gemm_f32.GenericPanelWeight | OneDnnWeight | cpu_quant_dot.QuantDotWeight
+                | cpu_quant_f32.QuantF32Weight)
+QuantizedPack = cpu_quant.QuantPanelWeight | cpu_quant_dot.QuantDotWeight | cpu_quant_f32.QuantF32Weight
 
 
 def keeps_quantized(dtype: torch.dtype) -> bool:
     """Whether a quantized kernel serves linear layers of a `dtype` engine on this tier."""
-    return (dtype is torch.bfloat16 and cpu_quant.load() is not None) or (
-        dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.load() is not None)
+    return ((dtype is torch.bfloat16 and cpu_quant.load() is not None)
+            or (dtype is torch.float32 and cpu_quant_f32.load() is not None)
+            or (dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.load() is not None))
 
 
 def pack_quantized(weight: cpu_quant.QuantizedTensor, dtype: torch.dtype) -> QuantizedPack | None:
-    """A quantized weight packed for the kernel that serves a `dtype` engine (the bf16 panels of
-    cpu_quant.c on the avx512_bf16 and amx tiers, quant_dot.c elsewhere), or None where none does."""
+    """A quantized weight packed for the kernel that serves a `dtype` engine, or None where none does:
+    float32, quant_f32.c (the dequantized model's results, to the bit); bfloat16, cpu_quant.c's bf16 panels
+    on the avx512_bf16 and amx tiers; else quant_dot.c (8-bit input rows, integer dot products)."""
+    if dtype is torch.float32 and cpu_quant_f32.can_pack(weight):
+        return cpu_quant_f32.QuantF32Weight(weight)
     if dtype is torch.bfloat16 and cpu_quant.can_pack(weight):
         return cpu_quant.QuantPanelWeight(weight)
     if dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.can_pack(weight):

@@ -1,6 +1,6 @@
 """A Llama-family model's decoder layers in one C call per step, float32 engines on every CPU tier
 (cpu_decoder_f32.c): cpu_decoder.py's loop for the kernels float32 runs with (cpu_gemm_f32's panels or
-quant_dot's GGUF blocks, cpu_ops_f32's norm / rotary / SiLU-and-mul, the generic attention kernel),
+quant_f32's GGUF blocks, cpu_ops_f32's norm / rotary / SiLU-and-mul, the generic attention kernel),
 bit-identical to the module path. Batch-invariant engines only (the kernels it calls are that path's);
 elsewhere `for_model` returns None and the modules run. NVLLM_CPU_DECODER=0 turns it off.
 """
@@ -15,7 +15,7 @@ from engine_core.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.forward_context import get_forward_context
-from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_dot
+from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_f32
 from engine_core.models.cpu_decoder import _LINEARS, _Layer, _Step, address
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -38,7 +38,7 @@ def load(library):
     return library
 
 
-_PACKED = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_dot.QuantDotWeight)
+_PACKED = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_f32.QuantF32Weight)
 
 
 def why_not(model) -> str | None:
@@ -47,7 +47,7 @@ def why_not(model) -> str | None:
         return "tensor parallel"
     if not batch_invariant():
         return "batch invariance off"
-    if None in (load(), cpu_gemm_f32.load(), cpu_quant_dot.load(), cpu_ops.load_f32(), cpu_generic_attention.load()):
+    if None in (load(), cpu_gemm_f32.load(), cpu_quant_f32.load(), cpu_ops.load_f32(), cpu_generic_attention.load()):
         return "a kernel library is missing"
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -67,8 +67,8 @@ def why_not(model) -> str | None:
 
 
 def _type(packed) -> int:
-    """-1 for cpu_gemm_f32's panels, else the GGUF type quant_dot.c reads."""
-    return packed.type_id if isinstance(packed, cpu_quant_dot.QuantDotWeight) else -1
+    """-1 for cpu_gemm_f32's panels, else the GGUF type quant_f32.c reads."""
+    return packed.type_id if isinstance(packed, cpu_quant_f32.QuantF32Weight) else -1
 
 
 class CpuDecoderF32:
@@ -113,7 +113,7 @@ class CpuDecoderF32:
         first = self.model.layers[0]
         ops, rotary = cpu_ops.load_f32(), first.self_attn.rotary
         return _Model(
-            dense=address(cpu_gemm_f32.load(), "linear_f32"), quant=address(cpu_quant_dot.load(), "quant_dot_linear"),
+            dense=address(cpu_gemm_f32.load(), "linear_f32"), quant=address(cpu_quant_f32.load(), "quant_f32_linear"),
             norm=address(ops, "rms_norm_f32"), rotary=address(ops, "rotary_f32"), silu=address(ops, "silu_and_mul_f32"),
             attention=address(cpu_generic_attention.load(), "generic_paged_attention"),
             cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(), max_position=rotary.cos.shape[0],

@@ -77,6 +77,7 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
     float *keys = scratch, *values = keys + TILE * D, *queries = values + TILE * D;
     float *acc = queries + (long)lanes * D, *run_max = acc + (long)lanes * D, *run_sum = run_max + lanes;
     float scores[TILE];
+    const float *key_rows[TILE], *value_rows[TILE]; /* float32 caches are read in place; bf16 rows widened */
     for (int r = 0; r < rows; r++)
         for (int g = 0; g < group; g++) {
             const long at = (long)(first + item->row0 + r) * job->q_row + (long)(h * group + g) * D;
@@ -92,8 +93,13 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
             const int key = t0 + j;
             const long at = (((long)table[key / job->block_size] * job->block_size + key % job->block_size)
                              * job->num_kv_heads + h) * D;
-            load_row(job->k_cache, at, job->is_bf16, D, keys + (long)j * D);
-            load_row(job->v_cache, at, job->is_bf16, D, values + (long)j * D);
+            if (job->is_bf16) {
+                load_row(job->k_cache, at, 1, D, keys + (long)j * D);
+                load_row(job->v_cache, at, 1, D, values + (long)j * D);
+                key_rows[j] = keys + (long)j * D, value_rows[j] = values + (long)j * D;
+            } else {
+                key_rows[j] = (const float *)job->k_cache + at, value_rows[j] = (const float *)job->v_cache + at;
+            }
         }
         for (int r = 0; r < rows; r++) {
             const int seen = pos0 + r + 1 - t0; /* keys of this tile the row sees: the tile cut at its position */
@@ -104,7 +110,7 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
                 const float *query = queries + (long)lane * D;
                 float tile_max = -INFINITY;
                 for (int j = 0; j < m; j++) {
-                    scores[j] = dot(query, keys + (long)j * D, D) * job->scale;
+                    scores[j] = dot(query, key_rows[j], D) * job->scale;
                     tile_max = scores[j] > tile_max ? scores[j] : tile_max;
                 }
                 const float new_max = tile_max > run_max[lane] ? tile_max : run_max[lane];
@@ -115,7 +121,7 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
                 for (int j = 0; j < m; j++) {
                     const float p = expf(scores[j] - new_max);
                     sum += p;
-                    const float *v = values + (long)j * D;
+                    const float *v = value_rows[j];
                     for (int d = 0; d < D; d++) o[d] = fmaf(p, v[d], o[d]);
                 }
                 run_max[lane] = new_max;

@@ -4,7 +4,7 @@
  * spends ~0.25 ms of host work per layer on module calls, views and ctypes calls, more than a decode
  * step's matmuls of a small quantized model. This file runs the same kernels in the same order on the
  * same values, so the results are the module path's bit for bit (tested); it holds no arithmetic of its
- * own. The kernels come in as pointers: linear layers from cpu_gemm_f32.c (dense panels) or quant_dot.c
+ * own. The kernels come in as pointers: linear layers from cpu_gemm_f32.c (dense panels) or quant_f32.c
  * (GGUF blocks), norm / rotary / SiLU-and-mul from cpu_ops_f32.c, attention from cpu_generic_attention.c
  * (one call for decodes and chunks alike: the batch-invariant path, the only one this loop serves).
  *
@@ -17,8 +17,8 @@
 
 typedef void (*DenseFn)(const float *x, long M, long K, long x_stride, const void *packed, long N, const float *bias,
                         float *out, long out_stride, int threads);
-typedef int (*QuantFn)(const void *x, int x_bf16, long M, long K, long x_stride, const void *packed, int type, long N,
-                       const float *bias, void *out, int out_bf16, long out_stride, int threads);
+typedef int (*QuantFn)(const float *x, long M, long K, long x_stride, const void *packed, int type, long N,
+                       const float *bias, float *out, long out_stride, int threads);
 typedef int (*NormFn)(float *x, long xs0, long xs1, float *residual, long rs0, long rs1, float *out, long os0,
                       long os1, const float *weight, long n0, long n1, long n, float eps, int threads);
 typedef int (*RotaryFn)(float *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
@@ -76,7 +76,7 @@ static int linear(const Model *m, const Step *s, const float *x, long M, long K,
         m->dense(x, M, K, x_stride, w, N, bias, out, out_stride, s->threads);
         return 0;
     }
-    return m->quant(x, 0, M, K, x_stride, w, (int)type, N, bias, out, 0, out_stride, s->threads);
+    return m->quant(x, M, K, x_stride, w, (int)type, N, bias, out, out_stride, s->threads);
 }
 
 /* 0 when done; -1 when a kernel declined in layer 0 (nothing but scratch and the new tokens' own cache slots

@@ -102,6 +102,33 @@ void pack_weight_bf16_generic(const bf16 *w, long N, long K, long w_stride, bf16
 }
 
 /* ---- one register tile: rows [0, mr) x panels [0, nr) over all of K ---- */
+
+/* a tile's sums (+ bias, added once) to its outputs, rounded to bf16 where bf16_io */
+static inline __attribute__((always_inline)) void store_tile(vec acc[MR][NR], const float *bias, void *out,
+                                                             long out_stride, long n0, long N, const int mr,
+                                                             const int nr, const int bf16_io) {
+    for (int j = 0; j < nr; j++) {
+        long n = n0 + j * LANES, width = N - n < LANES ? N - n : LANES;
+        float b[LANES] = {0};
+        if (bias) memcpy(b, bias + n, width * sizeof(float));
+        for (int i = 0; i < mr; i++) {
+            float sums[LANES];
+            const vec total = bias ? vadd(acc[i][j], vload(b)) : acc[i][j];
+            if (!bf16_io && width == LANES) { /* a whole panel: straight to the output */
+                vstore((float *)out + i * out_stride + n, total);
+                continue;
+            }
+            vstore(sums, total);
+            if (bf16_io) {
+                bf16 *o = (bf16 *)out + i * out_stride + n;
+                for (long c = 0; c < width; c++) o[c] = float_to_bf16(sums[c]);
+            } else {
+                memcpy((float *)out + i * out_stride + n, sums, width * sizeof(float));
+            }
+        }
+    }
+}
+
 /* bf16 != 0 selects the element type of x, the panels and out (a constant where the tile is inlined) */
 static inline __attribute__((always_inline)) void tile(const void *x, long x_stride, const void *panels, long K,
                                                        const float *bias, void *out, long out_stride, long n0, long N,
@@ -119,21 +146,7 @@ static inline __attribute__((always_inline)) void tile(const void *x, long x_str
             for (int j = 0; j < nr; j++) acc[i][j] = vfma(a, w[j], acc[i][j]);
         }
     }
-    for (int j = 0; j < nr; j++) {
-        long n = n0 + j * LANES, width = N - n < LANES ? N - n : LANES;
-        float b[LANES] = {0};
-        if (bias) memcpy(b, bias + n, width * sizeof(float));
-        for (int i = 0; i < mr; i++) {
-            float sums[LANES];
-            vstore(sums, bias ? vadd(acc[i][j], vload(b)) : acc[i][j]);
-            if (bf16_io) {
-                bf16 *o = (bf16 *)out + i * out_stride + n;
-                for (long c = 0; c < width; c++) o[c] = float_to_bf16(sums[c]);
-            } else {
-                memcpy((float *)out + i * out_stride + n, sums, width * sizeof(float));
-            }
-        }
-    }
+    store_tile(acc, bias, out, out_stride, n0, N, mr, nr, bf16_io);
 }
 
 #define TILE(MRV, NRV) tile(x, x_stride, panels, K, bias, out, out_stride, n0, N, MRV, NRV, bf16_io)
