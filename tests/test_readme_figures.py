@@ -28,7 +28,8 @@ UNIT = (r"(?:x(?![\w])|\s*(?:(?:output|prompt|total|tiny)\s+)?(?:tok/s|tokens/s|
 FIGURE = re.compile(rf"(?<![\w.]){NUMBER}(?:\s*[-–]\s*{NUMBER})?{UNIT}|\*\*{NUMBER}\*\*")
 TABLE_UNIT_HEADER = re.compile(r"tok/s|req/s|\bms\b|GFLOP/s|GB/s|ratio|\bx\b|%|[0-9]x\b")
 CELL_NUMBER = re.compile(rf"(?<![\w.]){NUMBER}%?(?![\w.])")
-MACHINE = re.compile(r"(?:Intel Xeon|AMD EPYC)(?: with (?:AMX|AVX512-BF16|AVX512 \(no BF16\)|AVX2 only))?")
+MACHINE = re.compile(r"(?:Intel Xeon|AMD EPYC)(?: with (?:AMX|AVX512-BF16|AVX512 \(no BF16\)|AVX2 only))?"
+                     r"(?:, kernels forced to \w+)?")
 
 
 def strip_code(text: str) -> str:
@@ -110,7 +111,8 @@ def test_every_result_file_says_where_it_came_from():
         assert result["command"].startswith("nvllm bench "), name
         assert re.fullmatch(r"[0-9a-f]{7,40}", result["commit"]), f"{name}: measured on an uncommitted tree"
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", result["date"]), name
-        assert result["machine"] == machine_label(result["cpu"]["model"], result["cpu"]["flags"]), name
+        cpu = result["cpu"]
+        assert result["machine"] == machine_label(cpu["model"], cpu["flags"], cpu.get("forced_tier")), name
         assert numbers_in(result["results"]), f"{name} holds no figure"
 
 
@@ -176,9 +178,11 @@ def test_a_figure_is_held_only_by_a_number_that_rounds_to_it():
 ])
 def test_machine_labels_name_the_best_kernel_tier(model, flags, label):
     assert machine_label(model, flags) == label
+    assert machine_label(model, flags, "avx2") == label + ", kernels forced to avx2"
 
 
-def test_cpu_info_reads_model_and_kernel_flags(tmp_path):
+def test_cpu_info_reads_model_and_kernel_flags(tmp_path, monkeypatch):
+    monkeypatch.delenv("NVLLM_CPU_ISA", raising=False)
     from frontend.bench.result_file import cpu_info
 
     cpuinfo = tmp_path / "cpuinfo"
@@ -186,3 +190,4 @@ def test_cpu_info_reads_model_and_kernel_flags(tmp_path):
                        "processor\t: 1\nmodel name\t: AMD EPYC 7B12\nflags\t\t: fpu sse2 avx2 fma f16c rdrand\n")
     info = cpu_info(str(cpuinfo))
     assert info["model"] == "AMD EPYC 7B12" and info["flags"] == ["avx2", "f16c", "fma"] and info["cpus"] >= 1
+    assert info["forced_tier"] is None

@@ -4,9 +4,10 @@ engine a second time beside a busy process and prints what it lost.
 
 Every run is a fresh child process (frontend/bench/cpu_workloads.py) so no engine inherits another's
 state, started once the host is quiet again (the last engine's children may outlive it); runs alternate nvllm, vLLM, nvllm, ... so drifts of this shared machine hit both alike. The
-figure of an engine is the median of its runs. Before the runs it measures the bf16 GEMM peak on the
-model's own layer shapes (engine_core/gemm_peak.py, in a child: the frontend does not import torch)
-and prints the prefill rate as a fraction of it.
+figure of an engine is the median of its runs. Before the runs it names the CPU tier the kernels run
+(NVLLM_CPU_ISA forces a lower one) and measures that tier's GEMM peak on the model's own layer shapes, in
+the dtype the tier runs (engine_core/gemm_peak.py, in a child: the frontend does not import torch), and
+prints the prefill rate as a fraction of it.
 """
 
 import contextlib
@@ -105,8 +106,9 @@ def run_suite(args) -> int:
     env = checkout_env()
     peak = _run_child([sys.executable, "-m", "engine_core.gemm_peak"] + ([args.model] if args.model else []), env)
     folder = peak["model_dir"]
-    print(f"bf16 GEMM peak on {os.path.basename(folder)}'s layer shapes: {peak['peak_gflops']:.0f} GFLOP/s "
-          f"({peak['threads']} threads; by kernel and tokens per matmul: {peak['gflops_by_kernel']})", flush=True)
+    print(f"CPU tier {peak['tier']}: {peak['dtype']} GEMM peak on {os.path.basename(folder)}'s layer shapes: "
+          f"{peak['peak_gflops']:.0f} GFLOP/s ({peak['threads']} threads; by kernel and tokens per matmul: "
+          f"{peak['gflops_by_kernel']})", flush=True)
     engines = ["nvllm"] + (["vllm"] if args.vllm_venv else [])
     commands = {"nvllm": ([sys.executable, "-m", "frontend.bench.cpu_workloads", "nvllm"], env)}
     if args.vllm_venv:

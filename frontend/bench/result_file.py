@@ -22,14 +22,19 @@ KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx51
 
 
 def cpu_info(cpuinfo_path: str = "/proc/cpuinfo") -> dict:
-    """Model name and the kernel-relevant flags of this CPU, and the CPUs this process may run on."""
+    """Model name and the kernel-relevant flags of this CPU, the CPUs this process may run on, and the lower
+    kernel tier NVLLM_CPU_ISA forces (None: the CPU's own)."""
     model, flags = read_cpuinfo(cpuinfo_path)
-    return {"model": model, "flags": sorted(flags & set(KERNEL_FLAGS)), "cpus": len(os.sched_getaffinity(0))}
+    return {"model": model, "flags": sorted(flags & set(KERNEL_FLAGS)), "cpus": len(os.sched_getaffinity(0)),
+            "forced_tier": os.environ.get("NVLLM_CPU_ISA") or None}
 
 
-def machine_label(model: str, flags: list[str]) -> str:
+def machine_label(model: str, flags: list[str], forced_tier: str | None = None) -> str:
     """The short name README puts beside a figure: vendor line and the best instruction set tier, e.g.
-    'Intel Xeon with AMX', 'AMD EPYC with AVX512-BF16', 'AMD EPYC with AVX2 only'."""
+    'Intel Xeon with AMX', 'AMD EPYC with AVX512-BF16', 'AMD EPYC with AVX2 only'; with a forced kernel
+    tier, 'Intel Xeon with AMX, kernels forced to avx2'."""
+    if forced_tier:
+        return f"{machine_label(model, flags)}, kernels forced to {forced_tier}"
     vendor = "Intel Xeon" if "Xeon" in model else "AMD EPYC" if "EPYC" in model else model
     if "amx_bf16" in flags:
         tier = "with AMX"
@@ -61,7 +66,7 @@ def provenance(argv: list[str] | None) -> dict:
     return {"command": shlex.join(["nvllm", *(sys.argv[1:] if argv is None else argv)]),
             "commit": _commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "machine": machine_label(cpu["model"], cpu["flags"]), "cpu": cpu}
+            "machine": machine_label(cpu["model"], cpu["flags"], cpu["forced_tier"]), "cpu": cpu}
 
 
 def write_result(args, results) -> None:
