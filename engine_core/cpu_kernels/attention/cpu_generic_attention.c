@@ -23,6 +23,9 @@
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +59,19 @@ static inline void load_row(const void *src, long at, int is_bf16, int n, float 
 
 /* sum of a[d] * b[d]: PART running sums (lane d % PART), then a fixed pairwise tree */
 static inline float dot(const float *a, const float *b, int n) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (n % PART == 0) { /* the same sums and the same tree in registers (a stack array stalls on store forwarding) */
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps(); /* lanes 0-7, 8-15 */
+        for (int d = 0; d < n; d += PART) {
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), hi);
+        }
+        const __m256 eight = _mm256_add_ps(lo, hi);                                            /* l + (l + 8) */
+        const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1)); /* + 4 */
+        const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));                       /* l + (l + 2) */
+        return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 1)));                   /* 0 + 1 */
+    }
+#endif
     float part[PART] = {0};
     int d = 0;
     for (; d + PART <= n; d += PART)
