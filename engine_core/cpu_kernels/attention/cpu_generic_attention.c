@@ -82,6 +82,24 @@ static inline float dot(const float *a, const float *b, int n) {
     return part[0];
 }
 
+/* o[d] = fmaf(probs[j], v_j[d], o[d]) for keys j in order: each output element's chain of fused multiply-adds */
+static inline void add_values(float *o, const float *probs, const float *const *value_rows, int m, int D) {
+    int d0 = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; d0 + 64 <= D; d0 += 64) { /* 64 outputs held in registers across the keys, the same fused adds */
+        __m256 out[8];
+        for (int k = 0; k < 8; k++) out[k] = _mm256_loadu_ps(o + d0 + 8 * k);
+        for (int j = 0; j < m; j++) {
+            const __m256 p = _mm256_set1_ps(probs[j]);
+            for (int k = 0; k < 8; k++) out[k] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value_rows[j] + d0 + 8 * k), out[k]);
+        }
+        for (int k = 0; k < 8; k++) _mm256_storeu_ps(o + d0 + 8 * k, out[k]);
+    }
+#endif
+    for (int j = 0; j < m; j++)
+        for (int d = d0; d < D; d++) o[d] = fmaf(probs[j], value_rows[j][d], o[d]);
+}
+
 /* one item: rows [row0, row0 + ROWS) of a sequence, the query heads of one KV head.
  * scratch: keys and values of a tile, the rows' queries, their running max / sum / output */
 static void run_item(const Job *job, const WorkItem *item, float *scratch) {
@@ -134,12 +152,12 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
                 float sum = run_sum[lane] * correction;
                 float *o = acc + (long)lane * D;
                 for (int d = 0; d < D; d++) o[d] *= correction;
+                float probs[TILE];
                 for (int j = 0; j < m; j++) {
-                    const float p = expf(scores[j] - new_max);
-                    sum += p;
-                    const float *v = value_rows[j];
-                    for (int d = 0; d < D; d++) o[d] = fmaf(p, v[d], o[d]);
+                    probs[j] = expf(scores[j] - new_max);
+                    sum += probs[j];
                 }
+                add_values(o, probs, value_rows, m, D);
                 run_max[lane] = new_max;
                 run_sum[lane] = sum;
             }
