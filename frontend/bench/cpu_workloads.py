@@ -7,7 +7,8 @@ top level, so it runs there as a plain script):
     python -m frontend.bench.cpu_workloads nvllm w32
     VENV/bin/python frontend/bench/cpu_workloads.py vllm w32 MODEL_DIR
 
-Workloads (random token ids, seeded, greedy, EOS ignored, bfloat16, max_model_len 2048):
+Workloads (random token ids, seeded, greedy, EOS ignored, max_model_len 2048; vLLM in bfloat16, nvllm in the
+dtype `--dtype auto` picks on the CPU tier: bfloat16 on avx512_bf16 and amx, float32 below):
   w32      32 prompts of 64-512 tokens, 64-256 output tokens each (../shared/tools/w32.py's W32);
            the figure is output tok/s
   prefill  32 prompts of 256-512 tokens, 1 output token each; the figure is prompt tok/s
@@ -49,7 +50,7 @@ def figures(name: str, prompts, outputs: list[int], seconds: float) -> dict:
 def run_nvllm(name: str, engine_args: dict) -> dict:
     from frontend import LLM, SamplingParams
 
-    llm = LLM(dtype="bfloat16", max_model_len=2048, **engine_args)
+    llm = LLM(dtype="auto", max_model_len=2048, **engine_args)
     prompts, outs = workload(name)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in outs]
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
