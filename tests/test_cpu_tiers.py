@@ -16,14 +16,14 @@ from engine_core.layers import cpu_gemm_f32, cpu_quant, cpu_quant_dot, cpu_quant
 
 pytestmark = pytest.mark.integration
 
+AVX2 = {"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
 FLAGS = {
     "portable": set(),
-    "avx2": {"avx2", "fma", "f16c"},
-    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"},
-    "avx512_bf16": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
-                    "avx512_bf16"},
-    "amx": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
-            "amx_tile", "amx_bf16", "amx_int8"},
+    "avx2": AVX2,
+    "avx512": AVX512,
+    "avx512_bf16": AVX512 | {"avx512_vnni", "avx512_bf16"},
+    "amx": AVX512 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"},
 }
 FORMATS = ["q4_0", "q4_1", "q8_0"]
 
@@ -36,7 +36,7 @@ def test_a_cpus_flags_give_its_tier(tier, monkeypatch):
 
 def test_avx2_without_f16c_is_portable_and_amx_needs_avx512_bf16(monkeypatch):
     monkeypatch.setattr(tiers, "_x86", lambda: True)
-    assert tiers.cpu_tier(frozenset({"avx2", "fma"})) == "portable"
+    assert tiers.cpu_tier(frozenset(AVX2 - {"f16c"})) == "portable"
     assert tiers.cpu_tier(frozenset(FLAGS["avx512"] | {"amx_tile", "amx_bf16", "amx_int8"})) == "avx512"
 
 

@@ -3,8 +3,7 @@
 paged_decode_attention serves one query token per sequence; paged_attention any number per sequence
 (prefill chunks, chunks after cached blocks, decodes), reading keys and values in place. Both take
 bfloat16 on CPUs with AVX512-BF16 (head_dim a multiple of 32 up to 256, up to 8 query heads per KV head). It is compiled
-with the system's C compiler at first use into <cache>/kernels, named by a hash of the source, the
-flags and this CPU's features (-march=native code runs only where it was built). The attention
+at first use for the avx512_bf16 / amx tier (engine_core/cpu_kernels: the table, the build). The attention
 backend over these kernels is cpu_kernel_backend.py; where they cannot be had (another CPU, no
 compiler, a failed build: logged once) the selector takes the torch backend, which gathers and calls
 SDPA instead. NVLLM_CPU_DECODE_KERNEL=0 turns them off.

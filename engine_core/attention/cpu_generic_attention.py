@@ -3,7 +3,7 @@
 float32 or bfloat16, any head dim and group size: what cpu_decode.c does not take. Every query row
 (decodes, prefill chunks, chunks after cached blocks alike) walks its keys 0..p in tiles aligned to
 absolute key positions with an online softmax in fp32, so a row's result depends on that row alone.
-Built at first use like the other kernels (cpu_kernels.load_library); -ffp-contract=off, see the C
+Built at first use for the active tier like the other kernels (engine_core/cpu_kernels); -ffp-contract=off, see the C
 file. NVLLM_CPU_GENERIC_ATTENTION=0 turns it off.
 """
 

@@ -24,8 +24,8 @@ ENV = "NVLLM_CPU_ISA"
 # /proc/cpuinfo flags each tier needs, beyond the tier below it
 _NEEDS = {
     "portable": frozenset(),
-    "avx2": frozenset({"avx2", "fma", "f16c"}),
-    "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    "avx2": frozenset({"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}),  # x86-64-v3, which the builds target
+    "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}),  # x86-64-v4
     "avx512_bf16": frozenset({"avx512_vnni", "avx512_bf16"}),
     "amx": frozenset({"amx_tile", "amx_bf16", "amx_int8"}),
 }

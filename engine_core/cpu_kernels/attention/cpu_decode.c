@@ -4,7 +4,7 @@
  *
  * Why: a decode step on the CPU is bound by memory traffic. Gathering each sequence's keys and values
  * into a padded copy and then attending over the copy moves every cached byte three times; this reads
- * it once. Built at first use by cpu_decode_kernel.py (gcc -O3 -march=native) and called through
+ * it once. Built at first use for its tier (engine_core/cpu_kernels/table.py) and called through
  * ctypes, which releases the GIL; its threads are torch's OpenMP pool. Layouts are those of
  * engine_core/attention/backend.py:
  *   q, out        [num_seqs, num_heads, head_dim] bf16, rows q_row / out_row elements apart
