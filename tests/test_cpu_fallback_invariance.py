@@ -1,12 +1,14 @@
 """Same request, same answer in bfloat16 on a CPU without AVX512-BF16 (simulated: the AVX512-BF16
-kernels and the fused AVX512 ops switched off): the generic fixed-order linear kernel, the generic
-attention kernel and the torch norm/rotary/SiLU code with the fixed-order RMS statistic keep a
-request's tokens and logprobs bit-identical alone, in a batch and under a 16-token budget."""
+kernels and the fused AVX512 ops switched off; and for real on the avx2 tier, NVLLM_CPU_ISA): the generic
+fixed-order linear kernel, the kept-quantized quant_dot.c, the generic attention kernel and the torch
+norm/rotary/SiLU code with the fixed-order RMS statistic keep a request's tokens and logprobs bit-identical
+alone, in a batch and under a 16-token budget."""
 
 import pytest
 
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
-from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_ops
+from cpu_tier_helpers import forced_tier, tier_params
+from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_ops, cpu_quant_dot
 from test_float32_batch_invariance import PROMPTS, _answers
 
 pytestmark = [pytest.mark.integration,
@@ -42,3 +44,23 @@ def test_bf16_without_avx512_bf16_answers_the_same_whatever_runs_beside_it(tiny_
         assert _answers(small_budget, PROMPTS) == alone  # prefixes cached
     finally:
         small_budget.shutdown()
+
+
+@pytest.mark.parametrize("cpu_tier", tier_params("avx2"))
+def test_bf16_kept_quantized_on_the_avx2_tier_answers_the_same_whatever_runs_beside_it(default_model_dir, cpu_tier):
+    """The default model in bf16 below avx512_bf16: its GGUF blocks through quant_dot.c (8-bit input rows)."""
+    with forced_tier(cpu_tier):
+        plain = _engine(default_model_dir, enable_prefix_caching=False)
+        try:
+            packed = plain.client.core.executor.runner.model.layers[0].self_attn.qkv_proj.packed_weight
+            assert isinstance(packed, cpu_quant_dot.QuantDotWeight)
+            alone = [_answers(plain, [p])[0] for p in PROMPTS]
+            assert _answers(plain, PROMPTS) == alone
+        finally:
+            plain.shutdown()
+        small_budget = _engine(default_model_dir, enable_prefix_caching=True, max_num_batched_tokens=16)
+        try:
+            assert _answers(small_budget, PROMPTS) == alone
+            assert _answers(small_budget, PROMPTS) == alone  # prefixes cached
+        finally:
+            small_budget.shutdown()

@@ -1,11 +1,13 @@
 """Same request, same answer, in float32 on the CPU: a request's greedy tokens and logprobs are
 bit-identical alone, in a batch with others, under a 16-token budget (chunked prefills, mixed steps),
-after its prefix was cached, and after preemption and recomputation."""
+after its prefix was cached, and after preemption and recomputation; on this machine's CPU tier and on the
+avx2 and portable ones (NVLLM_CPU_ISA)."""
 
 import pytest
 import torch
 
 from common.sampling_params import SamplingParams
+from cpu_tier_helpers import forced_tier, tier_params
 
 pytestmark = pytest.mark.integration
 
@@ -37,8 +39,14 @@ def _engine(model, **args):
     return LLM(model, multiprocess=False, dtype="float32", **({"max_model_len": 256} | args))
 
 
+@pytest.fixture(params=tier_params("own", "avx2", "portable"))
+def cpu_tier(request):
+    with forced_tier(request.param):
+        yield request.param
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_a_request_answers_the_same_whatever_runs_beside_it(tiny_models, arch):
+def test_a_request_answers_the_same_whatever_runs_beside_it(tiny_models, arch, cpu_tier):
     model = tiny_models[arch]
     plain = _engine(model, enable_prefix_caching=False, kv_cache_memory="16MiB")
     try:
