@@ -45,19 +45,25 @@ def qwen2_head32(tmp_path_factory, default_model_dir):
 @needs_c_decoder
 @pytest.mark.parametrize("arch", ["default", "default-bf16", "qwen2", "qwen2-int8", "qwen3"])
 def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny_models, qwen2_head32):
-    from frontend.llm import LLM
     path = {"default": default_model_dir, "default-bf16": default_model_dir, "qwen2": qwen2_head32,
             "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"]}[arch]
     quantization = {"default-bf16": "none", "qwen2-int8": "int8"}.get(arch, "auto")
+    _check_c_loop(path, "bfloat16", quantization, cpu_decoder.CpuDecoder, cpu_quant.QuantPanelWeight,
+                  arch in ("default", "qwen2-int8"), seed=1)
+
+
+def _check_c_loop(path, dtype, quantization, loop, kept_type, kept, seed):
+    """The C loop `loop` runs the model (its first layer's weights kept quantized as `kept_type` exactly where
+    `kept`), and the modules give its tokens and logprobs to the bit."""
+    from frontend.llm import LLM
     # small steps: prompts are chunked, and chunks share steps with decodes
-    llm = LLM(path, multiprocess=False, dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=512,
+    llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="64MiB", max_model_len=512,
               max_num_batched_tokens=48, quantization=quantization)
     try:
         model = _model(llm)
-        assert isinstance(model.cpu_decoder, cpu_decoder.CpuDecoder)
-        kept = isinstance(model.layers[0].self_attn.qkv_proj.packed_weight, cpu_quant.QuantPanelWeight)
-        assert kept == (arch in ("default", "qwen2-int8"))
-        prompts = _prompts(6, seed=1)
+        assert isinstance(model.cpu_decoder, loop)
+        assert isinstance(model.layers[0].self_attn.qkv_proj.packed_weight, kept_type) == kept
+        prompts = _prompts(6, seed=seed)
         with_c = _run(llm, prompts)
         llm.reset_prefix_cache()
         model.cpu_decoder = None
@@ -75,25 +81,12 @@ def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny
     *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("portable")
       for arch in ("qwen2-int8", "qwen3")]])
 def test_the_float32_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_model_dir, tiny_models, qwen2_head32):
-    from frontend.llm import LLM
     path = {"default": default_model_dir, "default-dense": default_model_dir, "qwen2": qwen2_head32,
             "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"], "llama": tiny_models["llama"]}[arch]
     quantization = {"default-dense": "none", "qwen2-int8": "int8"}.get(arch, "auto")
     with forced_tier(tier):
-        llm = LLM(path, multiprocess=False, dtype="float32", kv_cache_memory="64MiB", max_model_len=512,
-                  max_num_batched_tokens=48, quantization=quantization)
-        try:
-            model = _model(llm)
-            assert isinstance(model.cpu_decoder, cpu_decoder_f32.CpuDecoderF32)
-            kept = isinstance(model.layers[0].self_attn.qkv_proj.packed_weight, cpu_quant_f32.QuantF32Weight)
-            assert kept == (arch in ("default", "qwen2-int8"))
-            prompts = _prompts(6, seed=2)
-            with_c = _run(llm, prompts)
-            llm.reset_prefix_cache()
-            model.cpu_decoder = None
-            assert _run(llm, prompts) == with_c
-        finally:
-            llm.shutdown()
+        _check_c_loop(path, "float32", quantization, cpu_decoder_f32.CpuDecoderF32, cpu_quant_f32.QuantF32Weight,
+                      arch in ("default", "qwen2-int8"), seed=2)
 
 
 def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):

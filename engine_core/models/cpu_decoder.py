@@ -75,19 +75,27 @@ def _why_not(model) -> str | None:
     heads, kv_heads, head_dim = first.num_heads, first.num_kv_heads, first.head_dim
     if head_dim % 32 or head_dim > 256 or heads % kv_heads or heads // kv_heads > 8 or not first.attn.scale > 0:
         return "an attention shape the kernels do not take"
+    plain = (cpu_gemm.PanelWeight, cpu_quant.QuantPanelWeight)
+    gated = (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight)
+    return layers_issue(model, torch.bfloat16, lambda attn, mlp: (
+        type(attn.qkv_proj.packed_weight) in plain and type(attn.o_proj.packed_weight) in plain
+        and type(mlp.down_proj.packed_weight) in plain and type(mlp.gate_up_proj.packed_weight) in gated))
+
+
+def layers_issue(model, dtype: torch.dtype, packed_ok) -> str | None:
+    """Why a C loop of `dtype` cannot run these layers as their modules would (weights not in the forms
+    `packed_ok(attn, mlp)` takes, a bias after a row-parallel linear, norms in another dtype, rotary tables
+    not in float32); None if it can."""
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        plain = (cpu_gemm.PanelWeight, cpu_quant.QuantPanelWeight)
-        if not (type(attn.qkv_proj.packed_weight) in plain and type(attn.o_proj.packed_weight) in plain
-                and type(mlp.down_proj.packed_weight) in plain
-                and type(mlp.gate_up_proj.packed_weight) in (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight)):
-            return "weights not in nvllm's panels"
+        if not packed_ok(attn, mlp):
+            return "weights not in the packed forms the C loop takes"
         if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
             return "a bias after a row-parallel linear"
         norms = [layer.input_layernorm, layer.post_attention_layernorm] + (
             [attn.q_norm, attn.k_norm] if attn.q_norm is not None else [])
-        if any(n.weight.dtype is not torch.bfloat16 or not n.weight.is_contiguous() for n in norms):
-            return "a norm weight not in bf16"
+        if any(n.weight.dtype is not dtype or not n.weight.is_contiguous() for n in norms):
+            return f"a norm weight not in {dtype}"
         if attn.rotary.cos.dtype is not torch.float32 or not attn.rotary.cos.is_contiguous():
             return "rotary tables not in float32"
     return None

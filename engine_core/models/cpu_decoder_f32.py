@@ -16,7 +16,7 @@ from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.forward_context import get_forward_context
 from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_f32
-from engine_core.models.cpu_decoder import _LINEARS, _Layer, _Step, address
+from engine_core.models.cpu_decoder import _LINEARS, _Layer, _Step, address, layers_issue
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
@@ -49,21 +49,9 @@ def why_not(model) -> str | None:
         return "batch invariance off"
     if None in (load(), cpu_gemm_f32.load(), cpu_quant_f32.load(), cpu_ops.load_f32(), cpu_generic_attention.load()):
         return "a kernel library is missing"
-    for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not all(isinstance(m.packed_weight, _PACKED) and getattr(m.packed_weight, "dtype", torch.float32)
-                   is torch.float32 for m in linears):
-            return "weights not in nvllm's float32 or quantized panels"
-        if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
-            return "a bias after a row-parallel linear"
-        norms = [layer.input_layernorm, layer.post_attention_layernorm] + (
-            [attn.q_norm, attn.k_norm] if attn.q_norm is not None else [])
-        if any(n.weight.dtype is not torch.float32 or not n.weight.is_contiguous() for n in norms):
-            return "a norm weight not in float32"
-        if attn.rotary.cos.dtype is not torch.float32 or not attn.rotary.cos.is_contiguous():
-            return "rotary tables not in float32"
-    return None
+    return layers_issue(model, torch.float32, lambda attn, mlp: all(
+        isinstance(m.packed_weight, _PACKED) and getattr(m.packed_weight, "dtype", torch.float32) is torch.float32
+        for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
 
 
 def _type(packed) -> int:

@@ -1,0 +1,61 @@
+"""What the CPU kernels that multiply GGUF blocks directly share (quant_dot.c, quant_f32.c): a weight's
+GGUF rows packed once by the kernel's own `<prefix>_pack`, its float32 bias, the input rows it reads."""
+
+import ctypes
+
+import torch
+
+from engine_core.layers.cpu_quant import GGUF_TYPES, QuantizedTensor
+
+_ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+
+
+def declare_packing(library, prefix: str, rows_out: list) -> None:
+    """ctypes signatures of `<prefix>_packed_bytes`, `<prefix>_pack` and `<prefix>_rows` (whose trailing
+    arguments after the ids and their count are `rows_out`)."""
+    getattr(library, f"{prefix}_packed_bytes").argtypes = [_int, _long, _long]
+    getattr(library, f"{prefix}_packed_bytes").restype = _long
+    getattr(library, f"{prefix}_pack").argtypes = [_ptr, _long, _int, _long, _long, _ptr]
+    getattr(library, f"{prefix}_pack").restype = _int
+    getattr(library, f"{prefix}_rows").argtypes = [_ptr, _int, _long, _ptr, _long, *rows_out]
+    getattr(library, f"{prefix}_rows").restype = None
+
+
+class GgufPackedWeight:
+    """A quantized weight [N, K] (GGUF Q4_0 / Q4_1 / Q8_0 rows) in a kernel's packed layout."""
+
+    prefix = ""  # the C functions' prefix
+    kernel = ""  # the source it runs (cpu_kernels/), for the load log
+
+    def __init__(self, weight: QuantizedTensor, library):
+        self._library = library
+        self.type_id = GGUF_TYPES[weight.qtype][0]
+        self.qtype = weight.qtype
+        self.out_features, self.in_features = weight.shape
+        size = getattr(library, f"{self.prefix}_packed_bytes")(self.type_id, self.out_features, self.in_features)
+        self.panels = torch.empty(size, dtype=torch.uint8, device="cpu")
+        rows = weight.rows.contiguous()
+        status = getattr(library, f"{self.prefix}_pack")(rows.data_ptr(), rows.shape[1], self.type_id,
+                                                         self.out_features, self.in_features, self.panels.data_ptr())
+        assert status == 0
+        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.numel()
+
+    def float_bias(self, bias: torch.Tensor) -> torch.Tensor:
+        """The bias in float32, converted once (a layer's bias is fixed)."""
+        if self._bias is None or self._bias[0] is not bias:
+            self._bias = (bias, bias.detach().float().contiguous())
+        return self._bias[1]
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] as rows [M, K] the kernels read: contiguous within a row, rows at least K apart."""
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < self.in_features):
+            x2 = x2.contiguous()
+        return x2
+
+    def _ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.reshape(-1).to(torch.int64).contiguous()
