@@ -36,7 +36,8 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g = parser.add_argument_group("engine")
     g.add_argument("--served-model-name", default=None, help="model name the API reports (default: the model)")
     g.add_argument("--dtype", default=d.dtype, choices=DTYPES,
-                   help="weights and activations; auto is bfloat16 on CUDA and AMX/AVX512-BF16 CPUs, else float32")
+                   help="weights and activations; auto is bfloat16 on CUDA and on the amx / avx512_bf16 CPU "
+                        "tiers, else float32")
     g.add_argument("--device", default=d.device, choices=DEVICES, help="where the model runs")
     g.add_argument("--max-model-len", type=positive_int, default=None,
                    help="longest prompt + output in tokens (default: the model's own limit)")
@@ -63,7 +64,7 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g.add_argument("--attention-backend", default=d.attention_backend, choices=ATTENTION_BACKENDS,
                    help="attention kernels; auto: flash_attn, else triton on CUDA; torch on CPU")
     g.add_argument("--quantization", "-q", default=d.quantization, choices=QUANTIZATIONS,
-                   help="weights kept quantized in memory (bf16 on AVX512-BF16 CPUs): gguf keeps a GGUF's Q4_0/Q4_1/Q8_0 "
+                   help="weights kept quantized in memory (CPU, float32 or bf16, every tier, one rank): gguf keeps a GGUF's Q4_0/Q4_1/Q8_0 "
                         "tensors, int8 quantizes the linear layers per channel, none dequantizes; auto: gguf where "
                         "the model has such tensors and the kernels run, else none")
     g.add_argument("--speculative-config", type=_speculative_config, default=None,
