@@ -165,6 +165,7 @@ def test_graph_runner_padding_matches_eager_on_cpu(tiny_models):
     grow(seqs, runner.forward(step_for(seqs, [len(s.tokens) for s in seqs], block_size)))
 
     backend = runner.backend = DeviceOnlyReference()  # the eager steps use it too: same attention both ways
+    runner.model.cpu_decoder = None  # the C loop would call its own attention kernel, not this backend
     graphs = DecodeGraphRunner(runner.model, backend, runner.hidden_size, torch.float32, runner.device,
                                max_num_seqs=20, max_blocks_per_seq=-(-128 // block_size), block_size=block_size)
     graphs.graphs = {b: EagerReplay(graphs, b) for b in graphs.sizes}

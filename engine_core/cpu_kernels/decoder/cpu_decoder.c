@@ -74,11 +74,13 @@ typedef struct {
     int every_row_alike; /* batch-invariant: quantized matmuls take one arithmetic at every M (cpu_quant.c) */
 } Step;
 
-/* the new tokens' keys and values into their cache slots (slot = block * block_size + offset) */
+/* the new tokens' keys and values into their cache slots (slot = block * block_size + offset; a slot < 0, a
+ * padding row, stores nothing) */
 static void write_cache(const Layer *l, const Step *s, const bf16 *k, long k_row, const bf16 *v, long v_row,
                         long kv_size) {
 #pragma omp parallel for num_threads(s->threads) if (s->tokens >= 256) schedule(static)
     for (long t = 0; t < s->tokens; t++) {
+        if (s->slot_mapping[t] < 0) continue;
         memcpy(l->k_cache + s->slot_mapping[t] * kv_size, k + t * k_row, kv_size * sizeof(bf16));
         memcpy(l->v_cache + s->slot_mapping[t] * kv_size, v + t * v_row, kv_size * sizeof(bf16));
     }

@@ -62,9 +62,11 @@ typedef struct {
     int every_row_alike; /* unused: every kernel here has one arithmetic at every M */
 } Step;
 
+/* the new tokens' keys and values into their cache slots; a slot < 0 (a padding row) stores nothing */
 static void write_cache(const Layer *l, const Step *s, const float *k, long k_row, const float *v, long v_row,
                         long kv_size) {
     for (long t = 0; t < s->tokens; t++) {
+        if (s->slot_mapping[t] < 0) continue;
         memcpy(l->k_cache + s->slot_mapping[t] * kv_size, k + t * k_row, kv_size * sizeof(float));
         memcpy(l->v_cache + s->slot_mapping[t] * kv_size, v + t * v_row, kv_size * sizeof(float));
     }
