@@ -5,14 +5,13 @@ bit the dense kernel's product of the dequantized weights; quant_dot.c (bf16 bel
 float64 product of the dequantized weights and the 8-bit-rounded rows; both the same bits on every tier, and a
 row's result independent of the other rows (M = 1..300) and of the thread count."""
 
-import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, quants
 
 from cpu_tier_helpers import forced_tier, tier_params, tiers_here
 from engine_core.cpu_kernels import table, tiers
-from engine_core.layers import cpu_gemm_f32, cpu_quant, cpu_quant_dot, cpu_quant_f32
+from engine_core.layers import cpu_gemm_f32, cpu_quant_dot, cpu_quant_f32
+from test_cpu_quant import _quantized
 
 pytestmark = pytest.mark.integration
 
@@ -76,14 +75,6 @@ def test_the_table_names_the_kernel_of_each_operation(tier):
         assert ("linear: linear/cpu_gemm.c" in bf16) == fast
         assert ("kept-quantized linear: linear/cpu_quant.c" if fast else "linear/quant_dot.c") in bf16
         assert ("attention: attention/cpu_decode.c" if fast else "attention/cpu_generic_attention.c") in bf16
-
-
-def _quantized(qtype: str, n: int, k: int, seed: int) -> tuple[cpu_quant.QuantizedTensor, torch.Tensor]:
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
-    kind = GGMLQuantizationType[qtype.upper()]
-    raw = quants.quantize(w, kind)
-    dequantized = torch.from_numpy(quants.dequantize(raw, kind).reshape(n, k).copy())
-    return cpu_quant.QuantizedTensor(torch.from_numpy(raw.view(np.uint8).reshape(n, -1).copy()), qtype, k), dequantized
 
 
 def _rounded_rows(x: torch.Tensor) -> torch.Tensor:

@@ -102,25 +102,41 @@ def layers_issue(model, dtype: torch.dtype, packed_ok) -> str | None:
 
 
 class CpuDecoder:
-    """Runs `model.layers` for one step from C; `run` returns None where the modules must run instead."""
+    """Runs `model.layers` for one bf16 step from C; `run` returns None where the modules must run instead.
+    cpu_decoder_f32.CpuDecoderF32 is the float32 loop: another struct, the same step."""
+
+    dtype = torch.bfloat16
+    act_widths = 1  # the MLP buffer's width in intermediates (the gated matmul stores silu(gate) * up only)
 
     def __init__(self, model):
         self.model = model
         first = model.layers[0]
         self.heads, self.kv_heads = first.self_attn.num_heads, first.self_attn.num_kv_heads
         self.head_dim = first.self_attn.head_dim
-        self.intermediate = first.mlp.gate_up_proj.packed_weight.intermediate
+        self.intermediate = first.mlp.gate_up_proj.packed_weight.out_features // 2  # gate | up
         self.qk_norm = first.self_attn.q_norm is not None
-        self._struct: _Model | None = None
+        self._struct = None
         self._cache_ptr = None  # the layer 0 key cache the struct was built for
+
+    @staticmethod
+    def why_not(model) -> str | None:
+        return _why_not(model)
 
     @classmethod
     def for_model(cls, model) -> "CpuDecoder | None":
-        why = _why_not(model)
+        why = cls.why_not(model)
         if why is not None:
             logger.debug("decoder layers run as modules: %s", why)
             return None
         return cls(model)
+
+    def _entry(self):
+        """The C function that runs the layers."""
+        return load().decoder_layers_bf16
+
+    def _num_decodes(self, meta) -> int:
+        # batch-invariant: one-token rows through the chunk kernel too (cpu_kernel_backend.py says why)
+        return 0 if batch_invariant() else meta.num_decodes
 
     def _build(self) -> _Model:
         """The C view of the model: weights, norms, caches (rebuilt when the caches are rebound)."""
@@ -168,7 +184,7 @@ class CpuDecoder:
         `embeddings` updated in place, as the modules leave them; None (nothing but the new tokens' own
         cache slots written) where a kernel declined the step."""
         cache = self.model.layers[0].self_attn.attn.k_cache
-        if (cache.numel() == 0 or embeddings.dtype is not torch.bfloat16 or not embeddings.is_contiguous()
+        if (cache.numel() == 0 or embeddings.dtype is not self.dtype or not embeddings.is_contiguous()
                 or positions.dtype is not torch.int64):
             return None
         if self._struct is None or self._cache_ptr != cache.data_ptr():
@@ -176,23 +192,21 @@ class CpuDecoder:
         meta = get_forward_context().meta
         tokens, hidden = embeddings.shape
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        widths = [hidden, hidden, q_size + 2 * kv_size, q_size, self.intermediate]
+        widths = [hidden, hidden, q_size + 2 * kv_size, q_size, self.act_widths * self.intermediate]
         widths += [q_size, kv_size] if self.qk_norm else []
-        x, normed, qkv, attn, act, *qk = (torch.empty((tokens, w), dtype=torch.bfloat16, device="cpu") for w in widths)
+        x, normed, qkv, attn, act, *qk = (torch.empty((tokens, w), dtype=self.dtype, device="cpu") for w in widths)
         q_normed, k_normed = qk if qk else (None, None)
         positions = positions.contiguous()
         step = _Step(
             tokens=tokens, positions=positions.data_ptr(), slot_mapping=meta.slot_mapping.data_ptr(),
-            num_seqs=meta.num_seqs, table_row=meta.block_tables.stride(0),
-            # batch-invariant: one-token rows through the chunk kernel too (cpu_kernel_backend.py says why)
-            num_decodes=0 if batch_invariant() else meta.num_decodes,
+            num_seqs=meta.num_seqs, table_row=meta.block_tables.stride(0), num_decodes=self._num_decodes(meta),
             block_tables=meta.block_tables.data_ptr(), seq_lens=meta.seq_lens.data_ptr(),
             query_start_loc=meta.query_start_loc.data_ptr(), residual=embeddings.data_ptr(), x=x.data_ptr(),
             normed=normed.data_ptr(), qkv=qkv.data_ptr(), attn=attn.data_ptr(), act=act.data_ptr(),
             q_normed=None if q_normed is None else q_normed.data_ptr(),
             k_normed=None if k_normed is None else k_normed.data_ptr(), threads=torch.get_num_threads(),
             every_row_alike=int(batch_invariant()))
-        status = load().decoder_layers_bf16(ctypes.byref(self._struct), ctypes.byref(step))
+        status = self._entry()(ctypes.byref(self._struct), ctypes.byref(step))
         if status == -1:
             return None
         if status:

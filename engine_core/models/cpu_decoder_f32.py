@@ -14,9 +14,8 @@ from engine_core.attention import cpu_generic_attention
 from engine_core.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
-from engine_core.forward_context import get_forward_context
 from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_f32
-from engine_core.models.cpu_decoder import _LINEARS, _Layer, _Step, address, layers_issue
+from engine_core.models.cpu_decoder import _LINEARS, CpuDecoder, _Layer, _Step, address, layers_issue
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
@@ -59,26 +58,21 @@ def _type(packed) -> int:
     return packed.type_id if isinstance(packed, cpu_quant_f32.QuantF32Weight) else -1
 
 
-class CpuDecoderF32:
+class CpuDecoderF32(CpuDecoder):
     """Runs `model.layers` for one float32 step from C; `run` returns None where the modules must run instead."""
 
-    @classmethod
-    def for_model(cls, model) -> "CpuDecoderF32 | None":
-        why = why_not(model)
-        if why is not None:
-            logger.debug("decoder layers run as modules: %s", why)
-            return None
-        return cls(model)
+    dtype = torch.float32
+    act_widths = 2  # gate | up, then silu(gate) * up in place over the gate half
 
-    def __init__(self, model):
-        self.model = model
-        first = model.layers[0]
-        self.heads, self.kv_heads = first.self_attn.num_heads, first.self_attn.num_kv_heads
-        self.head_dim = first.self_attn.head_dim
-        self.intermediate = first.mlp.gate_up_proj.packed_weight.out_features // 2
-        self.qk_norm = first.self_attn.q_norm is not None
-        self._struct: _Model | None = None
-        self._cache_ptr = None
+    @staticmethod
+    def why_not(model) -> str | None:
+        return why_not(model)
+
+    def _entry(self):
+        return load().decoder_layers_f32
+
+    def _num_decodes(self, meta) -> int:
+        return 0  # one attention kernel for every row
 
     def _build(self) -> _Model:
         layers = []
@@ -110,36 +104,3 @@ class CpuDecoderF32:
             block_size=first.self_attn.attn.k_cache.shape[1], eps=first.input_layernorm.eps,
             qk_eps=first.self_attn.q_norm.eps if self.qk_norm else 0.0, scale=first.self_attn.attn.scale,
             layers=self._layers)
-
-    def run(self, embeddings: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(the last layer's output, the residual stream: `embeddings` updated in place), or None (nothing but
-        the new tokens' own cache slots written) where a kernel declined the step."""
-        cache = self.model.layers[0].self_attn.attn.k_cache
-        if (cache.numel() == 0 or embeddings.dtype is not torch.float32 or not embeddings.is_contiguous()
-                or positions.dtype is not torch.int64):
-            return None
-        if self._struct is None or self._cache_ptr != cache.data_ptr():
-            self._struct, self._cache_ptr = self._build(), cache.data_ptr()
-        meta = get_forward_context().meta
-        tokens, hidden = embeddings.shape
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        widths = [hidden, hidden, q_size + 2 * kv_size, q_size, 2 * self.intermediate]
-        widths += [q_size, kv_size] if self.qk_norm else []
-        x, normed, qkv, attn, act, *qk = (torch.empty((tokens, w), dtype=torch.float32, device="cpu") for w in widths)
-        q_normed, k_normed = qk if qk else (None, None)
-        positions = positions.contiguous()
-        step = _Step(
-            tokens=tokens, positions=positions.data_ptr(), slot_mapping=meta.slot_mapping.data_ptr(),
-            num_seqs=meta.num_seqs, table_row=meta.block_tables.stride(0), num_decodes=0,
-            block_tables=meta.block_tables.data_ptr(), seq_lens=meta.seq_lens.data_ptr(),
-            query_start_loc=meta.query_start_loc.data_ptr(), residual=embeddings.data_ptr(), x=x.data_ptr(),
-            normed=normed.data_ptr(), qkv=qkv.data_ptr(), attn=attn.data_ptr(), act=act.data_ptr(),
-            q_normed=None if q_normed is None else q_normed.data_ptr(),
-            k_normed=None if k_normed is None else k_normed.data_ptr(), threads=torch.get_num_threads(),
-            every_row_alike=1)
-        status = load().decoder_layers_f32(ctypes.byref(self._struct), ctypes.byref(step))
-        if status == -1:
-            return None
-        if status:
-            raise RuntimeError("a CPU kernel failed in the middle of a step (out of memory?)")
-        return x, embeddings

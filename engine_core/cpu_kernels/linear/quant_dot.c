@@ -53,25 +53,6 @@ static inline long block_ints(int type) { return type == GGUF_Q8_0 ? 32 : 16; }
 static inline long gguf_block_bytes(int type) { return type == GGUF_Q4_0 ? 18 : type == GGUF_Q4_1 ? 20 : 34; }
 static inline long header_bytes(int type) { return (has_offset(type) ? 2 : 1) * GROUP * 2; }
 
-static float half_to_float(uint16_t h) { /* exact, any CPU */
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023;
-    uint32_t u;
-    if (exponent == 31) {
-        u = sign | 0x7f800000 | (mantissa << 13);
-    } else if (exponent) {
-        u = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    } else if (mantissa) { /* subnormal: m * 2^-24 */
-        float f = (float)mantissa * 5.9604644775390625e-8f;
-        memcpy(&u, &f, 4);
-        u |= sign;
-    } else {
-        u = sign;
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* bytes of one packed column of K inputs, and of a whole weight */
 static long column_bytes(int type, long K) {
     const long blocks = K / QBLOCK, groups = (blocks + GROUP - 1) / GROUP;
@@ -257,9 +238,9 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             _mm256_storeu_ps(dw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head)));
             if (offset) _mm256_storeu_ps(m[j], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + GROUP))));
 #else
-            for (int b = 0; b < GROUP; b++) dw[b] = half_to_float(head[b]);
+            for (int b = 0; b < GROUP; b++) dw[b] = fp16_to_float(head[b]);
             if (offset)
-                for (int b = 0; b < GROUP; b++) m[j][b] = half_to_float(head[GROUP + b]);
+                for (int b = 0; b < GROUP; b++) m[j][b] = fp16_to_float(head[GROUP + b]);
 #endif
             if (!offset)
                 for (int b = 0; b < GROUP; b++) m[j][b] = -8.0f * dw[b];
@@ -378,14 +359,14 @@ void quant_dot_rows(const uint8_t *packed, int type, long K, const int64_t *ids,
             const long n = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
             const uint16_t *head = (const uint16_t *)(w + at);
             for (long b = 0; b < n; b++) {
-                const float d = half_to_float(head[b]);
+                const float d = fp16_to_float(head[b]);
                 const uint8_t *q = w + at + header + b * ints;
                 for (int k = 0; k < QBLOCK; k++) {
                     float v;
                     if (type == GGUF_Q8_0)
                         v = d * (float)(int8_t)q[k];
                     else if (type == GGUF_Q4_1)
-                        v = d * (float)(k < 16 ? q[k] & 15 : q[k - 16] >> 4) + half_to_float(head[GROUP + b]);
+                        v = d * (float)(k < 16 ? q[k] & 15 : q[k - 16] >> 4) + fp16_to_float(head[GROUP + b]);
                     else
                         v = d * (float)((k < 16 ? q[k] & 15 : q[k - 16] >> 4) - 8);
                     const long i = r * K + (g * GROUP + b) * QBLOCK + k;

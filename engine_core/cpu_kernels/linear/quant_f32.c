@@ -39,23 +39,6 @@ enum { GGUF_Q4_0 = 2, GGUF_Q4_1 = 3, GGUF_Q8_0 = 8 };
 
 static long block_bytes(int q8) { return q8 ? Q8_BLOCK : Q4_BLOCK; }
 
-static float fp16_value(uint16_t h) { /* exact, any CPU */
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023;
-    uint32_t u;
-    float f;
-    if (exponent == 31) {
-        u = sign | 0x7f800000 | (mantissa << 13);
-    } else if (exponent) {
-        u = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    } else {
-        f = (float)mantissa * 5.9604644775390625e-8f; /* subnormal (or zero): m * 2^-24 */
-        memcpy(&u, &f, 4);
-        u |= sign;
-    }
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static uint16_t fp16_bits(float f) { /* for -8 d: exact whenever d is a normal fp16 well below the maximum */
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -95,7 +78,7 @@ int quant_f32_pack(const uint8_t *rows, long row_bytes, int type, long N, long K
             if (type == GGUF_Q4_1)
                 memcpy(&m, src + 2, 2);
             else
-                m = fp16_bits(-8.0f * fp16_value(d));
+                m = fp16_bits(-8.0f * fp16_to_float(d));
             memcpy(dst + 32 + 2 * c, &m, 2);
             const uint8_t *qs = src + (type == GGUF_Q4_1 ? 4 : 2);
             for (int k = 0; k < QBLOCK; k++) { /* GGUF: input k < 16 in qs[k]'s low nibble, k >= 16 in qs[k - 16]'s high */
@@ -139,7 +122,7 @@ static inline vec q8_weights(const uint8_t *p, vec d) {
 #else
 static inline vec vload_fp16(const uint16_t *p) {
     vec r;
-    for (int l = 0; l < LANES; l++) r.v[l] = fp16_value(p[l]);
+    for (int l = 0; l < LANES; l++) r.v[l] = fp16_to_float(p[l]);
     return r;
 }
 static inline vec q4_weights(const uint8_t *p, vec d, vec m) {
@@ -303,8 +286,8 @@ void quant_f32_rows(const uint8_t *packed, int type, long K, const int64_t *ids,
         const uint8_t *panel = packed + ids[r] / LANES * panel_bytes;
         for (long b = 0; b < blocks; b++) {
             const uint8_t *blk = panel + b * bb;
-            const float d = fp16_value(((const uint16_t *)blk)[c]);
-            const float m = q8 ? 0.0f : fp16_value(((const uint16_t *)(blk + 32))[c]);
+            const float d = fp16_to_float(((const uint16_t *)blk)[c]);
+            const float m = q8 ? 0.0f : fp16_to_float(((const uint16_t *)(blk + 32))[c]);
             for (int k = 0; k < QBLOCK; k++) {
                 float v;
                 if (q8)
