@@ -1,5 +1,5 @@
 """Tensor parallelism on CPU (gloo): TP=2 gives TP=1's greedy tokens, across two "nodes" on
-loopback too; a dying worker ends the engine with an error naming its rank; a missing rank is a
+loopback too; each rank keeps its shard of GGUF weights quantized; a dying worker ends the engine with an error naming its rank; a missing rank is a
 time-out error, not a hang; `nvllm serve -tp 2` serves HTTP."""
 
 import os
@@ -11,12 +11,17 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from common.config import EngineArgs
 from common.sampling_params import SamplingParams
 from conftest import build_tiny_model
+from cpu_tier_helpers import forced_tier, tier_params
 from engine_core.distributed import rendezvous as rdv
 from engine_core.distributed.parallel_state import HeadShard, partition_heads, split_evenly
+from engine_core.layers import cpu_packing, cpu_quant, cpu_quant_f32
+from engine_core.layers.linear import RowParallelLinear
+from engine_core.weights import quantized
 from http_helpers import NVLLM, ROOT, Proc, free_port, pid_alive, wait_healthy, wait_until
 
 pytestmark = pytest.mark.integration
@@ -54,6 +59,24 @@ def test_partition_heads():
         assert all(s.kv_start == (s.q_start * kv) // heads for s in shards)
     with pytest.raises(ValueError, match="at most 2 ranks"):
         partition_heads(2, 1, 0, 4)
+
+
+def test_a_row_parallel_shard_keeps_whole_blocks():
+    """A rank's input slice of a row-parallel GGUF weight: whole blocks of 32 are cut from the rows and
+    multiply as the same slice of the dequantized weight; a slice that would split a block is refused."""
+    torch.manual_seed(0)
+    weight = cpu_quant.quantize_int8(torch.randn(8, 128))
+    dequantized = (weight.rows.view(8, 4, 34)[:, :, 2:].contiguous().view(torch.int8).float()
+                   * weight.rows.view(8, 4, 34)[:, :, :2].contiguous().view(torch.float16).float()).view(8, 128)
+    raw = {"model.layers.0.mlp.down_proj.weight": (weight.rows, weight.qtype)}
+    pieces = [("model.layers.0.mlp.down_proj.weight", None)]
+    shard = quantized._joined(RowParallelLinear(128, 8, input_start=32, input_size=64), raw, pieces)
+    assert shard is not None and shard.shape == (8, 64)
+    if cpu_quant_f32.load() is not None:
+        x = torch.randn(3, 64)
+        packed = cpu_packing.pack_quantized(shard, torch.float32)
+        torch.testing.assert_close(packed.matmul(x), x @ dequantized[:, 32:96].T, rtol=1e-5, atol=1e-5)
+    assert quantized._joined(RowParallelLinear(128, 8, input_start=16, input_size=64), raw, pieces) is None
 
 
 # ---- TP=2 equals TP=1 ---------------------------------------------------------------------------
@@ -121,6 +144,33 @@ def test_tp2_with_ngram_speculation_equals_tp1(models, tmp_path):
     finally:
         llm.shutdown()
     assert got == expected
+
+
+@pytest.mark.skipif(cpu_quant_f32.load() is None, reason="no C compiler: quant_f32.c is not built")
+@pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2"))
+def test_tp2_keeps_each_ranks_shard_quantized(models, cpu_tier):
+    """The default model's GGUF blocks sharded over two ranks (9 heads split 6/3, so rank 0's o_proj slice is
+    384 inputs): each rank packs its shard, rank 0 holds about half the TP=1 bytes, and the float32 answers
+    equal the dequantized TP=2 engine's to the bit."""
+    from engine_core.model_runner import weight_bytes
+    from frontend.llm import LLM
+
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    answers, sizes = {}, {}
+    with forced_tier(cpu_tier):
+        for tp, mode in ((2, "auto"), (2, "none"), (1, "auto")):
+            llm = LLM(models["default"], tensor_parallel_size=tp, quantization=mode, multiprocess=False, **ENGINE)
+            try:
+                runner = llm.client.core.executor.runner
+                assert runner.quantization == ("none" if mode == "none" else "120 layers q4_1, 1 layers q8_0")
+                sizes[tp, mode] = weight_bytes(runner.model)
+                answers[tp, mode] = [(o.outputs[0].token_ids, o.outputs[0].logprobs)
+                                     for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+            finally:
+                llm.shutdown()
+    assert answers[2, "auto"] == answers[2, "none"]
+    assert [ids for ids, _ in answers[2, "auto"]] == [ids for ids, _ in answers[1, "auto"]]
+    assert sizes[1, "auto"] * 0.45 < sizes[2, "auto"] < sizes[1, "auto"] * 0.7
 
 
 def test_two_nodes_on_loopback(models):

@@ -64,7 +64,7 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g.add_argument("--attention-backend", default=d.attention_backend, choices=ATTENTION_BACKENDS,
                    help="attention kernels; auto: flash_attn, else triton on CUDA; torch on CPU")
     g.add_argument("--quantization", "-q", default=d.quantization, choices=QUANTIZATIONS,
-                   help="weights kept quantized in memory (CPU, float32 or bf16, every tier, one rank): gguf keeps a GGUF's Q4_0/Q4_1/Q8_0 "
+                   help="weights kept quantized in memory (CPU, float32 or bf16, every tier, each rank its shard): gguf keeps a GGUF's Q4_0/Q4_1/Q8_0 "
                         "tensors, int8 quantizes the linear layers per channel, none dequantizes; auto: gguf where "
                         "the model has such tensors and the kernels run, else none")
     g.add_argument("--speculative-config", type=_speculative_config, default=None,

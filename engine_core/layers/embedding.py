@@ -25,14 +25,18 @@ class VocabParallelEmbedding(nn.Module):
         part = loaded[self.start:self.end]
         param.data[: part.shape[0]].copy_(part)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
         if self.quantized_rows is not None:
-            return self.quantized_rows.rows_of(input_ids, self.weight.dtype).view(*input_ids.shape, -1)
+            return self.quantized_rows.rows_of(ids, self.weight.dtype).view(*ids.shape, -1)
+        return F.embedding(ids, self.weight)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if tp_size() == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._rows(input_ids)
         mine = (input_ids >= self.start) & (input_ids < self.end)
         local = torch.where(mine, input_ids - self.start, 0)
-        y = F.embedding(local, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
+        y = self._rows(local)
+        y = y * mine.unsqueeze(-1).to(y.dtype)
         return all_reduce(y)
 
 

@@ -8,9 +8,13 @@
 - none: everything dequantized (the path compared with transformers).
 - auto: gguf where the model has such tensors and the kernels run, else none.
 
-The kernels run on one rank, on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized:
+The kernels run on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized:
 cpu_quant.c for bf16 on the avx512_bf16 and amx tiers, quant_dot.c elsewhere). Elsewhere auto means none,
 and an explicit gguf / int8 is an error that says why.
+
+With tensor parallelism each rank keeps its own shard quantized: the layer's weight loader picks the rows
+of column-parallel layers from the GGUF rows as it picks dense ones, and a row-parallel layer's input
+slice is cut at block boundaries (a layer whose slice would split a block of 32 is dequantized).
 """
 
 import logging
@@ -19,21 +23,17 @@ import os
 import torch
 from safetensors import safe_open
 
-from engine_core.distributed.parallel_state import tp_size
-from engine_core.layers import cpu_packing, cpu_quant
+from engine_core.layers import cpu_packing, cpu_quant, linear
 from engine_core.weights.gguf_import import QUANTIZED_FILE
 
 logger = logging.getLogger("nvllm")
 
-_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 _INT8_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def _why_not(device: torch.device, dtype: torch.dtype) -> str | None:
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return f"the quantized kernels run in float32 or bfloat16 on the CPU (this engine: {dtype} on {device.type})"
-    if tp_size() != 1:
-        return "the quantized kernels run on one rank (tensor_parallel_size 1)"
     if not cpu_packing.keeps_quantized(dtype):
         return "the quantized kernels could not be built (no C compiler? the log above says why)"
     return None
@@ -49,23 +49,50 @@ def _read(folder: str) -> dict[str, tuple[torch.Tensor, str]]:
         return {name: (f.get_tensor(name), types[name]) for name in f.keys() if name in types}
 
 
-def _checkpoint_names(model, module_name: str) -> list[str]:
-    """The checkpoint tensors a packable layer's weight is made of, in the order its rows hold them."""
+def _checkpoint_pieces(model, module_name: str) -> list[tuple[str, object]]:
+    """The checkpoint tensors a packable layer's weight is made of, with the shard id its loader takes."""
     if module_name == "lm_head":
-        return ["model.embed_tokens.weight" if getattr(model, "tie_word_embeddings", False) else "lm_head.weight"]
+        return [("model.embed_tokens.weight" if getattr(model, "tie_word_embeddings", False) else "lm_head.weight",
+                 None)]
     base, _, last = module_name.rpartition(".")
-    pieces = _FUSED.get(last, (last,))
-    return [f"model.{base}.{piece}.weight" for piece in pieces]
+    pieces = [(piece, shard) for piece, (fused, shard) in model.fused.items() if fused == last] or [(last, None)]
+    return [(f"model.{base}.{piece}.weight", shard) for piece, shard in pieces]
 
 
-def _joined(raw: dict, names: list[str], in_features: int) -> cpu_quant.QuantizedTensor | None:
-    """The pieces' rows stacked into one quantized weight; None where a piece is missing or they differ
-    in type (that layer is then dequantized)."""
+def _shard(module, rows: torch.Tensor, qtype: str, shard, out: torch.Tensor) -> bool:
+    """Copies this rank's part of one checkpoint piece's GGUF rows into `out` (the layer's rows, uint8),
+    as the layer's weight loader does for a dense tensor. False where a row-parallel slice splits a block."""
+    block_bytes = cpu_quant.GGUF_TYPES[qtype][1]
+    if isinstance(module, linear.RowParallelLinear):
+        start, size = module.in_start, module.in_per_rank
+        end_byte = (start + size) // cpu_quant.BLOCK * block_bytes
+        if start % cpu_quant.BLOCK or size % cpu_quant.BLOCK or rows.shape[1] < end_byte:
+            return False
+        out.copy_(rows.narrow(1, start // cpu_quant.BLOCK * block_bytes, size // cpu_quant.BLOCK * block_bytes))
+        return True
+    if rows.shape[1] != out.shape[1]:
+        return False
+    module.weight_loader(out, rows, shard)
+    return True
+
+
+def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.QuantizedTensor | None:
+    """This rank's rows of the pieces as one quantized weight of the layer's shape; None where a piece is
+    missing, the pieces differ in type or a shard would split a block (that layer is then dequantized)."""
+    names = [name for name, _ in pieces]
     if not all(name in raw for name in names) or len({raw[name][1] for name in names}) != 1:
         return None
-    rows = torch.cat([raw[name][0] for name in names]) if len(names) > 1 else raw[names[0]][0]
+    qtype = raw[names[0]][1]
+    out_features, in_features = module.weight.shape
+    if in_features % cpu_quant.BLOCK or qtype not in cpu_quant.GGUF_TYPES:
+        return None
+    rows = torch.zeros((out_features, in_features // cpu_quant.BLOCK * cpu_quant.GGUF_TYPES[qtype][1]),
+                       dtype=torch.uint8)
+    for name, shard in pieces:
+        if not _shard(module, raw[name][0], qtype, shard, rows):
+            return None
     try:
-        return cpu_quant.QuantizedTensor(rows, raw[names[0]][1], in_features)
+        return cpu_quant.QuantizedTensor(rows, qtype, in_features)
     except ValueError:
         return None
 
@@ -95,7 +122,7 @@ def apply(model, folder: str, mode: str, device: torch.device, dtype: torch.dtyp
             weight = (cpu_quant.quantize_int8(module.weight)
                       if name.rpartition(".")[2] in _INT8_LAYERS and in_features % cpu_quant.BLOCK == 0 else None)
         else:
-            weight = _joined(raw, _checkpoint_names(model, name), in_features)
+            weight = _joined(module, raw, _checkpoint_pieces(model, name))
         if weight is not None and weight.shape == tuple(module.weight.shape):
             module.quantized_weight = weight
             kept[weight.qtype] = kept.get(weight.qtype, 0) + 1
@@ -103,5 +130,5 @@ def apply(model, folder: str, mode: str, device: torch.device, dtype: torch.dtyp
     if mode != "int8" and embedding is not None and "model.embed_tokens.weight" in raw:
         lm_head = getattr(model, "lm_head", None)
         shared = getattr(model, "tie_word_embeddings", False) and getattr(lm_head, "quantized_weight", None)
-        embedding.quantized_weight = shared or _joined(raw, ["model.embed_tokens.weight"], embedding.weight.shape[1])
+        embedding.quantized_weight = shared or _joined(embedding, raw, [("model.embed_tokens.weight", None)])
     return ", ".join(f"{count} layers {qtype}" for qtype, count in sorted(kept.items())) or "none"
