@@ -42,8 +42,8 @@ DEFAULT_MODEL_KV = (30, 3, 64)  # the default model's layers, KV heads and head 
 
 
 def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int = 2, num_heads: int = 4,
-                     seed: int = 0, **overrides) -> str:
-    """A 2-layer random model of `arch` saved with save_pretrained, with the SmolLM2 tokenizer."""
+                     seed: int = 0, save_dtype: torch.dtype = torch.float32, **overrides) -> str:
+    """A 2-layer random model of `arch` saved with save_pretrained (in `save_dtype`), with the SmolLM2 tokenizer."""
     import transformers
 
     torch.manual_seed(seed)
@@ -67,7 +67,7 @@ def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int
         for name, p in model.named_parameters():
             if "norm" in name or "bias" in name:
                 p.add_(torch.randn_like(p) * 0.1)
-    model.to(torch.float32).save_pretrained(path, safe_serialization=True)
+    model.to(save_dtype).save_pretrained(path, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         src = os.path.join(tokenizer_dir, name)
         if os.path.exists(src):

@@ -52,9 +52,9 @@ def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny
                   arch in ("default", "qwen2-int8"), seed=1)
 
 
-def _check_c_loop(path, dtype, quantization, loop, kept_type, kept, seed):
+def _check_c_loop(path, dtype, quantization, loop, kept_type, kept, seed, storage=None):
     """The C loop `loop` runs the model (its first layer's weights kept quantized as `kept_type` exactly where
-    `kept`), and the modules give its tokens and logprobs to the bit."""
+    `kept`; their panels in `storage` where given), and the modules give its tokens and logprobs to the bit."""
     from frontend.llm import LLM
     # small steps: prompts are chunked, and chunks share steps with decodes
     llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="64MiB", max_model_len=512,
@@ -63,11 +63,14 @@ def _check_c_loop(path, dtype, quantization, loop, kept_type, kept, seed):
         model = _model(llm)
         assert isinstance(model.cpu_decoder, loop)
         assert isinstance(model.layers[0].self_attn.qkv_proj.packed_weight, kept_type) == kept
+        assert storage is None or {m.packed_weight.storage for m in model.modules()
+                                   if getattr(m, "packed_weight", None) is not None} == {storage}
         prompts = _prompts(6, seed=seed)
         with_c = _run(llm, prompts)
         llm.reset_prefix_cache()
         model.cpu_decoder = None
         assert _run(llm, prompts) == with_c
+        return with_c
     finally:
         llm.shutdown()
 
@@ -87,6 +90,27 @@ def test_the_float32_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_m
     with forced_tier(tier):
         _check_c_loop(path, "float32", quantization, cpu_decoder_f32.CpuDecoderF32, cpu_quant_f32.QuantF32Weight,
                       arch in ("default", "qwen2-int8"), seed=2)
+
+
+@pytest.fixture(scope="module")
+def qwen3_bf16_checkpoint(tmp_path_factory, default_model_dir):
+    return build_tiny_model(str(tmp_path_factory.mktemp("qwen3bf16")), "qwen3", default_model_dir,
+                            save_dtype=torch.bfloat16)
+
+
+@pytest.mark.skipif(cpu_decoder_f32.load() is None, reason="no C compiler: the float32 C loop is not built")
+@pytest.mark.parametrize("tier", tier_params("own", "avx2", "portable"))
+def test_a_bf16_checkpoint_in_a_float32_engine_reads_bf16_panels_and_answers_as_float32_ones(
+        tier, qwen3_bf16_checkpoint, monkeypatch):
+    """Weights that are bf16 values are stored in bf16 panels (half the bytes) and widened as read: the C loop
+    and the modules agree, and both give the float32 panels' tokens and logprobs to the bit."""
+    from engine_core.layers import cpu_gemm_f32
+    loop, panels = cpu_decoder_f32.CpuDecoderF32, cpu_gemm_f32.GenericPanelWeight
+    with forced_tier(tier):
+        half = _check_c_loop(qwen3_bf16_checkpoint, "float32", "none", loop, panels, True, 3, torch.bfloat16)
+        monkeypatch.setenv(cpu_gemm_f32.BF16_STORAGE_ENV, "0")
+        full = _check_c_loop(qwen3_bf16_checkpoint, "float32", "none", loop, panels, True, 3, torch.float32)
+    assert half == full
 
 
 def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cpu_tier_helpers import forced_tier, tier_params
 from engine_core.layers import cpu_gemm_f32
 
 pytestmark = [pytest.mark.unit,
@@ -63,3 +64,21 @@ def test_inputs_with_a_row_stride_and_leading_dims():
     assert packed.matmul(x.reshape(2, 3, 40)).shape == (2, 3, 48)
     with pytest.raises(TypeError):
         packed.matmul(x.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2", "portable"))
+def test_a_float32_weight_of_bf16_values_is_stored_in_bf16_with_the_same_results(cpu_tier, monkeypatch):
+    """bf16 storage is lossless or not used: half the panel bytes, float32 inputs and outputs, the float32
+    panels' bits at every row count; a weight bf16 cannot hold keeps float32 panels."""
+    w = _random(100, 576, seed=11, dtype=torch.bfloat16).float()
+    bias, x = _random(100, seed=12), _random(300, 576, seed=13)
+    with forced_tier(cpu_tier):
+        half = cpu_gemm_f32.GenericPanelWeight(w)
+        monkeypatch.setenv(cpu_gemm_f32.BF16_STORAGE_ENV, "0")
+        full = cpu_gemm_f32.GenericPanelWeight(w)
+        assert (half.storage, full.storage) == (torch.bfloat16, torch.float32) and 2 * half.nbytes == full.nbytes
+        for m in (1, 2, 5, 6, 7, 64, 300):
+            got = half.matmul(x[:m], bias)
+            assert got.dtype is torch.float32 and torch.equal(got, full.matmul(x[:m], bias)), m
+        monkeypatch.delenv(cpu_gemm_f32.BF16_STORAGE_ENV)
+        assert cpu_gemm_f32.GenericPanelWeight(w + 2**-20).storage is torch.float32

@@ -23,7 +23,8 @@ logger = logging.getLogger("nvllm")
 
 
 class _Model(ctypes.Structure):
-    _fields_ = ([(name, _ptr) for name in ("dense", "quant", "norm", "rotary", "silu", "attention", "cos", "sin")]
+    _fields_ = ([(name, _ptr) for name in ("dense", "dense_bf16w", "quant", "norm", "rotary", "silu", "attention",
+                                           "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
                                               "head_dim", "intermediate", "block_size")]
                 + [(name, _float) for name in ("eps", "qk_eps", "scale")]
@@ -54,8 +55,10 @@ def why_not(model) -> str | None:
 
 
 def _type(packed) -> int:
-    """-1 for cpu_gemm_f32's panels, else the GGUF type quant_f32.c reads."""
-    return packed.type_id if isinstance(packed, cpu_quant_f32.QuantF32Weight) else -1
+    """-1 for cpu_gemm_f32's fp32 panels, -2 for its bf16-stored ones, else the GGUF type quant_f32.c reads."""
+    if isinstance(packed, cpu_quant_f32.QuantF32Weight):
+        return packed.type_id
+    return -2 if packed.storage is torch.bfloat16 else -1
 
 
 class CpuDecoderF32(CpuDecoder):
@@ -95,7 +98,8 @@ class CpuDecoderF32(CpuDecoder):
         first = self.model.layers[0]
         ops, rotary = cpu_ops.load_f32(), first.self_attn.rotary
         return _Model(
-            dense=address(cpu_gemm_f32.load(), "linear_f32"), quant=address(cpu_quant_f32.load(), "quant_f32_linear"),
+            dense=address(cpu_gemm_f32.load(), "linear_f32"),
+            dense_bf16w=address(cpu_gemm_f32.load(), "linear_f32_bf16w"), quant=address(cpu_quant_f32.load(), "quant_f32_linear"),
             norm=address(ops, "rms_norm_f32"), rotary=address(ops, "rotary_f32"), silu=address(ops, "silu_and_mul_f32"),
             attention=address(cpu_generic_attention.load(), "generic_paged_attention"),
             cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(), max_position=rotary.cos.shape[0],

@@ -4,7 +4,7 @@
  * spends ~0.25 ms of host work per layer on module calls, views and ctypes calls, more than a decode
  * step's matmuls of a small quantized model. This file runs the same kernels in the same order on the
  * same values, so the results are the module path's bit for bit (tested); it holds no arithmetic of its
- * own. The kernels come in as pointers: linear layers from cpu_gemm_f32.c (dense panels) or quant_f32.c
+ * own. The kernels come in as pointers: linear layers from cpu_gemm_f32.c (dense panels, fp32 or bf16) or quant_f32.c
  * (GGUF blocks), norm / rotary / SiLU-and-mul from cpu_ops_f32.c, attention from cpu_generic_attention.c
  * (one call for decodes and chunks alike: the batch-invariant path, the only one this loop serves).
  *
@@ -34,11 +34,11 @@ typedef struct {
     const void *qkv, *o, *gate_up, *down;                   /* packed weights */
     const float *qkv_bias, *gate_up_bias;                  /* fp32, or NULL */
     float *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
-    long qkv_type, o_type, gate_up_type, down_type;        /* -1: cpu_gemm_f32's panels; else a GGUF type */
+    long qkv_type, o_type, gate_up_type, down_type; /* -1, -2: cpu_gemm_f32's fp32, bf16 panels; else a GGUF type */
 } Layer;
 
 typedef struct {
-    DenseFn dense;
+    DenseFn dense, dense_bf16w; /* linear_f32, linear_f32_bf16w */
     QuantFn quant;
     NormFn norm;
     RotaryFn rotary;
@@ -75,7 +75,7 @@ static void write_cache(const Layer *l, const Step *s, const float *k, long k_ro
 static int linear(const Model *m, const Step *s, const float *x, long M, long K, long x_stride, const void *w,
                   long type, long N, const float *bias, float *out, long out_stride) {
     if (type < 0) {
-        m->dense(x, M, K, x_stride, w, N, bias, out, out_stride, s->threads);
+        (type == -1 ? m->dense : m->dense_bf16w)(x, M, K, x_stride, w, N, bias, out, out_stride, s->threads);
         return 0;
     }
     return m->quant(x, M, K, x_stride, w, (int)type, N, bias, out, out_stride, s->threads);

@@ -1,8 +1,9 @@
 /* Fixed-order linear layers for any x86-64 CPU: out[M, N] = x[M, K] @ W[N, K]^T (+ bias), fp32 sums.
  *
- * Two element types, one scheme: float32 (weights, inputs and outputs in fp32) and bfloat16 (weights
+ * Three element-type sets, one scheme: float32 (weights, inputs and outputs in fp32); bfloat16 (weights
  * and inputs widened exactly to fp32, fp32 sums, the output rounded once to bf16: for CPUs where the
- * AVX512-BF16 kernel cpu_gemm.c cannot run).
+ * AVX512-BF16 kernel cpu_gemm.c cannot run); and float32 with bf16-stored weights (a bf16 checkpoint in
+ * a float32 engine: the same sums as float32, half the weight bytes).
  *
  * The weight is packed once into panels of 16 output columns: [K][16], the 16 columns' weights of
  * input feature k side by side. Each step of k broadcasts x[m][k] and adds x[m][k] * W[n][k] into
@@ -129,17 +130,21 @@ static inline __attribute__((always_inline)) void store_tile(vec acc[MR][NR], co
     }
 }
 
-/* bf16 != 0 selects the element type of x, the panels and out (a constant where the tile is inlined) */
+/* the element types (a constant where the tile is inlined): F32 all float32; BF16 x, panels and out in
+ * bfloat16; F32_BF16W float32 x and out with bfloat16 panels (weights that are bf16 values, half the bytes) */
+enum { F32 = 0, BF16 = 1, F32_BF16W = 2 };
+
 static inline __attribute__((always_inline)) void tile(const void *x, long x_stride, const void *panels, long K,
                                                        const float *bias, void *out, long out_stride, long n0, long N,
-                                                       const int mr, const int nr, const int bf16_io) {
+                                                       const int mr, const int nr, const int types) {
+    const int bf16_io = types == BF16, bf16_w = types != F32;
     vec acc[MR][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc[i][j] = vzero();
     for (long k = 0; k < K; k++) {
         vec w[NR];
         for (int j = 0; j < nr; j++)
-            w[j] = bf16_io ? vload_bf16((const bf16 *)panels + (j * K + k) * LANES)
+            w[j] = bf16_w ? vload_bf16((const bf16 *)panels + (j * K + k) * LANES)
                            : vload((const float *)panels + (j * K + k) * LANES);
         for (int i = 0; i < mr; i++) {
             float a = bf16_io ? bf16_to_float(((const bf16 *)x)[i * x_stride + k]) : ((const float *)x)[i * x_stride + k];
@@ -149,7 +154,7 @@ static inline __attribute__((always_inline)) void tile(const void *x, long x_str
     store_tile(acc, bias, out, out_stride, n0, N, mr, nr, bf16_io);
 }
 
-#define TILE(MRV, NRV) tile(x, x_stride, panels, K, bias, out, out_stride, n0, N, MRV, NRV, bf16_io)
+#define TILE(MRV, NRV) tile(x, x_stride, panels, K, bias, out, out_stride, n0, N, MRV, NRV, types)
 #if NR == 1
 #define TILE_NR(MRV) TILE(MRV, 1)
 #else
@@ -163,10 +168,10 @@ static inline __attribute__((always_inline)) void tile(const void *x, long x_str
 #endif
 
 /* every (mr, nr) pair gets its own inlined copy, so the accumulators stay in registers */
-#define DEFINE_TILE_ANY(NAME, BF16_IO)                                                                      \
+#define DEFINE_TILE_ANY(NAME, TYPES)                                                                      \
     static void NAME(const void *x, long x_stride, const void *panels, long K, const float *bias, void *out, \
                      long out_stride, long n0, long N, int mr, int nr) {                                    \
-        const int bf16_io = BF16_IO;                                                                        \
+        const int types = TYPES;                                                                            \
         (void)nr; /* unused where NR == 1 */                                                                \
         switch (mr) {                                                                                       \
         case 1: TILE_NR(1); break;                                                                          \
@@ -177,25 +182,28 @@ static inline __attribute__((always_inline)) void tile(const void *x, long x_str
         default: TILE_NR(6); break;                                                                         \
         }                                                                                                   \
     }
-DEFINE_TILE_ANY(tile_f32, 0)
-DEFINE_TILE_ANY(tile_bf16, 1)
+DEFINE_TILE_ANY(tile_f32, F32)
+DEFINE_TILE_ANY(tile_bf16, BF16)
+DEFINE_TILE_ANY(tile_f32_bf16w, F32_BF16W)
 
 /* the panels [p_begin, p_end) for every row, rows in chunks whose inputs stay in L2 */
 static void columns(const void *x, long M, long K, long x_stride, const void *packed, long N, const float *bias,
-                    void *out, long out_stride, long p_begin, long p_end, int bf16_io) {
-    const long elem = bf16_io ? 2 : 4;
+                    void *out, long out_stride, long p_begin, long p_end, int types) {
+    const long elem = types == BF16 ? 2 : 4, w_elem = types == F32 ? 4 : 2;
     long chunk = ROW_CHUNK_BYTES / (K * elem) / MR * MR;
     if (chunk < MR) chunk = MR;
     for (long m0 = 0; m0 < M; m0 += chunk) {
         const long m_end = M - m0 < chunk ? M : m0 + chunk;
         for (long p = p_begin; p < p_end; p += NR) {
             int nr = p_end - p < NR ? (int)(p_end - p) : NR;
-            const char *panels = (const char *)packed + p * K * LANES * elem;
+            const char *panels = (const char *)packed + p * K * LANES * w_elem;
             for (long m = m0; m < m_end; m += MR) {
                 int mr = m_end - m < MR ? (int)(m_end - m) : MR;
                 const char *xm = (const char *)x + m * x_stride * elem;
                 char *om = (char *)out + m * out_stride * elem;
-                if (bf16_io) tile_bf16(xm, x_stride, panels, K, bias, om, out_stride, p * LANES, N, mr, nr);
+                if (types == BF16) tile_bf16(xm, x_stride, panels, K, bias, om, out_stride, p * LANES, N, mr, nr);
+                else if (types == F32_BF16W)
+                    tile_f32_bf16w(xm, x_stride, panels, K, bias, om, out_stride, p * LANES, N, mr, nr);
                 else tile_f32(xm, x_stride, panels, K, bias, om, out_stride, p * LANES, N, mr, nr);
             }
         }
@@ -203,10 +211,10 @@ static void columns(const void *x, long M, long K, long x_stride, const void *pa
 }
 
 static void run(const void *x, long M, long K, long x_stride, const void *packed, long N, const float *bias,
-                void *out, long out_stride, int num_threads, int bf16_io) {
+                void *out, long out_stride, int num_threads, int types) {
     long panels = (N + LANES - 1) / LANES;
     if (num_threads < 2 || M * N * K < PARALLEL_MIN_WORK || panels < 2) {
-        columns(x, M, K, x_stride, packed, N, bias, out, out_stride, 0, panels, bf16_io);
+        columns(x, M, K, x_stride, packed, N, bias, out, out_stride, 0, panels, types);
         return;
     }
     /* the split changes which thread computes a column, never how: results do not depend on it */
@@ -214,18 +222,25 @@ static void run(const void *x, long M, long K, long x_stride, const void *packed
     {
         extern int omp_get_thread_num(void), omp_get_num_threads(void);
         long t = omp_get_thread_num(), n = omp_get_num_threads();
-        columns(x, M, K, x_stride, packed, N, bias, out, out_stride, panels * t / n, panels * (t + 1) / n, bf16_io);
+        columns(x, M, K, x_stride, packed, N, bias, out, out_stride, panels * t / n, panels * (t + 1) / n, types);
     }
 }
 
 /* out [M, N] (row stride out_stride) = x [M, K] (row stride x_stride) @ W^T + bias (fp32, or NULL) */
 void linear_f32(const float *x, long M, long K, long x_stride, const float *packed, long N, const float *bias,
                 float *out, long out_stride, int num_threads) {
-    run(x, M, K, x_stride, packed, N, bias, out, out_stride, num_threads, 0);
+    run(x, M, K, x_stride, packed, N, bias, out, out_stride, num_threads, F32);
+}
+
+/* the same with the panels in bfloat16 (weights whose values are bf16: a bf16 checkpoint in a float32
+ * engine): each weight widened exactly, so the results are linear_f32's to the bit at half the bytes read */
+void linear_f32_bf16w(const float *x, long M, long K, long x_stride, const bf16 *packed, long N, const float *bias,
+                      float *out, long out_stride, int num_threads) {
+    run(x, M, K, x_stride, packed, N, bias, out, out_stride, num_threads, F32_BF16W);
 }
 
 /* the same in bfloat16: inputs and weights widened to fp32, fp32 sums + bias, the output rounded once */
 void linear_bf16_generic(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N, const float *bias,
                          bf16 *out, long out_stride, int num_threads) {
-    run(x, M, K, x_stride, packed, N, bias, out, out_stride, num_threads, 1);
+    run(x, M, K, x_stride, packed, N, bias, out, out_stride, num_threads, BF16);
 }
