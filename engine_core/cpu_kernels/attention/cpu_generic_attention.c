@@ -82,6 +82,42 @@ static inline float dot(const float *a, const float *b, int n) {
     return part[0];
 }
 
+/* scores[j] = dot(a, rows[j], n) * scale for j < m: where dot() vectorizes, four keys at a time, each with
+ * dot()'s own sums and tree (the four trees' adds done side by side in shuffled lanes: the same pairs) */
+static inline void scaled_dots(const float *a, const float *const *rows, int m, int n, float scale, float *scores) {
+    int j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (n % PART == 0)
+        for (; j + 4 <= m; j += 4) {
+            __m256 lo[4], hi[4];
+            for (int k = 0; k < 4; k++) lo[k] = hi[k] = _mm256_setzero_ps();
+            for (int d = 0; d < n; d += PART) {
+                const __m256 a_lo = _mm256_loadu_ps(a + d), a_hi = _mm256_loadu_ps(a + d + 8);
+                for (int k = 0; k < 4; k++) {
+                    lo[k] = _mm256_fmadd_ps(a_lo, _mm256_loadu_ps(rows[j + k] + d), lo[k]);
+                    hi[k] = _mm256_fmadd_ps(a_hi, _mm256_loadu_ps(rows[j + k] + d + 8), hi[k]);
+                }
+            }
+            __m256 e[4];
+            for (int k = 0; k < 4; k++) e[k] = _mm256_add_ps(lo[k], hi[k]); /* l + (l + 8) */
+            /* [f0 | f1], [f2 | f3]: f[l] = e[l] + e[l + 4] */
+            const __m256 f01 = _mm256_add_ps(_mm256_permute2f128_ps(e[0], e[1], 0x20), _mm256_permute2f128_ps(e[0], e[1], 0x31));
+            const __m256 f23 = _mm256_add_ps(_mm256_permute2f128_ps(e[2], e[3], 0x20), _mm256_permute2f128_ps(e[2], e[3], 0x31));
+            /* [t0[0], t0[1], t2[0], t2[1] | t1[0], t1[1], t3[0], t3[1]]: t[l] = f[l] + f[l + 2] */
+            const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(f01, f23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                           _mm256_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 2, 3, 2)));
+            /* [r0, r2, r0, r2 | r1, r3, r1, r3]: r = t[0] + t[1] */
+            const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(t, t, _MM_SHUFFLE(2, 0, 2, 0)),
+                                           _mm256_shuffle_ps(t, t, _MM_SHUFFLE(3, 1, 3, 1)));
+            float lanes[8];
+            _mm256_storeu_ps(lanes, r);
+            scores[j] = lanes[0] * scale, scores[j + 1] = lanes[4] * scale;
+            scores[j + 2] = lanes[1] * scale, scores[j + 3] = lanes[5] * scale;
+        }
+#endif
+    for (; j < m; j++) scores[j] = dot(a, rows[j], n) * scale;
+}
+
 /* o[d] = fmaf(probs[j], v_j[d], o[d]) for keys j in order: each output element's chain of fused multiply-adds */
 static inline void add_values(float *o, const float *probs, const float *const *value_rows, int m, int D) {
     int d0 = 0;
@@ -143,10 +179,8 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
                 const int lane = r * group + g;
                 const float *query = queries + (long)lane * D;
                 float tile_max = -INFINITY;
-                for (int j = 0; j < m; j++) {
-                    scores[j] = dot(query, key_rows[j], D) * job->scale;
-                    tile_max = scores[j] > tile_max ? scores[j] : tile_max;
-                }
+                scaled_dots(query, key_rows, m, D, job->scale, scores);
+                for (int j = 0; j < m; j++) tile_max = scores[j] > tile_max ? scores[j] : tile_max;
                 const float new_max = tile_max > run_max[lane] ? tile_max : run_max[lane];
                 const float correction = expf(run_max[lane] - new_max); /* 0 on the first tile */
                 float sum = run_sum[lane] * correction;
