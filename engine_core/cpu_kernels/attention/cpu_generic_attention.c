@@ -18,8 +18,9 @@
  * which other rows share a tile change nothing in any row's arithmetic.
  *
  * Plain C: fmaf and ordinary adds round the same whether gcc vectorizes a loop or not; built with
- * -ffp-contract=off so no a * b + c is fused in one inlined copy and not in another. expf is never
- * vectorized (math-errno stays on), so every score goes through the same libm expf.
+ * -ffp-contract=off so no a * b + c is fused in one inlined copy and not in another. The softmax's
+ * exponentials are this file's own (exp_nonpositive, below): eight at a time where AVX2 runs, one at a time
+ * in the same operations elsewhere, so a score's probability does not depend on the lane it fell in.
  */
 #include <math.h>
 #include <stdint.h>
@@ -55,6 +56,56 @@ static inline void load_row(const void *src, long at, int is_bf16, int n, float 
     } else {
         memcpy(dst, (const float *)src + at, sizeof(float) * n);
     }
+}
+
+/* e^x for x <= 0 (a softmax's arguments; -inf gives 0): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
+ * parts, so r is exact), e^r by Cephes' degree-6 polynomial (within ~1 ulp of expf), times 2^n; below
+ * EXP_MIN, where e^x is no longer a normal float, 0. The scalar and vector forms run the same IEEE
+ * operations in the same order: every lane and every tail element gets the same bits. */
+#define EXP_MIN -87.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO -2.12194440e-4f
+static const float exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float exp_nonpositive(float x) {
+    if (!(x >= EXP_MIN)) return 0.0f; /* also -inf and NaN's comparisons */
+    const float n = nearbyintf(x * EXP_LOG2E);
+    const float r = fmaf(n, -EXP_LN2_LO, fmaf(n, -EXP_LN2_HI, x));
+    float p = exp_poly[0];
+    for (int i = 1; i < 6; i++) p = fmaf(p, r, exp_poly[i]);
+    const float y = fmaf(p, r * r, r) + 1.0f;
+    union { uint32_t u; float f; } scale = {(uint32_t)((int32_t)n + 127) << 23};
+    return y * scale.f;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 exp_nonpositive8(__m256 x) {
+    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MIN), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN)); /* lanes below are zeroed at the end */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_LO),
+                                     _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_HI), x));
+    __m256 p = _mm256_set1_ps(exp_poly[0]);
+    for (int i = 1; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_poly[i]));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), keep);
+}
+#endif
+
+/* probs[j] = e^(scores[j] - max) for j < m; returns sum + their sum, added in order j = 0, 1, ... */
+static inline float exp_shifted(const float *scores, int m, float max, float *probs, float sum) {
+    int j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; j + 8 <= m; j += 8)
+        _mm256_storeu_ps(probs + j, exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), _mm256_set1_ps(max))));
+#endif
+    for (; j < m; j++) probs[j] = exp_nonpositive(scores[j] - max);
+    for (j = 0; j < m; j++) sum += probs[j];
+    return sum;
 }
 
 /* sum of a[d] * b[d]: PART running sums (lane d % PART), then a fixed pairwise tree */
@@ -182,15 +233,11 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
                 scaled_dots(query, key_rows, m, D, job->scale, scores);
                 for (int j = 0; j < m; j++) tile_max = scores[j] > tile_max ? scores[j] : tile_max;
                 const float new_max = tile_max > run_max[lane] ? tile_max : run_max[lane];
-                const float correction = expf(run_max[lane] - new_max); /* 0 on the first tile */
-                float sum = run_sum[lane] * correction;
+                const float correction = exp_nonpositive(run_max[lane] - new_max); /* 0 on the first tile */
                 float *o = acc + (long)lane * D;
                 for (int d = 0; d < D; d++) o[d] *= correction;
                 float probs[TILE];
-                for (int j = 0; j < m; j++) {
-                    probs[j] = expf(scores[j] - new_max);
-                    sum += probs[j];
-                }
+                const float sum = exp_shifted(scores, m, new_max, probs, run_sum[lane] * correction);
                 add_values(o, probs, value_rows, m, D);
                 run_max[lane] = new_max;
                 run_sum[lane] = sum;
