@@ -221,6 +221,7 @@ def test_bench_cpu_runs_the_workloads_alone_and_busy(tiny_models, tmp_path):
     assert written["command"].startswith("nvllm bench cpu ")
     result = written["results"]
     assert result["gemm_peak"]["peak_gflops"] > 0
+    assert all(rate > 0 for rate in result["quantized_kernels"]["gflops_by_kernel"]["nvllm"].values())
     rows = {(r["workload"], r["condition"]): r for r in result["summary"]}
     assert set(rows) == {(w, c) for w in ("prefill", "decode") for c in ("alone", "busy")}
     assert all(r["nvllm"] > 0 for r in rows.values())

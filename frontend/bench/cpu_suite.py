@@ -7,7 +7,8 @@ state, started once the host is quiet again (the last engine's children may outl
 figure of an engine is the median of its runs. Before the runs it names the CPU tier the kernels run
 (NVLLM_CPU_ISA forces a lower one) and measures that tier's GEMM peak on the model's own layer shapes, in
 the dtype the tier runs (engine_core/gemm_peak.py, in a child: the frontend does not import torch), and
-prints the prefill rate as a fraction of it.
+prints the prefill rate as a fraction of it; and it measures the tier's kept-quantized kernel against torch's
+weight-only quantized matmuls on the same shapes (engine_core/bench/quantized_kernels.py).
 """
 
 import contextlib
@@ -109,6 +110,9 @@ def run_suite(args) -> int:
     print(f"CPU tier {peak['tier']}: {peak['dtype']} GEMM peak on {os.path.basename(folder)}'s layer shapes: "
           f"{peak['peak_gflops']:.0f} GFLOP/s ({peak['threads']} threads; by kernel and tokens per matmul: "
           f"{peak['gflops_by_kernel']})", flush=True)
+    quantized = _run_child([sys.executable, "-m", "engine_core.bench.quantized_kernels", folder], env)
+    print(f"kept-quantized Q4_1 linears, {quantized['dtype']}, GFLOP/s by kernel and tokens per matmul (nvllm's "
+          f"against torch's weight-only int4 / int8 matmuls): {quantized['gflops_by_kernel']}", flush=True)
     engines = ["nvllm"] + (["vllm"] if args.vllm_venv else [])
     commands = {"nvllm": ([sys.executable, "-m", "frontend.bench.cpu_workloads", "nvllm"], env)}
     if args.vllm_venv:
@@ -132,7 +136,7 @@ def run_suite(args) -> int:
                         runs.setdefault((name + "-ttft", condition, engine), []).append(result["mean_ttft_ms"])
     summary = _summarize(args.workloads, conditions, engines, runs, peak, prefill_flops_per_token(folder))
     if args.output_json:
-        write_result(args, {"gemm_peak": peak, "runs": {"/".join(k): v for k, v in runs.items()}, "summary": summary})
+        write_result(args, {"gemm_peak": peak, "quantized_kernels": quantized, "runs": {"/".join(k): v for k, v in runs.items()}, "summary": summary})
     return 0
 
 
