@@ -38,27 +38,16 @@ class QuantDotWeight(GgufPackedWeight):
 
     prefix = "quant_dot"
     kernel = "linear/quant_dot.c"
-
-    def __init__(self, weight: QuantizedTensor):
-        library = load()
-        assert library is not None
-        super().__init__(weight, library)
+    load = staticmethod(load)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] (float32 or bfloat16) @ W^T (+ bias, added in float32) -> [..., N] in x's dtype."""
         if x.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"a quantized linear takes float32 or bfloat16 inputs, not {x.dtype}")
-        x2 = self._rows(x)
-        rows = x2.shape[0]
-        out = torch.empty((rows, self.out_features), dtype=x.dtype, device="cpu")
-        if rows:
-            half = int(x.dtype is torch.bfloat16)
-            bias32 = None if bias is None else self.float_bias(bias).data_ptr()
-            if self._library.quant_dot_linear(x2.data_ptr(), half, rows, self.in_features, x2.stride(0),
-                                              self.panels.data_ptr(), self.type_id, self.out_features, bias32,
-                                              out.data_ptr(), half, self.out_features, torch.get_num_threads()):
-                raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
-        return out.view(*x.shape[:-1], self.out_features)
+        half = int(x.dtype is torch.bfloat16)
+        return self._run(x, bias, x.dtype, lambda x2, rows, bias32, out: self._library.quant_dot_linear(
+            x2.data_ptr(), half, rows, self.in_features, x2.stride(0), self.panels.data_ptr(), self.type_id,
+            self.out_features, bias32, out.data_ptr(), half, self.out_features, torch.get_num_threads()))
 
     def rows_of(self, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Columns `ids` of W dequantized [len(ids), K] (an embedding's rows): d q + m, gguf-py's values."""

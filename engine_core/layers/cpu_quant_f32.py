@@ -36,26 +36,15 @@ class QuantF32Weight(GgufPackedWeight):
 
     prefix = "quant_f32"
     kernel = "linear/quant_f32.c"
-
-    def __init__(self, weight: QuantizedTensor):
-        library = load()
-        assert library is not None
-        super().__init__(weight, library)
+    load = staticmethod(load)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] float32 @ W^T (+ bias, added once after the sum) -> [..., N] float32."""
         if x.dtype is not torch.float32:
             raise TypeError(f"a float32 quantized linear got a {x.dtype} input")
-        x2 = self._rows(x)
-        rows = x2.shape[0]
-        out = torch.empty((rows, self.out_features), dtype=torch.float32, device="cpu")
-        if rows:
-            bias32 = None if bias is None else self.float_bias(bias).data_ptr()
-            if self._library.quant_f32_linear(x2.data_ptr(), rows, self.in_features, x2.stride(0),
-                                              self.panels.data_ptr(), self.type_id, self.out_features, bias32,
-                                              out.data_ptr(), self.out_features, torch.get_num_threads()):
-                raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
-        return out.view(*x.shape[:-1], self.out_features)
+        return self._run(x, bias, torch.float32, lambda x2, rows, bias32, out: self._library.quant_f32_linear(
+            x2.data_ptr(), rows, self.in_features, x2.stride(0), self.panels.data_ptr(), self.type_id,
+            self.out_features, bias32, out.data_ptr(), self.out_features, torch.get_num_threads()))
 
     def rows_of(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Columns `ids` of W [len(ids), K] in float32 (an embedding's rows): d q + m, gguf-py's values."""

@@ -26,8 +26,11 @@ class GgufPackedWeight:
 
     prefix = ""  # the C functions' prefix
     kernel = ""  # the source it runs (cpu_kernels/), for the load log
+    load = None  # the kernel library's loader (a table.loader function)
 
-    def __init__(self, weight: QuantizedTensor, library):
+    def __init__(self, weight: QuantizedTensor):
+        library = type(self).load()
+        assert library is not None
         self._library = library
         self.type_id = GGUF_TYPES[weight.qtype][0]
         self.qtype = weight.qtype
@@ -56,6 +59,18 @@ class GgufPackedWeight:
         if x2.stride(-1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < self.in_features):
             x2 = x2.contiguous()
         return x2
+
+    def _run(self, x: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, kernel) -> torch.Tensor:
+        """x [..., K] -> [..., N] in out_dtype through kernel(x rows, their count, float32 bias pointer or
+        None, out), which returns nonzero when it could not get its scratch memory."""
+        x2 = self._rows(x)
+        rows = x2.shape[0]
+        out = torch.empty((rows, self.out_features), dtype=out_dtype, device="cpu")
+        if rows:
+            bias32 = None if bias is None else self.float_bias(bias).data_ptr()
+            if kernel(x2, rows, bias32, out):
+                raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
+        return out.view(*x.shape[:-1], self.out_features)
 
     def _ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids.reshape(-1).to(torch.int64).contiguous()

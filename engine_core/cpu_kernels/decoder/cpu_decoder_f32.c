@@ -50,27 +50,8 @@ typedef struct {
     const Layer *layers;
 } Model;
 
-typedef struct {
-    long tokens;
-    const int64_t *positions, *slot_mapping;
-    long num_seqs, num_decodes, table_row;
-    const int32_t *block_tables, *seq_lens, *query_start_loc;
-    /* buffers, rows contiguous: residual [T, hidden] holds the embeddings on entry and the residual stream on
-     * return; x [T, hidden] the last layer's output on return; act is [T, 2 * intermediate]; the rest scratch */
-    float *residual, *x, *normed, *qkv, *attn, *act, *q_normed, *k_normed; /* q/k_normed: with q_norm only */
-    int threads;
-    int every_row_alike; /* unused: every kernel here has one arithmetic at every M */
-} Step;
-
-/* the new tokens' keys and values into their cache slots; a slot < 0 (a padding row) stores nothing */
-static void write_cache(const Layer *l, const Step *s, const float *k, long k_row, const float *v, long v_row,
-                        long kv_size) {
-    for (long t = 0; t < s->tokens; t++) {
-        if (s->slot_mapping[t] < 0) continue;
-        memcpy(l->k_cache + s->slot_mapping[t] * kv_size, k + t * k_row, kv_size * sizeof(float));
-        memcpy(l->v_cache + s->slot_mapping[t] * kv_size, v + t * v_row, kv_size * sizeof(float));
-    }
-}
+#define DECODER_ELEM float
+#include "decoder_step.h"
 
 static int linear(const Model *m, const Step *s, const float *x, long M, long K, long x_stride, const void *w,
                   long type, long N, const float *bias, float *out, long out_stride) {
@@ -97,23 +78,7 @@ int decoder_layers_f32(const Model *m, const Step *s) {
             return failed;
         const float *q, *k, *v = s->qkv + q_size + kv_size;
         long q_row, k_row;
-        if (l->q_norm) {
-            if (m->norm(s->qkv, qkv_width, D, NULL, 0, 0, s->q_normed, q_size, D, l->q_norm, T, m->num_heads, D,
-                        m->qk_eps, th) ||
-                m->norm(s->qkv + q_size, qkv_width, D, NULL, 0, 0, s->k_normed, kv_size, D, l->k_norm, T,
-                        m->num_kv_heads, D, m->qk_eps, th) ||
-                m->rotary(s->q_normed, q_size, D, T, m->num_heads, D, s->positions, m->cos, m->sin, m->max_position,
-                          th) ||
-                m->rotary(s->k_normed, kv_size, D, T, m->num_kv_heads, D, s->positions, m->cos, m->sin,
-                          m->max_position, th))
-                return failed;
-            q = s->q_normed, q_row = q_size, k = s->k_normed, k_row = kv_size;
-        } else {
-            if (m->rotary(s->qkv, qkv_width, D, T, m->num_heads + m->num_kv_heads, D, s->positions, m->cos, m->sin,
-                          m->max_position, th))
-                return failed;
-            q = s->qkv, q_row = qkv_width, k = s->qkv + q_size, k_row = qkv_width;
-        }
+        if (rotated_queries_and_keys(m, s, l, &q, &q_row, &k, &k_row)) return failed;
         write_cache(l, s, k, k_row, v, qkv_width, kv_size);
         if (m->attention(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens,
                          s->query_start_loc, s->attn, q_size, (int)s->num_seqs, (int)m->num_heads,
