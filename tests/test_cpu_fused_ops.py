@@ -255,3 +255,20 @@ def test_float32_rotary_and_silu():
     x = torch.randn(9, 2 * 300, generator=g) * 6
     gate, up = x.chunk(2, dim=-1)
     torch.testing.assert_close(cpu_ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+
+
+@needs_f32_kernel
+def test_float32_silu_same_bits_in_every_lane_and_close_to_the_exact_value():
+    """SiLU's exponential is exp_f32.h's: 8 lanes at a time and the scalar tail give each value the same bits,
+    within a few ulp of SiLU in float64, over the whole range (huge gates included)."""
+    g = torch.Generator().manual_seed(5)
+    gate = torch.cat([torch.randn(4000, generator=g) * 30, torch.tensor([-200.0, -88.5, -87.5, -1e-30, 0.0, 1e-30,
+                                                                        87.5, 88.5, 200.0, float("inf")])])
+    up = torch.randn(len(gate), generator=g)
+    vector = cpu_ops.silu_and_mul(torch.cat([gate, up]).view(1, -1))  # 8 lanes at a time (and a tail of 2)
+    tail = torch.stack([cpu_ops.silu_and_mul(torch.stack([v, u]).view(1, 2))[0, 0] for v, u in zip(gate, up)])
+    assert torch.equal(vector[0], tail)  # n = 1: every value takes the scalar tail
+    exact = (gate.double() * torch.sigmoid(gate.double()) * up.double())
+    finite = exact.isfinite()
+    error = (vector[0].double() - exact).abs()
+    assert (error[finite] <= 4 * torch.finfo(torch.float32).eps * exact[finite].abs() + 1e-36).all()

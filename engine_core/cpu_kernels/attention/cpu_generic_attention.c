@@ -19,8 +19,8 @@
  *
  * Plain C: fmaf and ordinary adds round the same whether gcc vectorizes a loop or not; built with
  * -ffp-contract=off so no a * b + c is fused in one inlined copy and not in another. The softmax's
- * exponentials are this file's own (exp_nonpositive, below): eight at a time where AVX2 runs, one at a time
- * in the same operations elsewhere, so a score's probability does not depend on the lane it fell in.
+ * exponentials are the project's own (exp_f32.h): eight at a time where AVX2 runs, one at a time in the
+ * same operations elsewhere, so a score's probability does not depend on the lane it fell in.
  */
 #include <math.h>
 #include <stdint.h>
@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "../bf16_scalar.h"
+#include "../exp_f32.h"
 #include "paged_work_items.h"
 
 #define TILE 32  /* keys per tile, aligned to absolute positions */
@@ -58,54 +59,53 @@ static inline void load_row(const void *src, long at, int is_bf16, int n, float 
     }
 }
 
-/* e^x for x <= 0 (a softmax's arguments; -inf gives 0): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
- * parts, so r is exact), e^r by Cephes' degree-6 polynomial (within ~1 ulp of expf), times 2^n; below
- * EXP_MIN, where e^x is no longer a normal float, 0. The scalar and vector forms run the same IEEE
- * operations in the same order: every lane and every tail element gets the same bits. */
-#define EXP_MIN -87.0f
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_LN2_HI 0.693359375f
-#define EXP_LN2_LO -2.12194440e-4f
-static const float exp_poly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
-static inline float exp_nonpositive(float x) {
-    if (!(x >= EXP_MIN)) return 0.0f; /* also -inf and NaN's comparisons */
-    const float n = nearbyintf(x * EXP_LOG2E);
-    const float r = fmaf(n, -EXP_LN2_LO, fmaf(n, -EXP_LN2_HI, x));
-    float p = exp_poly[0];
-    for (int i = 1; i < 6; i++) p = fmaf(p, r, exp_poly[i]);
-    const float y = fmaf(p, r * r, r) + 1.0f;
-    union { uint32_t u; float f; } scale = {(uint32_t)((int32_t)n + 127) << 23};
-    return y * scale.f;
-}
-
+/* the largest of scores[0..m): max is exact, so the order the lanes meet in changes nothing (a -0 against a
+ * +0 may come out with either sign, and e^(s - max) and e^(run_max - max) are the same for both); NaNs
+ * are passed over as the scalar comparison passes over them */
+static inline float max_of(const float *scores, int m) {
+    float max = -INFINITY;
+    int j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-static inline __m256 exp_nonpositive8(__m256 x) {
-    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_MIN), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN)); /* lanes below are zeroed at the end */
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_LO),
-                                     _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_HI), x));
-    __m256 p = _mm256_set1_ps(exp_poly[0]);
-    for (int i = 1; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_poly[i]));
-    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), keep);
-}
+    if (m >= 8) {
+        __m256 lanes = _mm256_set1_ps(-INFINITY);
+        for (; j + 8 <= m; j += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(scores + j), lanes);
+        float each[8];
+        _mm256_storeu_ps(each, lanes);
+        for (int l = 0; l < 8; l++) max = each[l] > max ? each[l] : max;
+    }
 #endif
+    for (; j < m; j++) max = scores[j] > max ? scores[j] : max;
+    return max;
+}
 
-/* probs[j] = e^(scores[j] - max) for j < m; returns sum + their sum, added in order j = 0, 1, ... */
-static inline float exp_shifted(const float *scores, int m, float max, float *probs, float sum) {
+/* probs[j] = e^(scores[j] - max) for j < m */
+static inline void exp_shifted(const float *scores, int m, float max, float *probs) {
     int j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     for (; j + 8 <= m; j += 8)
         _mm256_storeu_ps(probs + j, exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), _mm256_set1_ps(max))));
 #endif
     for (; j < m; j++) probs[j] = exp_nonpositive(scores[j] - max);
-    for (j = 0; j < m; j++) sum += probs[j];
-    return sum;
+}
+
+/* sums[g] += probs[g][j] for j = 0, 1, ... m - 1 in order, for each of the group's heads: each head's sum
+ * is one chain of adds; the heads' chains are interleaved so that their latencies overlap */
+static inline void add_probs(float *sums, const float *probs, int group, int m) {
+    int g = 0;
+    for (; g + 4 <= group; g += 4) {
+        float s0 = sums[g], s1 = sums[g + 1], s2 = sums[g + 2], s3 = sums[g + 3];
+        for (int j = 0; j < m; j++)
+            s0 += probs[g * TILE + j], s1 += probs[(g + 1) * TILE + j], s2 += probs[(g + 2) * TILE + j],
+            s3 += probs[(g + 3) * TILE + j];
+        sums[g] = s0, sums[g + 1] = s1, sums[g + 2] = s2, sums[g + 3] = s3;
+    }
+    for (; g + 2 <= group; g += 2) {
+        float s0 = sums[g], s1 = sums[g + 1];
+        for (int j = 0; j < m; j++) s0 += probs[g * TILE + j], s1 += probs[(g + 1) * TILE + j];
+        sums[g] = s0, sums[g + 1] = s1;
+    }
+    for (; g < group; g++)
+        for (int j = 0; j < m; j++) sums[g] += probs[g * TILE + j];
 }
 
 /* sum of a[d] * b[d]: PART running sums (lane d % PART), then a fixed pairwise tree */
@@ -188,7 +188,8 @@ static inline void add_values(float *o, const float *probs, const float *const *
 }
 
 /* one item: rows [row0, row0 + ROWS) of a sequence, the query heads of one KV head.
- * scratch: keys and values of a tile, the rows' queries, their running max / sum / output */
+ * scratch: keys and values of a tile, the rows' queries, their running max / sum / output, one row's scores,
+ * probabilities and sums */
 static void run_item(const Job *job, const WorkItem *item, float *scratch) {
     const int D = job->head_dim, group = job->num_heads / job->num_kv_heads, s = item->seq, h = item->kv_head;
     const int first = job->query_start_loc[s], q_len = job->query_start_loc[s + 1] - first;
@@ -197,7 +198,7 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
     const int lanes = rows * group;                       /* (row, head) pairs, row-major */
     float *keys = scratch, *values = keys + TILE * D, *queries = values + TILE * D;
     float *acc = queries + (long)lanes * D, *run_max = acc + (long)lanes * D, *run_sum = run_max + lanes;
-    float scores[TILE];
+    float *scores = run_sum + lanes, *probs = scores + group * TILE, *sums = probs + group * TILE; /* one row's */
     const float *key_rows[TILE], *value_rows[TILE]; /* float32 caches are read in place; bf16 rows widened */
     for (int r = 0; r < rows; r++)
         for (int g = 0; g < group; g++) {
@@ -226,21 +227,25 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
             const int seen = pos0 + r + 1 - t0; /* keys of this tile the row sees: the tile cut at its position */
             if (seen <= 0) continue;
             const int m = seen < n ? seen : n;
+            /* the row's heads one stage at a time: the same operations per head, the sums' chains side by side */
             for (int g = 0; g < group; g++) {
                 const int lane = r * group + g;
-                const float *query = queries + (long)lane * D;
-                float tile_max = -INFINITY;
-                scaled_dots(query, key_rows, m, D, job->scale, scores);
-                for (int j = 0; j < m; j++) tile_max = scores[j] > tile_max ? scores[j] : tile_max;
+                float *head_scores = scores + g * TILE;
+                scaled_dots(queries + (long)lane * D, key_rows, m, D, job->scale, head_scores);
+                const float tile_max = max_of(head_scores, m);
                 const float new_max = tile_max > run_max[lane] ? tile_max : run_max[lane];
                 const float correction = exp_nonpositive(run_max[lane] - new_max); /* 0 on the first tile */
                 float *o = acc + (long)lane * D;
                 for (int d = 0; d < D; d++) o[d] *= correction;
-                float probs[TILE];
-                const float sum = exp_shifted(scores, m, new_max, probs, run_sum[lane] * correction);
-                add_values(o, probs, value_rows, m, D);
+                exp_shifted(head_scores, m, new_max, probs + g * TILE);
                 run_max[lane] = new_max;
-                run_sum[lane] = sum;
+                sums[g] = run_sum[lane] * correction;
+            }
+            add_probs(sums, probs, group, m);
+            for (int g = 0; g < group; g++) {
+                const int lane = r * group + g;
+                add_values(acc + (long)lane * D, probs + g * TILE, value_rows, m, D);
+                run_sum[lane] = sums[g];
             }
         }
     }
@@ -271,7 +276,8 @@ int generic_paged_attention(const void *q, long q_row, const void *k_cache, cons
     if (!items) return -1;
     const Job job = {q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, q_row, out_row, table_row,
                      num_heads, num_kv_heads, head_dim, block_size, is_bf16, scale};
-    const size_t scratch_floats = (size_t)2 * TILE * head_dim + (size_t)ROWS * group * (2 * head_dim + 2);
+    const size_t scratch_floats = (size_t)2 * TILE * head_dim + (size_t)ROWS * group * (2 * head_dim + 2)
+                                  + (size_t)group * (2 * TILE + 1);
     int failed = 0;
     /* libgomp.so.1 is torch's, already loaded: these threads are torch's pool */
 #pragma omp parallel num_threads(n > 1 ? nthreads : 1)
