@@ -170,14 +170,12 @@ static inline __attribute__((always_inline)) void qtile(const float *x, long x_s
             m[j] = q8 ? vzero() : vload_fp16((const uint16_t *)(blk + 32));
         }
         for (int k = 0; k < QBLOCK; k++) {
-            vec w[QNR];
+            /* each panel's weights used as soon as they are unpacked: fewer values live at once, so the
+             * accumulators stay in registers (the order of each accumulator's adds is unchanged) */
             for (int j = 0; j < nr; j++) {
                 const uint8_t *blk = panels + j * panel_bytes + b * bb;
-                w[j] = q8 ? q8_weights(blk + 32 + k * LANES, d[j]) : q4_weights(blk + 64 + k * 8, d[j], m[j]);
-            }
-            for (int i = 0; i < mr; i++) {
-                const float a = x[i * x_stride + b * QBLOCK + k];
-                for (int j = 0; j < nr; j++) acc[i][j] = vfma(a, w[j], acc[i][j]);
+                const vec w = q8 ? q8_weights(blk + 32 + k * LANES, d[j]) : q4_weights(blk + 64 + k * 8, d[j], m[j]);
+                for (int i = 0; i < mr; i++) acc[i][j] = vfma(x[i * x_stride + b * QBLOCK + k], w, acc[i][j]);
             }
         }
     }
