@@ -45,7 +45,7 @@ KERNELS = {
                         "the float32 quantized linear kernel (weights unpacked to their exact values)", NO_CONTRACT),
     "quant_dot": Kernel("linear/quant_dot.c", "portable",
                         "the quantized linear kernel (8-bit activations, integer dot products)", NO_CONTRACT),
-    "cpu_ops": Kernel("ops/cpu_ops.c", "avx512", "the fused bf16 norm / SiLU-and-mul / rotary kernels", NO_CONTRACT,
+    "cpu_ops": Kernel("ops/cpu_ops.c", "portable", "the fused bf16 norm / SiLU-and-mul / rotary kernels", NO_CONTRACT,
                       off_switch=("NVLLM_CPU_FUSED_OPS", "0")),
     "cpu_rms": Kernel("ops/cpu_rms.c", "portable", "the fixed-order RMS statistic", NO_CONTRACT),
     "cpu_ops_f32": Kernel("ops/cpu_ops_f32.c", "portable", "the fused float32 norm / SiLU-and-mul / rotary kernels",

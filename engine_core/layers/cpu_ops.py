@@ -1,5 +1,6 @@
-"""Fused kernels: residual add + RMSNorm, SiLU-and-mul, rotary. bfloat16 on the avx512 tiers and up
-(cpu_ops.c), float32 on every tier (cpu_ops_f32.c, the arithmetic of the torch code below in a fixed order).
+"""Fused kernels: residual add + RMSNorm, SiLU-and-mul, rotary. bfloat16 on every tier (cpu_ops.c: 16 lanes
+at a time on avx512 and up, one value at a time below, the same bits), float32 on every tier (cpu_ops_f32.c,
+the arithmetic of the torch code below in a fixed order).
 
 In a bf16 prefill on CPU the small torch ops these replace (dtype conversions, mul, add, pow, silu,
 sum, cat, neg and their temporaries) cost about a quarter of the step; each kernel does the same
@@ -25,7 +26,7 @@ _silu_table = None  # kept alive: the C side reads it
 
 @table.loader("cpu_ops")  # built without fused multiply-adds: torch rounds every product before adding
 def load(library):
-    """The kernel library, or None where it cannot be had (disabled, a tier below avx512, no compiler)."""
+    """The kernel library, or None where it cannot be had (disabled, no compiler)."""
     global _norm_ok, _silu_table
     long, ptr = ctypes.c_long, ctypes.c_void_p
     library.rms_norm_bf16.argtypes = [ptr, long, long, ptr, long, long, ptr, long, long, ptr, long, long, long,

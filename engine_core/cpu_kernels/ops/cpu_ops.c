@@ -1,4 +1,4 @@
-/* Fused elementwise kernels for bfloat16 on AVX512 CPUs: residual add + RMSNorm, SiLU-and-mul, rotary.
+/* Fused elementwise kernels for bfloat16, every CPU tier: residual add + RMSNorm, SiLU-and-mul, rotary.
  *
  * Each replaces several torch ops (and their temporaries) by one pass over memory, and reproduces
  * torch's rounding steps exactly, so results are bit-identical to the torch code they replace
@@ -16,10 +16,17 @@
  * Each row's result depends only on that row (no reduction across rows): batch invariant.
  * Rows are shared among OpenMP threads, except for small inputs (decode steps), where starting a
  * parallel region costs more than the work.
+ *
+ * Two forms of the same operations: 16 lanes at a time where AVX512 runs, one value at a time in plain C
+ * elsewhere (AVX2, portable). Every step is one IEEE operation or an integer rounding, and the sum's order
+ * is torch's in both (the plain form keeps the L lane sums in an array), so both give the same bits
+ * (NaNs come out as 0xffff in both).
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #ifndef PARALLEL_MIN_ELEMENTS
 #define PARALLEL_MIN_ELEMENTS 32768 /* below this, one thread */
@@ -31,6 +38,13 @@ static const bf16 *silu_table; /* 65536 (+1 padding) bf16 results of torch's sil
 
 void set_silu_table(const bf16 *table) { silu_table = table; }
 
+#define MAX_NORM_SIZE 16384 /* a row's squares sit on the stack */
+
+static int sum_lanes = 8; /* the width of torch's float vectors in its sum kernel (set by the loader) */
+
+void set_sum_lanes(int lanes) { sum_lanes = lanes; }
+
+#if defined(__AVX512F__)
 static inline __m512 load_bf16(const bf16 *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
@@ -61,12 +75,6 @@ static inline void store_bf16_masked(bf16 *p, __m512 rounded, __mmask16 m) {
 }
 
 /* ---- RMSNorm ------------------------------------------------------------------------------- */
-
-#define MAX_NORM_SIZE 16384 /* a row's squares sit on the stack */
-
-static int sum_lanes = 8; /* the width of torch's float vectors in its sum kernel (set by the loader) */
-
-void set_sum_lanes(int lanes) { sum_lanes = lanes; }
 
 /* s[0..n) summed in the order of torch's CPU sum over a contiguous row with L-lane vectors: vector
  * v = s[L*v .. L*v+L) goes to accumulator v % 4 (of the first n/L/4*4 vectors); accumulators are
@@ -148,6 +156,120 @@ static void rms_norm_row(const bf16 *x, bf16 *res, bf16 *out, const bf16 *w, lon
     }
 }
 
+static inline __m512 silu_lookup(__m256i gate_bits) {
+    /* 4-byte gathers at 2-byte steps: the low half is the entry (the table has one padding entry) */
+    __m512i got = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(gate_bits), (const void *)silu_table, 2);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(got, 16));
+}
+
+static void silu_and_mul_row(const bf16 *gate, const bf16 *up, bf16 *out, long n) {
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 s = silu_lookup(_mm256_loadu_si256((const __m256i *)(gate + i)));
+        store_bf16(out + i, round_bf16(_mm512_mul_ps(s, load_bf16(up + i))));
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        __m512 s = silu_lookup(_mm256_maskz_loadu_epi16(m, gate + i));
+        store_bf16_masked(out + i, round_bf16(_mm512_mul_ps(s, load_bf16_masked(up + i, m))), m);
+    }
+}
+
+/* one head of d values, in place: the torch code is x * cos + cat(-x2, x1) * sin with cos/sin
+ * rounded to bf16 first, and every product and the sum rounded to bf16 */
+static void rotary_head(bf16 *x, const float *cos, const float *sin, long half) {
+    for (long i = 0; i < half; i += 16) {
+        const __mmask16 m = half - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (half - i)) - 1);
+        const __m512 x1 = load_bf16_masked(x + i, m), x2 = load_bf16_masked(x + half + i, m);
+        const __m512 c1 = round_bf16(_mm512_maskz_loadu_ps(m, cos + i));
+        const __m512 c2 = round_bf16(_mm512_maskz_loadu_ps(m, cos + half + i));
+        const __m512 s1 = round_bf16(_mm512_maskz_loadu_ps(m, sin + i));
+        const __m512 s2 = round_bf16(_mm512_maskz_loadu_ps(m, sin + half + i));
+        const __m512 neg_x2 = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x2), _mm512_set1_epi32((int)0x80000000u)));
+        const __m512 o1 = round_bf16(_mm512_add_ps(round_bf16(_mm512_mul_ps(x1, c1)), round_bf16(_mm512_mul_ps(neg_x2, s1))));
+        const __m512 o2 = round_bf16(_mm512_add_ps(round_bf16(_mm512_mul_ps(x2, c2)), round_bf16(_mm512_mul_ps(x1, s2))));
+        store_bf16_masked(x + i, o1, m);
+        store_bf16_masked(x + half + i, o2, m);
+    }
+}
+
+#else /* one value at a time: the same operations as the vector form above */
+
+static inline float bf16_value(bf16 b) {
+    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+    return v.f;
+}
+
+/* nearest even, the integer way (subnormals kept); a NaN gives 0xffff, as round_bf16 above */
+static inline bf16 bf16_bits(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if (f != f) return 0xffff;
+    return (bf16)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+static inline float round_value(float f) { return bf16_value(bf16_bits(f)); }
+
+/* TORCH_ORDER_SUM with `lanes` lane sums kept in arrays: each lane's adds are the vector form's */
+static float torch_order_sum(const float *s, long n, int lanes) {
+    const long nvec = n / lanes, ngroups = nvec / 4;
+    float acc[4][4][16] = {{{0}}};
+    for (long g = 0; g < ngroups; g++) {
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < lanes; l++) acc[0][k][l] += s[(g * 4 + k) * lanes + l];
+        if (((g + 1) & 15) == 0) {
+            for (int j = 1; j < 4; j++) {
+                for (int k = 0; k < 4; k++)
+                    for (int l = 0; l < lanes; l++) acc[j][k][l] += acc[j - 1][k][l], acc[j - 1][k][l] = 0.0f;
+                if (((g + 1) & (15L << (4 * j))) != 0) break;
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        for (int j = 1; j < 4; j++)
+            for (int l = 0; l < lanes; l++) acc[0][k][l] += acc[j][k][l];
+    float partial[16];
+    for (int l = 0; l < lanes; l++) partial[l] = acc[0][0][l];
+    for (long v = ngroups * 4; v < nvec; v++)
+        for (int l = 0; l < lanes; l++) partial[l] += s[v * lanes + l];
+    for (int k = 1; k < 4; k++)
+        for (int l = 0; l < lanes; l++) partial[l] += acc[0][k][l];
+    float total = 0.0f;
+    for (long i = nvec * lanes; i < n; i++) total += s[i];
+    for (int l = 0; l < lanes; l++) total += partial[l];
+    return total;
+}
+
+static void rms_norm_row(const bf16 *x, bf16 *res, bf16 *out, const bf16 *w, long n, float eps) {
+    float sq[n];
+    for (long i = 0; i < n; i++) {
+        float v = bf16_value(x[i]);
+        if (res) {
+            res[i] = bf16_bits(v + bf16_value(res[i]));
+            v = bf16_value(res[i]);
+        }
+        sq[i] = v * v;
+    }
+    const bf16 *vals = res ? res : x;
+    const float mean = torch_order_sum(sq, n, sum_lanes) / (float)n;
+    const float r = 1.0f / sqrtf(mean + eps);
+    for (long i = 0; i < n; i++) out[i] = bf16_bits(bf16_value(w[i]) * round_value(bf16_value(vals[i]) * r));
+}
+
+static void silu_and_mul_row(const bf16 *gate, const bf16 *up, bf16 *out, long n) {
+    for (long i = 0; i < n; i++) out[i] = bf16_bits(bf16_value(silu_table[gate[i]]) * bf16_value(up[i]));
+}
+
+static void rotary_head(bf16 *x, const float *cos, const float *sin, long half) {
+    for (long i = 0; i < half; i++) {
+        const float x1 = bf16_value(x[i]), x2 = bf16_value(x[half + i]);
+        const float c1 = round_value(cos[i]), c2 = round_value(cos[half + i]);
+        const float s1 = round_value(sin[i]), s2 = round_value(sin[half + i]);
+        x[i] = bf16_bits(round_value(x1 * c1) + round_value(-x2 * s1));
+        x[half + i] = bf16_bits(round_value(x2 * c2) + round_value(x1 * s2));
+    }
+}
+#endif
+
 /* rows r = (a, b) of shape [n0, n1], each of n contiguous values:
  *   res == NULL: out[r] = rmsnorm(x[r]) * w
  *   else:        res[r] = x[r] + res[r]; out[r] = rmsnorm(res[r]) * w   (out may be x: in place)
@@ -172,25 +294,6 @@ int rms_norm_bf16(const bf16 *x, long xs0, long xs1, bf16 *res, long rs0, long r
 
 /* ---- SiLU and mul -------------------------------------------------------------------------- */
 
-static inline __m512 silu_lookup(__m256i gate_bits) {
-    /* 4-byte gathers at 2-byte steps: the low half is the entry (the table has one padding entry) */
-    __m512i got = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(gate_bits), (const void *)silu_table, 2);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(got, 16));
-}
-
-static void silu_and_mul_row(const bf16 *gate, const bf16 *up, bf16 *out, long n) {
-    long i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 s = silu_lookup(_mm256_loadu_si256((const __m256i *)(gate + i)));
-        store_bf16(out + i, round_bf16(_mm512_mul_ps(s, load_bf16(up + i))));
-    }
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        __m512 s = silu_lookup(_mm256_maskz_loadu_epi16(m, gate + i));
-        store_bf16_masked(out + i, round_bf16(_mm512_mul_ps(s, load_bf16_masked(up + i, m))), m);
-    }
-}
-
 /* out[t, :] = silu(x[t, :n]) * x[t, n:2n]; x rows xs0 elements apart, out rows os0. Returns 0, or
  * -1 before the silu table is set. */
 int silu_and_mul_bf16(const bf16 *x, long xs0, bf16 *out, long os0, long rows, long n, int num_threads) {
@@ -205,24 +308,6 @@ int silu_and_mul_bf16(const bf16 *x, long xs0, bf16 *out, long os0, long rows, l
 }
 
 /* ---- rotary (rotate-half layout) ----------------------------------------------------------- */
-
-/* one head of d values, in place: the torch code is x * cos + cat(-x2, x1) * sin with cos/sin
- * rounded to bf16 first, and every product and the sum rounded to bf16 */
-static void rotary_head(bf16 *x, const float *cos, const float *sin, long half) {
-    for (long i = 0; i < half; i += 16) {
-        const __mmask16 m = half - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (half - i)) - 1);
-        const __m512 x1 = load_bf16_masked(x + i, m), x2 = load_bf16_masked(x + half + i, m);
-        const __m512 c1 = round_bf16(_mm512_maskz_loadu_ps(m, cos + i));
-        const __m512 c2 = round_bf16(_mm512_maskz_loadu_ps(m, cos + half + i));
-        const __m512 s1 = round_bf16(_mm512_maskz_loadu_ps(m, sin + i));
-        const __m512 s2 = round_bf16(_mm512_maskz_loadu_ps(m, sin + half + i));
-        const __m512 neg_x2 = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x2), _mm512_set1_epi32((int)0x80000000u)));
-        const __m512 o1 = round_bf16(_mm512_add_ps(round_bf16(_mm512_mul_ps(x1, c1)), round_bf16(_mm512_mul_ps(neg_x2, s1))));
-        const __m512 o2 = round_bf16(_mm512_add_ps(round_bf16(_mm512_mul_ps(x2, c2)), round_bf16(_mm512_mul_ps(x1, s2))));
-        store_bf16_masked(x + i, o1, m);
-        store_bf16_masked(x + half + i, o2, m);
-    }
-}
 
 /* x [t, h, d] (element strides xs0, xs1; d contiguous, even) rotated in place by positions[t], reading
  * rows of the float32 tables cos/sin [max_position, d]. Returns 0, or -1 (nothing written) where a
