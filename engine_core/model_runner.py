@@ -26,7 +26,7 @@ from engine_core.forward_context import forward_context
 from engine_core.layers import cpu_ops, cpu_packing
 from engine_core.layers.attention import PagedAttention
 from engine_core.models.cpu_decoder import CpuDecoder
-from engine_core.models.cpu_decoder_f32 import CpuDecoderF32
+from engine_core.models.cpu_decoder_f32 import CpuDecoderBF16Generic, CpuDecoderF32
 from engine_core.models.registry import model_class
 from engine_core.request import Request
 from engine_core.sampler import Sampler
@@ -72,8 +72,11 @@ class ModelRunner:
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.backend = self._attention_backend()
         if self.backend.capabilities.fused_cpu_decoder and hasattr(self.model, "cpu_decoder"):
-            decoder = CpuDecoderF32 if dtype is torch.float32 else CpuDecoder
-            self.model.cpu_decoder = decoder.for_model(self.model)
+            # bf16: cpu_decoder.c's kernels where they run (avx512_bf16 and up), else, where the attention is the
+            # generic kernel's as in the loop, the float32 loop's source built for bf16
+            loops = ((CpuDecoderF32,) if dtype is torch.float32
+                     else (CpuDecoder, CpuDecoderBF16Generic) if self.backend.name == "cpu_generic" else (CpuDecoder,))
+            self.model.cpu_decoder = next(filter(None, (loop.for_model(self.model) for loop in loops)), None)
         self.sampler = Sampler(device, config.seed) if tp_rank() == 0 else None
         if tp_rank() == 0 and device.type == "cpu":
             logger.info("%s; linear layers: %s", cpu_kernel_table.describe(str(dtype).removeprefix("torch.")),

@@ -115,8 +115,8 @@ def test_a_bf16_checkpoint_in_a_float32_engine_reads_bf16_panels_and_answers_as_
 
 def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
     from frontend.llm import LLM
-    for path, dtype, invariant in ((tiny_models["llama"], "bfloat16", True),  # head_dim 16: no bf16 attention kernel
-                                   (tiny_models["qwen3"], "float32", False)):  # the float32 loop is the invariant path's
+    # the C loops are the batch-invariant path's, in bf16 (on every tier) and in float32
+    for path, dtype, invariant in ((tiny_models["llama"], "bfloat16", False), (tiny_models["qwen3"], "float32", False)):
         llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="16MiB", max_model_len=256,
                   batch_invariant=invariant)
         try:
@@ -124,3 +124,21 @@ def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
             assert len(_run(llm, [[5, 6, 7]])[0][0]) == 12
         finally:
             llm.shutdown()
+
+
+# bf16 below avx512_bf16: the float32 loop's source built for bf16 (quant_dot.c for the GGUF blocks,
+# cpu_gemm_f32.c's bf16 panels, cpu_ops.c's bf16 ops, the generic attention)
+@pytest.mark.skipif(cpu_decoder_f32.load_bf16() is None, reason="no C compiler: the generic bf16 C loop is not built")
+@pytest.mark.parametrize("tier,arch", [
+    *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("avx2")
+      for arch in ("default", "default-dense", "qwen2", "qwen3", "llama")],
+    *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("portable")
+      for arch in ("default", "qwen3")]])
+def test_the_generic_bf16_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_model_dir, tiny_models,
+                                                                  qwen2_head32):
+    from engine_core.layers import cpu_quant_dot
+    path = {"default": default_model_dir, "default-dense": default_model_dir, "qwen2": qwen2_head32,
+            "qwen3": tiny_models["qwen3"], "llama": tiny_models["llama"]}[arch]
+    with forced_tier(tier):
+        _check_c_loop(path, "bfloat16", "none" if arch == "default-dense" else "auto",
+                      cpu_decoder_f32.CpuDecoderBF16Generic, cpu_quant_dot.QuantDotWeight, arch == "default", seed=4)

@@ -75,6 +75,9 @@ def test_the_table_names_the_kernel_of_each_operation(tier):
         assert ("linear: linear/cpu_gemm.c" in bf16) == fast
         assert ("kept-quantized linear: linear/cpu_quant.c" if fast else "linear/quant_dot.c") in bf16
         assert ("attention: attention/cpu_decode.c" if fast else "attention/cpu_generic_attention.c") in bf16
+        assert "norm, rotary, SiLU: ops/cpu_ops.c" in bf16  # bf16's fused ops on every tier
+        assert ("decoder loop: decoder/cpu_decoder.c" if fast
+                else "decoder loop: decoder/cpu_decoder_f32.c (-DDECODER_BF16)") in bf16
 
 
 def _rounded_rows(x: torch.Tensor) -> torch.Tensor:

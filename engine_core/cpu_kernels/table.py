@@ -59,6 +59,9 @@ KERNELS = {
                           off_switch=("NVLLM_CPU_DECODER", "0")),
     "cpu_decoder_f32": Kernel("decoder/cpu_decoder_f32.c", "portable", "the one-call float32 decoder loop",
                               off_switch=("NVLLM_CPU_DECODER", "0")),
+    "cpu_decoder_bf16_generic": Kernel("decoder/cpu_decoder_f32.c", "portable",
+                                       "the one-call bf16 decoder loop below avx512_bf16", ("-DDECODER_BF16",),
+                                       off_switch=("NVLLM_CPU_DECODER", "0")),
 }
 
 # operation -> the kernels that can serve it, best first; a name not in KERNELS is the torch code's
@@ -71,7 +74,7 @@ OPERATIONS = {
     "attention float32": ("cpu_generic_attention",),
     "norm, rotary, SiLU bfloat16": ("cpu_ops", "torch"),
     "norm, rotary, SiLU float32": ("cpu_ops_f32", "torch"),
-    "decoder loop bfloat16": ("cpu_decoder", "python"),
+    "decoder loop bfloat16": ("cpu_decoder", "cpu_decoder_bf16_generic", "python"),
     "decoder loop float32": ("cpu_decoder_f32", "python"),
 }
 
@@ -125,8 +128,14 @@ def serving(operation: str) -> str:
     (the torch code's name where none does)."""
     for name in OPERATIONS[operation]:
         if name not in KERNELS or load(name) is not None:
-            return name if name not in KERNELS else KERNELS[name].source
+            return name if name not in KERNELS else _shown(KERNELS[name])
     return "torch"
+
+
+def _shown(kernel: Kernel) -> str:
+    """A kernel's source, with the defines it is built with where one source makes several kernels."""
+    defines = [flag for flag in kernel.flags if flag.startswith("-D")]
+    return kernel.source + (f" ({' '.join(defines)})" if defines else "")
 
 
 def describe(dtype: str) -> str:

@@ -3,6 +3,10 @@
 quant_f32's GGUF blocks, cpu_ops_f32's norm / rotary / SiLU-and-mul, the generic attention kernel),
 bit-identical to the module path. Batch-invariant engines only (the kernels it calls are that path's);
 elsewhere `for_model` returns None and the modules run. NVLLM_CPU_DECODER=0 turns it off.
+
+CpuDecoderBF16Generic is the same C loop built for bf16 elements, for bf16 engines where cpu_decoder.c's
+kernels do not run (below avx512_bf16): cpu_gemm_f32's bf16 panels or quant_dot's GGUF blocks, cpu_ops'
+bf16 norm / rotary / SiLU-and-mul, the generic attention on bf16 caches.
 """
 
 import ctypes
@@ -14,7 +18,7 @@ from engine_core.attention import cpu_generic_attention
 from engine_core.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
-from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_f32
+from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_dot, cpu_quant_f32
 from engine_core.models.cpu_decoder import _LINEARS, CpuDecoder, _Layer, _Step, address, layers_issue
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -38,6 +42,13 @@ def load(library):
     return library
 
 
+@table.loader("cpu_decoder_bf16_generic")
+def load_bf16(library):
+    library.decoder_layers_bf16_generic.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
+    library.decoder_layers_bf16_generic.restype = ctypes.c_int
+    return library
+
+
 _PACKED = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_f32.QuantF32Weight)
 
 
@@ -55,10 +66,11 @@ def why_not(model) -> str | None:
 
 
 def _type(packed) -> int:
-    """-1 for cpu_gemm_f32's fp32 panels, -2 for its bf16-stored ones, else the GGUF type quant_f32.c reads."""
-    if isinstance(packed, cpu_quant_f32.QuantF32Weight):
+    """-1 for cpu_gemm_f32's panels in the engine's dtype, -2 for bf16-stored ones in a float32 engine, else the
+    GGUF type the quantized kernel reads."""
+    if isinstance(packed, (cpu_quant_f32.QuantF32Weight, cpu_quant_dot.QuantDotWeight)):
         return packed.type_id
-    return -2 if packed.storage is torch.bfloat16 else -1
+    return -2 if packed.storage is not packed.dtype else -1
 
 
 class CpuDecoderF32(CpuDecoder):
@@ -76,6 +88,14 @@ class CpuDecoderF32(CpuDecoder):
 
     def _num_decodes(self, meta) -> int:
         return 0  # one attention kernel for every row
+
+    def _kernels(self) -> dict[str, int]:
+        """The addresses of the kernels the loop calls (the _Model fields of that name)."""
+        gemm, ops = cpu_gemm_f32.load(), cpu_ops.load_f32()
+        return dict(dense=address(gemm, "linear_f32"), dense_bf16w=address(gemm, "linear_f32_bf16w"),
+                    quant=address(cpu_quant_f32.load(), "quant_f32_linear"), norm=address(ops, "rms_norm_f32"),
+                    rotary=address(ops, "rotary_f32"), silu=address(ops, "silu_and_mul_f32"),
+                    attention=address(cpu_generic_attention.load(), "generic_paged_attention"))
 
     def _build(self) -> _Model:
         layers = []
@@ -96,15 +116,50 @@ class CpuDecoderF32(CpuDecoder):
                 k_cache=attn.attn.k_cache.data_ptr(), v_cache=attn.attn.v_cache.data_ptr()))
         self._layers = (_Layer * len(layers))(*layers)  # kept alive: the struct points into it
         first = self.model.layers[0]
-        ops, rotary = cpu_ops.load_f32(), first.self_attn.rotary
+        rotary = first.self_attn.rotary
         return _Model(
-            dense=address(cpu_gemm_f32.load(), "linear_f32"),
-            dense_bf16w=address(cpu_gemm_f32.load(), "linear_f32_bf16w"), quant=address(cpu_quant_f32.load(), "quant_f32_linear"),
-            norm=address(ops, "rms_norm_f32"), rotary=address(ops, "rotary_f32"), silu=address(ops, "silu_and_mul_f32"),
-            attention=address(cpu_generic_attention.load(), "generic_paged_attention"),
-            cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(), max_position=rotary.cos.shape[0],
+            **self._kernels(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(), max_position=rotary.cos.shape[0],
             num_layers=len(self.model.layers), hidden=first.input_layernorm.weight.shape[0], num_heads=self.heads,
             num_kv_heads=self.kv_heads, head_dim=self.head_dim, intermediate=self.intermediate,
             block_size=first.self_attn.attn.k_cache.shape[1], eps=first.input_layernorm.eps,
             qk_eps=first.self_attn.q_norm.eps if self.qk_norm else 0.0, scale=first.self_attn.attn.scale,
             layers=self._layers)
+
+
+_PACKED_BF16 = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_dot.QuantDotWeight)
+
+
+def why_not_bf16(model) -> str | None:
+    """Why the bf16 build of the C loop cannot run this bf16 model's layers exactly as its modules would."""
+    if tp_size() != 1:
+        return "tensor parallel"
+    if not batch_invariant():
+        return "batch invariance off"
+    if None in (load_bf16(), cpu_gemm_f32.load(), cpu_quant_dot.load(), cpu_ops.load(), cpu_generic_attention.load()):
+        return "a kernel library is missing"
+    if not cpu_ops.norm_kernel_ok():
+        return "the fused RMSNorm does not reproduce this torch's sum order"
+    return layers_issue(model, torch.bfloat16, lambda attn, mlp: all(
+        isinstance(m.packed_weight, _PACKED_BF16)
+        and getattr(m.packed_weight, "storage", torch.bfloat16) is torch.bfloat16
+        for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
+
+
+class CpuDecoderBF16Generic(CpuDecoderF32):
+    """The float32 loop's C source built for bf16 elements: bf16 engines below avx512_bf16."""
+
+    dtype = torch.bfloat16
+
+    @staticmethod
+    def why_not(model) -> str | None:
+        return why_not_bf16(model)
+
+    def _entry(self):
+        return load_bf16().decoder_layers_bf16_generic
+
+    def _kernels(self) -> dict[str, int]:
+        ops = cpu_ops.load()
+        return dict(dense=address(cpu_gemm_f32.load(), "linear_bf16_generic"), dense_bf16w=None,
+                    quant=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"), norm=address(ops, "rms_norm_bf16"),
+                    rotary=address(ops, "rotary_bf16"), silu=address(ops, "silu_and_mul_bf16"),
+                    attention=address(cpu_generic_attention.load(), "generic_paged_attention"))

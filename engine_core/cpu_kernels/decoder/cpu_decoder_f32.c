@@ -1,4 +1,5 @@
-/* A Llama-family model's decoder layers for one step, in one call: float32 engines, every CPU tier.
+/* A Llama-family model's decoder layers for one step, in one call: float32 engines on every CPU tier, and
+ * bf16 engines on the tiers below avx512_bf16 (this file built with -DDECODER_BF16: see the end of this comment).
  *
  * cpu_decoder.c's loop for float32 (what the tiers below avx512_bf16 run by default): the Python model
  * spends ~0.25 ms of host work per layer on module calls, views and ctypes calls, more than a decode
@@ -11,34 +12,49 @@
  * One layer, as llama.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k RMSNorm
  * (Qwen3) and rotary, the new keys and values written to the paged cache, attention, o_proj, residual
  * add + RMSNorm, the gate/up matmul, silu(gate) * up (in place over the gate half), down_proj.
+ *
+ * Built with -DDECODER_BF16 the same loop runs a bf16 engine where cpu_decoder.c's kernels do not exist
+ * (below avx512_bf16): the elements are bf16, the kernels cpu_gemm_f32.c's linear_bf16_generic (bf16 panels
+ * widened to fp32), quant_dot.c's quant_dot_linear_bf16 (GGUF blocks), cpu_ops.c's bf16 norm / rotary /
+ * SiLU-and-mul and the generic attention on bf16 caches; its entry is decoder_layers_bf16_generic.
  */
 #include <stdint.h>
 #include <string.h>
 
-typedef void (*DenseFn)(const float *x, long M, long K, long x_stride, const void *packed, long N, const float *bias,
-                        float *out, long out_stride, int threads);
-typedef int (*QuantFn)(const float *x, long M, long K, long x_stride, const void *packed, int type, long N,
-                       const float *bias, float *out, long out_stride, int threads);
-typedef int (*NormFn)(float *x, long xs0, long xs1, float *residual, long rs0, long rs1, float *out, long os0,
-                      long os1, const float *weight, long n0, long n1, long n, float eps, int threads);
-typedef int (*RotaryFn)(float *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
+#ifdef DECODER_BF16
+typedef uint16_t elem;
+#define ATTENTION_BF16 1
+#define DECODER_ENTRY decoder_layers_bf16_generic
+#else
+typedef float elem;
+#define ATTENTION_BF16 0
+#define DECODER_ENTRY decoder_layers_f32
+#endif
+
+typedef void (*DenseFn)(const elem *x, long M, long K, long x_stride, const void *packed, long N, const float *bias,
+                        elem *out, long out_stride, int threads);
+typedef int (*QuantFn)(const elem *x, long M, long K, long x_stride, const void *packed, int type, long N,
+                       const float *bias, elem *out, long out_stride, int threads);
+typedef int (*NormFn)(elem *x, long xs0, long xs1, elem *residual, long rs0, long rs1, elem *out, long os0,
+                      long os1, const elem *weight, long n0, long n1, long n, float eps, int threads);
+typedef int (*RotaryFn)(elem *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
                         const float *cos, const float *sin, long max_position, int threads);
-typedef int (*SiluFn)(const float *x, long xs0, float *out, long os0, long rows, long n, int threads);
+typedef int (*SiluFn)(const elem *x, long xs0, elem *out, long os0, long rows, long n, int threads);
 typedef int (*AttentionFn)(const void *q, long q_row, const void *k_cache, const void *v_cache,
                            const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                            const int32_t *query_start_loc, void *out, long out_row, int num_seqs, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int threads);
 
 typedef struct {
-    const float *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL without per-head norms */
+    const elem *input_norm, *post_norm, *q_norm, *k_norm;  /* q_norm, k_norm: NULL without per-head norms */
     const void *qkv, *o, *gate_up, *down;                   /* packed weights */
     const float *qkv_bias, *gate_up_bias;                  /* fp32, or NULL */
-    float *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
+    elem *k_cache, *v_cache;                               /* [blocks, block_size, kv_heads, head_dim] */
     long qkv_type, o_type, gate_up_type, down_type; /* -1, -2: cpu_gemm_f32's fp32, bf16 panels; else a GGUF type */
 } Layer;
 
 typedef struct {
-    DenseFn dense, dense_bf16w; /* linear_f32, linear_f32_bf16w */
+    DenseFn dense, dense_bf16w; /* linear_f32, linear_f32_bf16w (bf16: linear_bf16_generic, unused) */
     QuantFn quant;
     NormFn norm;
     RotaryFn rotary;
@@ -50,11 +66,11 @@ typedef struct {
     const Layer *layers;
 } Model;
 
-#define DECODER_ELEM float
+#define DECODER_ELEM elem
 #include "decoder_step.h"
 
-static int linear(const Model *m, const Step *s, const float *x, long M, long K, long x_stride, const void *w,
-                  long type, long N, const float *bias, float *out, long out_stride) {
+static int linear(const Model *m, const Step *s, const elem *x, long M, long K, long x_stride, const void *w,
+                  long type, long N, const float *bias, elem *out, long out_stride) {
     if (type < 0) {
         (type == -1 ? m->dense : m->dense_bf16w)(x, M, K, x_stride, w, N, bias, out, out_stride, s->threads);
         return 0;
@@ -64,25 +80,25 @@ static int linear(const Model *m, const Step *s, const float *x, long M, long K,
 
 /* 0 when done; -1 when a kernel declined in layer 0 (nothing but scratch and the new tokens' own cache slots
  * written: the caller runs its modules instead); -2 when one failed later (the step cannot be run again) */
-int decoder_layers_f32(const Model *m, const Step *s) {
+int DECODER_ENTRY(const Model *m, const Step *s) {
     const long T = s->tokens, H = m->hidden, D = m->head_dim, I = m->intermediate, th = s->threads;
     const long q_size = m->num_heads * D, kv_size = m->num_kv_heads * D, qkv_width = q_size + 2 * kv_size;
     for (long li = 0; li < m->num_layers; li++) {
         const Layer *l = &m->layers[li];
         const int failed = li == 0 ? -1 : -2;
-        float *normed = li == 0 ? s->normed : s->x;
+        elem *normed = li == 0 ? s->normed : s->x;
         if (li == 0 ? m->norm(s->residual, H, 0, NULL, 0, 0, s->normed, H, 0, l->input_norm, T, 1, H, m->eps, th)
                     : m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->input_norm, T, 1, H, m->eps, th))
             return failed;
         if (linear(m, s, normed, T, H, H, l->qkv, l->qkv_type, qkv_width, l->qkv_bias, s->qkv, qkv_width))
             return failed;
-        const float *q, *k, *v = s->qkv + q_size + kv_size;
+        const elem *q, *k, *v = s->qkv + q_size + kv_size;
         long q_row, k_row;
         if (rotated_queries_and_keys(m, s, l, &q, &q_row, &k, &k_row)) return failed;
         write_cache(l, s, k, k_row, v, qkv_width, kv_size);
         if (m->attention(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens,
                          s->query_start_loc, s->attn, q_size, (int)s->num_seqs, (int)m->num_heads,
-                         (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, 0, (int)th))
+                         (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, ATTENTION_BF16, (int)th))
             return failed;
         if (linear(m, s, s->attn, T, q_size, q_size, l->o, l->o_type, H, NULL, s->x, H) ||
             m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||

@@ -348,6 +348,14 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
     return status;
 }
 
+
+/* quant_dot_linear with bf16 inputs and outputs, in the argument order of quant_f32_linear: the quantized
+ * linear of the bf16 decoder loop below avx512_bf16 (decoder/cpu_decoder_f32.c built for bf16) */
+int quant_dot_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int type, long N,
+                          const float *bias, bf16 *out, long out_stride, int num_threads) {
+    return quant_dot_linear(x, 1, M, K, x_stride, packed, type, N, bias, out, 1, out_stride, num_threads);
+}
+
 /* columns ids of W dequantized (an embedding lookup): out[r] = d q + m of column ids[r], K values each, in
  * float32 or bf16 (d q is exact in fp32, + m rounds once: gguf-py's dequantized values) */
 void quant_dot_rows(const uint8_t *packed, int type, long K, const int64_t *ids, long count, void *out, int out_bf16) {
