@@ -52,17 +52,24 @@ def load_bf16(library):
 _PACKED = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_f32.QuantF32Weight)
 
 
-def why_not(model) -> str | None:
-    """Why the C loop cannot run this float32 model's layers exactly as its modules would; None if it can."""
+def _why_not(model, dtype: torch.dtype, libraries: tuple, packed_types: tuple) -> str | None:
+    """Why a build of the C loop cannot run this `dtype` model's layers exactly as its modules would (its kernel
+    `libraries` loaded, every linear packed as one of `packed_types` for `dtype`); None if it can."""
     if tp_size() != 1:
         return "tensor parallel"
     if not batch_invariant():
         return "batch invariance off"
-    if None in (load(), cpu_gemm_f32.load(), cpu_quant_f32.load(), cpu_ops.load_f32(), cpu_generic_attention.load()):
+    if None in libraries:
         return "a kernel library is missing"
-    return layers_issue(model, torch.float32, lambda attn, mlp: all(
-        isinstance(m.packed_weight, _PACKED) and getattr(m.packed_weight, "dtype", torch.float32) is torch.float32
+    return layers_issue(model, dtype, lambda attn, mlp: all(
+        isinstance(m.packed_weight, packed_types) and getattr(m.packed_weight, "dtype", dtype) is dtype
         for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
+
+
+def why_not(model) -> str | None:
+    """Why the C loop cannot run this float32 model's layers exactly as its modules would; None if it can."""
+    return _why_not(model, torch.float32, (load(), cpu_gemm_f32.load(), cpu_quant_f32.load(), cpu_ops.load_f32(),
+                                           cpu_generic_attention.load()), _PACKED)
 
 
 def _type(packed) -> int:
@@ -131,18 +138,10 @@ _PACKED_BF16 = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_dot.QuantDotWeight)
 
 def why_not_bf16(model) -> str | None:
     """Why the bf16 build of the C loop cannot run this bf16 model's layers exactly as its modules would."""
-    if tp_size() != 1:
-        return "tensor parallel"
-    if not batch_invariant():
-        return "batch invariance off"
-    if None in (load_bf16(), cpu_gemm_f32.load(), cpu_quant_dot.load(), cpu_ops.load(), cpu_generic_attention.load()):
-        return "a kernel library is missing"
-    if not cpu_ops.norm_kernel_ok():
+    if cpu_ops.load() is not None and not cpu_ops.norm_kernel_ok():
         return "the fused RMSNorm does not reproduce this torch's sum order"
-    return layers_issue(model, torch.bfloat16, lambda attn, mlp: all(
-        isinstance(m.packed_weight, _PACKED_BF16)
-        and getattr(m.packed_weight, "storage", torch.bfloat16) is torch.bfloat16
-        for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
+    return _why_not(model, torch.bfloat16, (load_bf16(), cpu_gemm_f32.load(), cpu_quant_dot.load(), cpu_ops.load(),
+                                            cpu_generic_attention.load()), _PACKED_BF16)
 
 
 class CpuDecoderBF16Generic(CpuDecoderF32):
