@@ -10,7 +10,7 @@ import sys
 import msgspec
 
 from common.config import EngineArgs
-from engine_core.core_proc import run_engine_core
+from engine_core.proc.core_proc import run_engine_core
 
 
 def main() -> int:

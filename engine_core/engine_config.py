@@ -31,7 +31,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_folder(cls, path: str) -> "ModelConfig":
-        from engine_core.model_folder import read_hf_config
+        from engine_core.weights.model_folder import read_hf_config
         return cls(path=path, hf_config=read_hf_config(path))
 
     def architecture(self) -> SimpleNamespace:
@@ -78,7 +78,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     cpu_threads: int | None
 
     def torch_dtype(self):
-        from engine_core.platform import torch_dtype
+        from engine_core.platform.device import torch_dtype
         return torch_dtype(self.dtype)
 
     def for_draft_model(self) -> "EngineConfig":
@@ -92,7 +92,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 def resolve_engine_config(args: EngineArgs) -> EngineConfig:
     """Validates `args` and resolves them for this machine. Loads no weights."""
-    from engine_core.platform import pick_device, pick_dtype
+    from engine_core.platform.device import pick_device, pick_dtype
     from engine_core.weights.model_resolver import resolve_model
 
     args.validate()

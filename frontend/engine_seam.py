@@ -21,7 +21,7 @@ def register_core_commands(sub, formatter) -> None:
 
 def start_inproc_core(args):
     """An EngineCore in this process (torch and the model load here)."""
-    from engine_core.core import EngineCore
+    from engine_core.proc.core import EngineCore
     return EngineCore(args)
 
 

@@ -33,7 +33,7 @@ def default_model_dir():
 def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str = "auto", block_size: int = 16) -> int:
     """Bytes of one KV cache block (keys and values, every layer) in the dtype the engine resolves `dtype` to
     on this CPU (auto: bfloat16 with AVX512-BF16 or AMX, else float32): a test sizes a small cache in blocks."""
-    from engine_core.platform import pick_dtype
+    from engine_core.platform.device import pick_dtype
     itemsize = torch.empty(0, dtype=pick_dtype(dtype, torch.device("cpu"))).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def not_invariant():
     """As with --no-batch-invariant (the shape-tuned kernels), for the test's length."""
-    from engine_core import batch_invariance
+    from engine_core.platform import batch_invariance
     batch_invariance.set_batch_invariant(False)
 
 
@@ -103,5 +103,5 @@ def not_invariant():
 def batch_invariant_by_default():
     """A test that ran an engine with --no-batch-invariant (a process-wide switch) leaves the default behind."""
     yield
-    from engine_core import batch_invariance
+    from engine_core.platform import batch_invariance
     batch_invariance.set_batch_invariant(True)

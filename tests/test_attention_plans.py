@@ -8,7 +8,7 @@ from attention_reference import reference_paged_attention
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_backend import TorchAttentionBackend
 from engine_core.attention.torch_plan import TorchPlan
-from engine_core.forward_context import forward_context, get_forward_context
+from engine_core.layers.forward_context import forward_context, get_forward_context
 from engine_core.layers.rotary import RotaryEmbedding
 
 pytestmark = pytest.mark.unit

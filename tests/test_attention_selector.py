@@ -15,7 +15,7 @@ from engine_core.attention.flash_attn_backend import FlashAttnBackend
 from engine_core.attention.selector import auto_backend, named_backend, select_attention_backend
 from engine_core.attention.torch_backend import TorchAttentionBackend
 from engine_core.attention.triton_backend import TritonAttentionBackend
-from engine_core.batch_invariance import set_batch_invariant
+from engine_core.platform.batch_invariance import set_batch_invariant
 
 pytestmark = pytest.mark.unit
 

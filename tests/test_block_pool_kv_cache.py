@@ -5,9 +5,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.sampling_params import SamplingParams
-from engine_core.block_pool import BlockPool
-from engine_core.kv_cache_manager import KVCacheManager, hash_block_tokens
-from engine_core.request import Request
+from engine_core.sched.block_pool import BlockPool
+from engine_core.sched.kv_cache_manager import KVCacheManager, hash_block_tokens
+from engine_core.sched.request import Request
 
 pytestmark = pytest.mark.unit
 

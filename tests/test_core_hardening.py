@@ -206,7 +206,7 @@ def test_step_counts_come_with_their_step_and_never_with_a_heartbeat(core):
 def test_a_failing_step_fails_only_its_requests(tiny_models):
     """An exception inside execute fails that step's requests with ERROR outputs, frees their
     blocks, takes the blocks it never wrote out of the prefix cache, and the core goes on."""
-    from engine_core.core import EngineCore
+    from engine_core.proc.core import EngineCore
 
     core = EngineCore(core_args(tiny_models["llama"]))
     try:
@@ -240,7 +240,7 @@ def test_a_failing_step_fails_only_its_requests(tiny_models):
 
 
 def test_a_failing_schedule_fails_running_and_next_request(tiny_models):
-    from engine_core.core import EngineCore
+    from engine_core.proc.core import EngineCore
 
     core = EngineCore(core_args(tiny_models["llama"]))
     try:
@@ -263,8 +263,8 @@ def test_a_failing_schedule_fails_running_and_next_request(tiny_models):
 
 
 def test_fatal_errors_are_told_apart():
-    from engine_core.engine_errors import FatalEngineError, is_fatal
-    from engine_core.executor_mp import TensorParallelError
+    from engine_core.executor.fatal_errors import FatalEngineError, is_fatal
+    from engine_core.executor.multiproc import TensorParallelError
 
     assert is_fatal(TensorParallelError("rank 1 exited")) and is_fatal(FatalEngineError("x"))
     assert is_fatal(RuntimeError("CUDA error: an illegal memory access was encountered"))
@@ -277,7 +277,7 @@ def test_a_failed_rank_wakes_the_core_once_and_stays_failed():
     raises it from then on; a wake-up registered after the failure is called at once."""
     import threading
 
-    from engine_core.executor_mp import MultiprocExecutor, TensorParallelError
+    from engine_core.executor.multiproc import MultiprocExecutor, TensorParallelError
 
     def bare_executor(failure=None):
         executor = MultiprocExecutor.__new__(MultiprocExecutor)  # no processes: only the failure bookkeeping

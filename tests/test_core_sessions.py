@@ -17,7 +17,7 @@ from common import protocol as P
 from common.config import EngineArgs
 from common.sampling_params import RequestOutputKind, SamplingParams
 from common.transport import DEAD_AFTER_SECONDS, ENV_FRONTEND_SILENT, private_ipc_address
-from engine_core.frontend_sessions import HELLO_ANSWER_SECONDS, FrontendSessions
+from engine_core.proc.frontend_sessions import HELLO_ANSWER_SECONDS, FrontendSessions
 from http_helpers import Proc, free_port, metric, wait_healthy, wait_until
 
 pytestmark = pytest.mark.integration

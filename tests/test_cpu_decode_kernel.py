@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attention_reference import reference_paged_attention
-from engine_core import batch_invariance
+from engine_core.platform import batch_invariance
 from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend

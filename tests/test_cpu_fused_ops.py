@@ -205,7 +205,7 @@ def test_disabled_by_environment(fused_ops_off):
 def _bf16_logits(path: str, lens: list[int]) -> torch.Tensor:
     from common.config import EngineArgs
     from engine_core.engine_config import resolve_engine_config
-    from engine_core.model_runner import ModelRunner, dummy_step
+    from engine_core.worker.model_runner import ModelRunner, dummy_step
 
     args = EngineArgs(model=path, dtype="bfloat16", device="cpu", block_size=16, kv_cache_memory="16MiB")
     runner = ModelRunner(resolve_engine_config(args))

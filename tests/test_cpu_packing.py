@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.cpu_kernels import tiers
-from engine_core.batch_invariance import set_batch_invariant
+from engine_core.platform.batch_invariance import set_batch_invariant
 from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_packing
 from engine_core.layers.embedding import ParallelLMHead
 from engine_core.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear

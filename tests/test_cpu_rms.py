@@ -4,7 +4,7 @@ the row count and threads, also where torch splits one row's sum across threads 
 import pytest
 import torch
 
-from engine_core.batch_invariance import set_batch_invariant
+from engine_core.platform.batch_invariance import set_batch_invariant
 from engine_core.layers import cpu_rms
 from engine_core.layers.norm import RMSNorm
 

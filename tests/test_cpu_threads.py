@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.cpu_load import LoadSample, ProcStatLoad
-from engine_core.cpu_threads import ThreadPoolSizer, pool_size
+from engine_core.platform.cpu_threads import ThreadPoolSizer, pool_size
 
 pytestmark = pytest.mark.unit
 

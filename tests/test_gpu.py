@@ -25,12 +25,12 @@ from common.sampling_params import SamplingParams
 from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.torch_backend import write_kv_cache
 from attention_reference import reference_paged_attention
-from engine_core.cuda_graph import (DecodeGraphRunner, graph_batch_sizes, is_decode_only, pad_decode_inputs,
+from engine_core.worker.cuda_graph import (DecodeGraphRunner, graph_batch_sizes, is_decode_only, pad_decode_inputs,
                                     pick_batch_size)
-from engine_core.model_runner import ModelRunner, dummy_step, profile_lengths
-from engine_core.request import Request
-from engine_core.sampler import Sampler
-from engine_core.step_input import StepInput
+from engine_core.worker.model_runner import ModelRunner, dummy_step, profile_lengths
+from engine_core.sched.request import Request
+from engine_core.sample.sampler import Sampler
+from engine_core.worker.step_input import StepInput
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ import transformers
 
 from common.config import EngineArgs
 from engine_core.engine_config import resolve_engine_config
-from engine_core.model_runner import ModelRunner
-from engine_core.step_input import StepInput
+from engine_core.worker.model_runner import ModelRunner
+from engine_core.worker.step_input import StepInput
 from cpu_tier_helpers import forced_tier, tier_params
 
 pytestmark = pytest.mark.integration

@@ -55,7 +55,7 @@ def test_the_tree_keeps_every_contract():
 @pytest.mark.parametrize("module, line, contract", [
     ("frontend/outputs.py", "\n\ndef _lazy():\n    import torch\n    return torch\n",
      "frontend is not allowed to import torch"),
-    ("frontend/processor.py", "\nfrom engine_core import scheduler\n",
+    ("frontend/processor.py", "\nfrom engine_core.sched import scheduler\n",
      "frontend is not allowed to import engine_core"),
     ("common/limits.py", "\nimport frontend.outputs\n", "common is not allowed to import frontend"),
 ])
@@ -79,7 +79,7 @@ def test_every_import_is_declared(packages_only):
      "DEP001 'nvllm_undeclared_pkg' imported but missing from the dependency definitions"),
     ("frontend/outputs.py", "\n\ndef _lazy():\n    import nvllm_undeclared_pkg\n", False,
      "DEP001 'nvllm_undeclared_pkg' imported but missing"),
-    ("engine_core/platform.py", "\nimport scipy\n", True, "DEP004 'scipy' imported but declared as a dev dependency"),
+    ("engine_core/platform/device.py", "\nimport scipy\n", True, "DEP004 'scipy' imported but declared as a dev dependency"),
 ])
 def test_an_undeclared_import_fails_with_its_name(tmp_path, module, line, packages_only, finding):
     tree = _copy_tree(tmp_path, with_tests=True)

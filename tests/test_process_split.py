@@ -266,7 +266,7 @@ sys.path.insert(0, {root!r})
 logging.basicConfig(level="INFO")
 from common.config import EngineArgs
 from common.transport import private_ipc_address
-from engine_core.core_proc import EngineCoreProc
+from engine_core.proc.core_proc import EngineCoreProc
 
 core = EngineCoreProc(EngineArgs(model={model!r}, dtype="float32", kv_cache_memory="16MiB", max_model_len=128),
                       private_ipc_address())

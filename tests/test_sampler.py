@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
-from engine_core.request import Request
-from engine_core.sampler import Sampler
+from engine_core.sched.request import Request
+from engine_core.sample.sampler import Sampler
 from sampling_reference import penalized_logits
 
 pytestmark = pytest.mark.unit

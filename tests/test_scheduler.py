@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from common.protocol import FinishReason
 from common.sampling_params import SamplingParams
-from engine_core.kv_cache_manager import KVCacheManager
-from engine_core.request import Request, RequestStatus
-from engine_core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine_core.sched.kv_cache_manager import KVCacheManager
+from engine_core.sched.request import Request, RequestStatus
+from engine_core.sched.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 pytestmark = pytest.mark.unit
 

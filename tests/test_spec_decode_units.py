@@ -14,11 +14,11 @@ from common.config import EngineArgs
 from common.protocol import SchedulerStats, SchedulerTotals
 from common.sampling_params import SamplingParams
 from common.speculative import SpeculativeConfig, parse_speculative_config
-from engine_core.kv_cache_manager import KVCacheManager
-from engine_core.request import Request
-from engine_core.sampler import Sampler
-from engine_core.scheduler import Scheduler, SchedulerConfig
-from engine_core.spec_decode import rejection
+from engine_core.sched.kv_cache_manager import KVCacheManager
+from engine_core.sched.request import Request
+from engine_core.sample.sampler import Sampler
+from engine_core.sched.scheduler import Scheduler, SchedulerConfig
+from engine_core.sample import rejection
 from engine_core.spec_decode.ngram import NgramProposer
 from engine_core.spec_decode.proposer import NgramSpeculator
 from sampling_reference import target_distribution
@@ -261,7 +261,7 @@ def test_speculation_pauses_above_disable_by_batch_size():
 def test_prometheus_counters_and_log_line(caplog):
     from prometheus_client import generate_latest
 
-    from engine_core.stats_log import ThroughputLog
+    from engine_core.proc.stats_log import ThroughputLog
     from frontend.api.metrics import Metrics
     stats = SchedulerStats(totals=SchedulerTotals(spec_num_drafts=10, spec_num_draft_tokens=40,
                                                   spec_num_accepted_tokens=30, spec_accepted_per_position=[10, 9, 7, 4]))

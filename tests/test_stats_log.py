@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from common.protocol import SchedulerGauges, SchedulerStats, SchedulerTotals, StepCounts
-from engine_core.stats_log import ThroughputLog
+from engine_core.proc.stats_log import ThroughputLog
 
 pytestmark = pytest.mark.unit
 

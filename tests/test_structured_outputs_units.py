@@ -12,10 +12,10 @@ import torch
 from common.errors import InvalidParameter
 from common.sampling_params import SamplingParams
 from common.structured_outputs import StructuredOutputsParams, check_structured_outputs
-from engine_core.kv_cache_manager import KVCacheManager
-from engine_core.request import Request
-from engine_core.sampler import Sampler
-from engine_core.scheduler import Scheduler, SchedulerConfig
+from engine_core.sched.kv_cache_manager import KVCacheManager
+from engine_core.sched.request import Request
+from engine_core.sample.sampler import Sampler
+from engine_core.sched.scheduler import Scheduler, SchedulerConfig
 from engine_core.structured_outputs.grammar_compiler import GrammarCompiler
 from engine_core.structured_outputs.request_grammar import RequestGrammar
 from engine_core.structured_outputs.token_masks import apply_masks, fill_masks

@@ -17,7 +17,7 @@ from common.config import EngineArgs
 from common.sampling_params import SamplingParams
 from conftest import build_tiny_model
 from cpu_tier_helpers import forced_tier, tier_params
-from engine_core.distributed import rendezvous as rdv
+from engine_core.executor import rendezvous as rdv
 from engine_core.distributed.parallel_state import HeadShard, partition_heads, split_evenly
 from engine_core.layers import cpu_packing, cpu_quant, cpu_quant_f32
 from engine_core.layers.linear import RowParallelLinear
@@ -152,7 +152,7 @@ def test_tp2_keeps_each_ranks_shard_quantized(models, cpu_tier):
     """The default model's GGUF blocks sharded over two ranks (9 heads split 6/3, so rank 0's o_proj slice is
     384 inputs): each rank packs its shard, rank 0 holds about half the TP=1 bytes, and the float32 answers
     equal the dequantized TP=2 engine's to the bit."""
-    from engine_core.model_runner import weight_bytes
+    from engine_core.worker.model_runner import weight_bytes
     from frontend.llm import LLM
 
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
@@ -195,7 +195,7 @@ def test_two_nodes_on_loopback(models):
 
 def test_missing_rank_is_a_timeout_error(models, monkeypatch):
     """A second node that never comes: a clear error after NVLLM_TP_INIT_TIMEOUT, no hang."""
-    from engine_core.core import EngineCore
+    from engine_core.proc.core import EngineCore
 
     monkeypatch.setenv("NVLLM_TP_INIT_TIMEOUT", "2")
     start = time.monotonic()

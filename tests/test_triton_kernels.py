@@ -27,7 +27,7 @@ if not CUDA:
 
 pytest.importorskip("triton", reason="triton is not installed, so there are no Triton kernels to test")
 
-from engine_core import batch_invariance  # noqa: E402
+from engine_core.platform import batch_invariance  # noqa: E402
 from engine_core.attention import triton_kernels, triton_tiles  # noqa: E402
 from engine_core.attention.metadata import AttentionMetadata  # noqa: E402
 from attention_reference import reference_paged_attention  # noqa: E402

@@ -1,6 +1,6 @@
 """The generic CPU attention kernel (cpu_generic_attention.c) as an attention backend.
 
-Batch-invariant runs only (engine_core/batch_invariance.py, the default): on CPU setups the C kernels
+Batch-invariant runs only (engine_core/platform/batch_invariance.py, the default): on CPU setups the C kernels
 of cpu_kernel_backend.py do not take (float32, bf16 head dims not a multiple of 32 or above 256,
 groups of more than 8 query heads, CPUs without AVX512-BF16), the selector takes this one for
 `--attention-backend torch` and auto instead of SDPA, whose shapes (and so a row's sum order) change
@@ -20,7 +20,7 @@ from engine_core.attention import cpu_generic_attention
 from engine_core.attention.capabilities import AttentionSetup, BackendCapabilities
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_backend import TorchAttentionBackend, write_kv_cache
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 
 logger = logging.getLogger("nvllm")
 _declined_before = False  # warned once per process

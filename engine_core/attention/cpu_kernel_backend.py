@@ -8,7 +8,7 @@ C decoder loop (models/cpu_decoder.py), which calls the same kernels and may run
 A call the kernels decline all the same (a tensor not laid out as they read it) goes to the torch
 backend's path, whose code this backend inherits.
 
-Batch-invariant (engine_core/batch_invariance.py, the default): decodes go through the chunk kernel
+Batch-invariant (engine_core/platform/batch_invariance.py, the default): decodes go through the chunk kernel
 too, as one-row chunks. The decode kernel sums a row's scores in another order, so a token computed
 as a decode would differ in its last bits from the same token computed in a prefill chunk (a prompt
 whose prefix was cached, a recomputation after preemption, a speculative verification). Costs nothing measurable here: a one-row item reads its keys as fast in
@@ -24,7 +24,7 @@ from engine_core.attention.capabilities import BackendCapabilities
 from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_backend import TorchAttentionBackend, write_kv_cache
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 
 logger = logging.getLogger("nvllm")
 _declined_before = False  # warned once per process

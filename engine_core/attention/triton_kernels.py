@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from engine_core.attention.triton_tiles import invariant_tiles, padded_head_dim, shape_tuned_tiles
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 
 _LOG2E = 1.4426950408889634
 

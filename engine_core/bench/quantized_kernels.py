@@ -18,9 +18,9 @@ import torch
 
 from engine_core.cpu_kernels import tiers
 from engine_core.engine_config import ModelConfig
-from engine_core.gemm_peak import layer_shapes
+from engine_core.bench.gemm_peak import layer_shapes
 from engine_core.layers import cpu_packing, cpu_quant
-from engine_core.platform import pick_dtype
+from engine_core.platform.device import pick_dtype
 from engine_core.weights.model_resolver import resolve_model
 
 ROWS = (1, 32, 256)

@@ -9,8 +9,9 @@ import tempfile
 
 import torch
 
-from engine_core.model_folder import TOKENIZER_FILES
-from engine_core.weights.model_resolver import cache_dir, resolve_model
+from engine_core.weights.model_folder import TOKENIZER_FILES
+from common.cache_dir import cache_dir
+from engine_core.weights.model_resolver import resolve_model
 
 # transformers config fields of the models --random-model can build
 RANDOM_MODELS = {

@@ -17,7 +17,7 @@ def run_engine_core_cmd(ns: argparse.Namespace) -> int:
     check_listen_security(ns.listen, curve, ns.allow_insecure)
     args = engine_args_from(ns)
     args.validate()
-    from engine_core.core_proc import run_engine_core  # torch enters here, after the flags are checked
+    from engine_core.proc.core_proc import run_engine_core  # torch enters here, after the flags are checked
     return run_engine_core(args, ns.listen, curve=curve)
 
 

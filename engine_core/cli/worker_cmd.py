@@ -16,7 +16,7 @@ from common.cli.arg_types import add_log_level, positive_int
 def run_worker_cmd(ns: argparse.Namespace) -> int:
     import sys
 
-    from engine_core.worker import run_node  # torch enters here
+    from engine_core.executor.worker_proc import run_node  # torch enters here
 
     try:
         return run_node(ns.nnodes, ns.node_rank, ns.master_addr, ns.master_port, ns.model)

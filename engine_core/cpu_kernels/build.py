@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 
+from common.cache_dir import cache_dir
 from engine_core.cpu_kernels import tiers
 
 logger = logging.getLogger("nvllm")
@@ -71,7 +72,6 @@ def load_library(source: str, extra_flags: tuple[str, ...] = (), what: str | Non
     key = (source, tuple(extra_flags), tier)
     if key in _loaded:
         return _loaded[key]
-    from engine_core.weights.model_resolver import cache_dir
 
     flags = [*FLAGS, *tiers.compile_flags(tier), *extra_flags]
     name = os.path.splitext(os.path.basename(source))[0]

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from engine_core.forward_context import get_forward_context
+from engine_core.layers.forward_context import get_forward_context
 
 
 class PagedAttention(nn.Module):

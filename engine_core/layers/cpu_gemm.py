@@ -13,7 +13,7 @@ import ctypes
 
 import torch
 
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table, tiers
 
 LANES = 16  # output columns per packed panel (cpu_gemm.c)

@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 
 

@@ -21,7 +21,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant, cpu_quant_dot, cpu_quant_f32
 
 logger = logging.getLogger("nvllm")

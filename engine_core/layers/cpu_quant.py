@@ -11,7 +11,7 @@ import ctypes
 
 import torch
 
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.layers import cpu_gemm
 

@@ -1,7 +1,7 @@
 import torch
 from torch import nn
 
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.layers import cpu_ops, cpu_rms
 
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from engine_core.forward_context import get_forward_context, has_forward_context
+from engine_core.layers.forward_context import get_forward_context, has_forward_context
 from engine_core.layers import cpu_ops
 from engine_core.layers.rotary_plan import RotaryTables, lookup
 

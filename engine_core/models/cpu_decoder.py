@@ -15,10 +15,10 @@ import logging
 import torch
 
 from engine_core.attention import cpu_decode_kernel
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
-from engine_core.forward_context import get_forward_context
+from engine_core.layers.forward_context import get_forward_context
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float

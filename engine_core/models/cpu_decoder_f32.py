@@ -15,7 +15,7 @@ import logging
 import torch
 
 from engine_core.attention import cpu_generic_attention
-from engine_core.batch_invariance import batch_invariant
+from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_dot, cpu_quant_f32

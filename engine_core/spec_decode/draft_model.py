@@ -14,15 +14,15 @@ which verification decides.
 import torch
 
 from engine_core.engine_config import EngineConfig
-from engine_core.request import Request
-from engine_core.step_input import StepBuilder
+from engine_core.sched.request import Request
+from engine_core.worker.step_input import StepBuilder
 
 
 class DraftModel:
     def __init__(self, config: EngineConfig):
         """`config` is the target's; its draft_model names the draft's folder (resolve_engine_config checked
         that it shares the target's vocabulary)."""
-        from engine_core.model_runner import ModelRunner
+        from engine_core.worker.model_runner import ModelRunner
 
         self.runner = ModelRunner(config.for_draft_model(), role="draft model")
         self.block_size = config.block_size

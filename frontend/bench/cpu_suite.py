@@ -6,7 +6,7 @@ Every run is a fresh child process (frontend/bench/cpu_workloads.py) so no engin
 state, started once the host is quiet again (the last engine's children may outlive it); runs alternate nvllm, vLLM, nvllm, ... so drifts of this shared machine hit both alike. The
 figure of an engine is the median of its runs. Before the runs it names the CPU tier the kernels run
 (NVLLM_CPU_ISA forces a lower one) and measures that tier's GEMM peak on the model's own layer shapes, in
-the dtype the tier runs (engine_core/gemm_peak.py, in a child: the frontend does not import torch), and
+the dtype the tier runs (engine_core/bench/gemm_peak.py, in a child: the frontend does not import torch), and
 prints the prefill rate as a fraction of it; and it measures the tier's kept-quantized kernel against torch's
 weight-only quantized matmuls on the same shapes (engine_core/bench/quantized_kernels.py).
 """
@@ -105,7 +105,7 @@ def run_suite(args) -> int:
     if unknown:
         raise ValueError(f"--workloads: {', '.join(unknown)} not among {', '.join(ALL_WORKLOADS)}")
     env = checkout_env()
-    peak = _run_child([sys.executable, "-m", "engine_core.gemm_peak"] + ([args.model] if args.model else []), env)
+    peak = _run_child([sys.executable, "-m", "engine_core.bench.gemm_peak"] + ([args.model] if args.model else []), env)
     folder = peak["model_dir"]
     print(f"CPU tier {peak['tier']}: {peak['dtype']} GEMM peak on {os.path.basename(folder)}'s layer shapes: "
           f"{peak['peak_gflops']:.0f} GFLOP/s ({peak['threads']} threads; by kernel and tokens per matmul: "

@@ -5,7 +5,7 @@ greedy, streamed token by token through AsyncLLM (engine core in its own process
 it), `--num-iters` times after one warm-up. Per request: time to first token, and ms per output token
 after it (the last token's time minus the first's, over the tokens between). Medians are printed with
 the weight-streaming bound of this model on this machine, measured in the same run
-(engine_core/weight_stream.py, in a child: the frontend does not import torch), and how far above it
+(engine_core/bench/weight_stream.py, in a child: the frontend does not import torch), and how far above it
 the engine runs.
 
 `--prompt copy-edit` sends a fixed text instead, which the answer repeats with an edit (the case prompt
@@ -32,7 +32,7 @@ def weight_stream_bound(args) -> dict | None:
 
     if args.device == "cuda":
         return None
-    cmd = [sys.executable, "-m", "engine_core.weight_stream", "--quantization", args.quantization, "--dtype",
+    cmd = [sys.executable, "-m", "engine_core.bench.weight_stream", "--quantization", args.quantization, "--dtype",
            args.dtype] + ([args.model] if args.model else [])
     return _run_child(cmd, dict(os.environ))
 

@@ -16,7 +16,7 @@ import sys
 from common.child_process import ROOT
 from common.cpu_info import read_cpuinfo
 
-# the flags nvllm's CPU kernels are chosen by (engine_core/platform.py, the cpu_*.c kernels)
+# the flags nvllm's CPU kernels are chosen by (engine_core/platform/device.py, the cpu_*.c kernels)
 KERNEL_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                 "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 

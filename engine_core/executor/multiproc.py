@@ -2,7 +2,7 @@
 
 Start-up: rank 0 serves the rendezvous store (torch.distributed's TCPStore) and puts the resolved
 EngineConfig (msgpack) and the channel addresses in it, starts this node's workers (`python -m
-engine_core.worker`), waits until every rank has checked in (other nodes start theirs with `nvllm
+engine_core.executor.worker_proc`), waits until every rank has checked in (other nodes start theirs with `nvllm
 worker`), then all ranks join the process group, load their shards, and agree on the smallest KV block
 count any rank can hold (distributed/block_agreement.py).
 
@@ -33,15 +33,15 @@ import torch
 import zmq
 
 from common.protocol import MALFORMED, Logprobs
-from engine_core.distributed import channel
-from engine_core.distributed import rendezvous as rdv
+from engine_core.executor import channel
+from engine_core.executor import rendezvous as rdv
 from engine_core.distributed.block_agreement import agree_on_num_blocks
 from engine_core.engine_config import EngineConfig
-from engine_core.engine_errors import FatalEngineError
-from engine_core.model_runner import ModelRunner
-from engine_core.scheduler import SchedulerOutput
-from engine_core.step_input import build_step_input
-from engine_core.worker import spawn_worker
+from engine_core.executor.fatal_errors import FatalEngineError
+from engine_core.worker.model_runner import ModelRunner
+from engine_core.sched.scheduler import SchedulerOutput
+from engine_core.worker.step_input import build_step_input
+from engine_core.executor.worker_proc import spawn_worker
 
 logger = logging.getLogger("nvllm")
 

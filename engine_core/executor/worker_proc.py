@@ -1,6 +1,6 @@
 """Tensor-parallel worker: one process per rank 1..N-1 (rank 0 lives in the core process).
 
-`python -m engine_core.worker --master-addr A --master-port P --rank R --parent-pid PID`
+`python -m engine_core.executor.worker_proc --master-addr A --master-port P --rank R --parent-pid PID`
 joins the core's rendezvous store, reads the resolved EngineConfig from it, joins the process
 group, loads its shard of the model, agrees on the KV cache size, then runs every StepInput the
 core publishes until told to quit. It dies with its parent and exits when the core goes silent.
@@ -24,11 +24,11 @@ import torch
 import zmq
 
 from common.child_process import spawn_module
-from engine_core.distributed import channel
-from engine_core.distributed import rendezvous as rdv
+from engine_core.executor import channel
+from engine_core.executor import rendezvous as rdv
 from engine_core.distributed.block_agreement import agree_on_num_blocks
 from engine_core.engine_config import EngineConfig
-from engine_core.step_input import StepInput
+from engine_core.worker.step_input import StepInput
 
 logger = logging.getLogger("nvllm")
 
@@ -38,7 +38,7 @@ def spawn_worker(master_addr: str, master_port: int, rank: int, model: str | Non
     """A fresh interpreter for one rank, its arguments on the command line as plain text."""
     args = ["--master-addr", master_addr, "--master-port", str(master_port), "--rank", str(rank),
             "--parent-pid", str(os.getpid()), "--log-level", _log_level_name()]
-    return spawn_module("engine_core.worker", args + (["--model", model] if model is not None else []))
+    return spawn_module("engine_core.executor.worker_proc", args + (["--model", model] if model is not None else []))
 
 
 def _log_level_name() -> str:
@@ -63,7 +63,7 @@ class Worker:
 
     def start(self, store) -> None:
         """Join the process group, load this rank's shard, agree on the KV cache size with the others."""
-        from engine_core.model_runner import ModelRunner
+        from engine_core.worker.model_runner import ModelRunner
 
         rank = self.rank
         device = rdv.rank_device(self.config.device, rank, self.layout.per_node)
@@ -189,7 +189,7 @@ def run_node(nnodes: int, node_rank: int, master_addr: str, master_port: int, mo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine_core.worker")
+    parser = argparse.ArgumentParser(prog="python -m engine_core.executor.worker_proc")
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--rank", type=int, required=True)

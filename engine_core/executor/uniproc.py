@@ -3,10 +3,10 @@ executor for tensor parallelism has the same interface."""
 
 from common.protocol import Logprobs
 from engine_core.engine_config import EngineConfig
-from engine_core.model_runner import ModelRunner
-from engine_core.scheduler import SchedulerOutput
+from engine_core.worker.model_runner import ModelRunner
+from engine_core.sched.scheduler import SchedulerOutput
 from engine_core.spec_decode.draft_model import DraftModel
-from engine_core.step_input import build_step_input
+from engine_core.worker.step_input import build_step_input
 
 
 class UniprocExecutor:

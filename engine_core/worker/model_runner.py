@@ -2,7 +2,7 @@
 
 One ModelRunner per tensor-parallel rank. Rank 0 also samples; the others only run the forward.
 On CUDA, the KV cache gets what `gpu_memory_utilization` leaves after a profiling step at the
-largest batch (`profile_run`), and decode-only steps replay CUDA graphs (engine_core/cuda_graph.py)
+largest batch (`profile_run`), and decode-only steps replay CUDA graphs (engine_core/worker/cuda_graph.py)
 unless `enforce_eager` is set.
 """
 
@@ -13,25 +13,25 @@ import torch
 
 from common.protocol import Logprobs
 from common.sampling_params import SamplingParams
-from engine_core import batch_invariance
+from engine_core.platform import batch_invariance
 from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.capabilities import AttentionSetup
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.selector import select_attention_backend
 from engine_core.cpu_kernels import table as cpu_kernel_table
-from engine_core.cuda_graph import DecodeGraphRunner
+from engine_core.worker.cuda_graph import DecodeGraphRunner
 from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.engine_config import EngineConfig
-from engine_core.forward_context import forward_context
+from engine_core.layers.forward_context import forward_context
 from engine_core.layers import cpu_ops, cpu_packing
 from engine_core.layers.attention import PagedAttention
 from engine_core.models.cpu_decoder import CpuDecoder
 from engine_core.models.cpu_decoder_f32 import CpuDecoderBF16Generic, CpuDecoderF32
 from engine_core.models.registry import model_class
-from engine_core.request import Request
-from engine_core.sampler import Sampler
-from engine_core.spec_decode import rejection
-from engine_core.step_input import StepBuilder, StepInput
+from engine_core.sched.request import Request
+from engine_core.sample.sampler import Sampler
+from engine_core.sample import rejection
+from engine_core.worker.step_input import StepBuilder, StepInput
 from engine_core.weights import quantized
 from engine_core.weights.loader import load_safetensors_weights
 

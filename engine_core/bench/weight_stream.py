@@ -1,6 +1,6 @@
 """The weight-streaming bound of a decode step on this machine: the bytes a batch-1 decode step must
 read (every linear layer's weights, as the engine holds them: bf16 panels or quantized blocks) over the
-memory read bandwidth measured now. `python -m engine_core.weight_stream [MODEL] [--quantization Q]
+memory read bandwidth measured now. `python -m engine_core.bench.weight_stream [MODEL] [--quantization Q]
 [--dtype D]` prints one JSON line (`nvllm bench latency` runs it in a child: the frontend does not
 import torch).
 
@@ -15,10 +15,10 @@ import time
 import torch
 
 from common.config import QUANTIZATIONS, EngineArgs
-from engine_core.cpu_threads import allowed_cpus
+from engine_core.platform.cpu_threads import allowed_cpus
 from engine_core.engine_config import resolve_engine_config
 from engine_core.layers import cpu_packing
-from engine_core.model_runner import ModelRunner
+from engine_core.worker.model_runner import ModelRunner
 
 BUFFER_BYTES = 1 << 30
 

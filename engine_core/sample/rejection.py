@@ -20,8 +20,8 @@ elsewhere in the batch.
 import torch
 
 from common.protocol import Logprobs
-from engine_core.request import Request
-from engine_core.sampler import Sampler, inverse_cdf, with_logprobs
+from engine_core.sched.request import Request
+from engine_core.sample.sampler import Sampler, inverse_cdf, with_logprobs
 
 
 class DraftPosition:

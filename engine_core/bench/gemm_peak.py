@@ -1,6 +1,6 @@
 """The GEMM rate this machine reaches on a model's own linear shapes, in the dtype `--dtype auto` picks on
 the active CPU tier (engine_core/cpu_kernels/tiers.py): the ceiling a prefill step can approach.
-`python -m engine_core.gemm_peak [MODEL]` prints one JSON line.
+`python -m engine_core.bench.gemm_peak [MODEL]` prints one JSON line.
 
 The shapes are one decoder layer's fused projections (qkv, o, gate_up, down), run through each linear of
 that dtype the tier has: bfloat16 (avx512_bf16, amx) through oneDNN's packed weights and nvllm's panels
@@ -21,7 +21,7 @@ import torch
 from engine_core.cpu_kernels import tiers
 from engine_core.engine_config import ModelConfig
 from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_packing
-from engine_core.platform import pick_dtype
+from engine_core.platform.device import pick_dtype
 from engine_core.weights.model_resolver import resolve_model
 
 ROWS = (128, 512, 2048)

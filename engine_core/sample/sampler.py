@@ -14,7 +14,7 @@ from collections import Counter
 import torch
 
 from common.protocol import Logprobs
-from engine_core.request import Request
+from engine_core.sched.request import Request
 from engine_core.structured_outputs.token_masks import apply_masks, fill_masks
 
 

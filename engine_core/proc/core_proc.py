@@ -1,7 +1,7 @@
 """EngineCoreProc: the engine core as its own process, serving frontends over ZeroMQ.
 
 Threads:
-- IO thread: owns the ROUTER socket and the table of frontend sessions (engine_core/frontend_sessions.py).
+- IO thread: owns the ROUTER socket and the table of frontend sessions (engine_core/proc/frontend_sessions.py).
   Decodes incoming frames (a bad frame is logged and dropped) into the input queue, answers HELLO,
   forwards encoded outputs from the busy loop to the session they belong to, and sends each frontend the
   latest stats as a heartbeat when it has heard nothing from the core for HEARTBEAT_SECONDS.
@@ -46,9 +46,9 @@ from common.request_ids import scoped_id, unscoped_id
 from common.transport import (CORE_RCVHWM, CORE_SNDHWM, HEARTBEAT_SECONDS, MAX_REQUEST_FRAME_BYTES,
                               frontend_silent_seconds, is_loopback, limit_socket)
 from common.validation import check_request
-from engine_core.core import EngineCore
-from engine_core.frontend_sessions import FrontendSessions, Session
-from engine_core.stats_log import ThroughputLog
+from engine_core.proc.core import EngineCore
+from engine_core.proc.frontend_sessions import FrontendSessions, Session
+from engine_core.proc.stats_log import ThroughputLog
 
 logger = logging.getLogger("nvllm")
 

@@ -8,8 +8,8 @@ from array import array
 
 import xxhash
 
-from engine_core.block_pool import BlockPool, KVCacheBlock
-from engine_core.request import Request
+from engine_core.sched.block_pool import BlockPool, KVCacheBlock
+from engine_core.sched.request import Request
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids) -> int:

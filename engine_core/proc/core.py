@@ -10,13 +10,13 @@ import uuid
 from common.config import EngineArgs
 from common.protocol import (PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready,
                              StepCounts)
-from engine_core.cpu_threads import ThreadPoolSizer
+from engine_core.platform.cpu_threads import ThreadPoolSizer
 from engine_core.engine_config import resolve_engine_config
-from engine_core.engine_errors import is_fatal
-from engine_core.kv_cache_manager import KVCacheManager
-from engine_core.model_folder import eos_token_ids, read_tokenizer_files
-from engine_core.request import Request
-from engine_core.scheduler import Scheduler, SchedulerConfig
+from engine_core.executor.fatal_errors import is_fatal
+from engine_core.sched.kv_cache_manager import KVCacheManager
+from engine_core.weights.model_folder import eos_token_ids, read_tokenizer_files
+from engine_core.sched.request import Request
+from engine_core.sched.scheduler import Scheduler, SchedulerConfig
 from engine_core.spec_decode.proposer import speculator_for
 from engine_core.structured_outputs.grammar_compiler import GrammarCompiler
 from engine_core.structured_outputs.request_grammar import RequestGrammar
@@ -31,7 +31,7 @@ class EngineCore:
         self.args = args  # what the user asked for, never changed; everything below reads self.config
         self.config = config = resolve_engine_config(args)
         if executor_class is None:
-            from engine_core.executor_factory import executor_class_for
+            from engine_core.executor.factory import executor_class_for
             executor_class = executor_class_for(config)
         self.cpu_threads = (ThreadPoolSizer(config.cpu_threads, fixed=config.cpu_threads is not None)
                             if config.device == "cpu" and config.parallel.is_single_process else None)

@@ -4,10 +4,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from engine_core.request import Request
+from engine_core.sched.request import Request
 
 if TYPE_CHECKING:
-    from engine_core.scheduler import SchedulerOutput
+    from engine_core.sched.scheduler import SchedulerOutput
 
 
 class StepInput(msgspec.Struct, array_like=True):

@@ -30,8 +30,8 @@ import torch
 
 from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
-from engine_core.forward_context import forward_context
-from engine_core.step_input import StepInput
+from engine_core.layers.forward_context import forward_context
+from engine_core.worker.step_input import StepInput
 
 logger = logging.getLogger("nvllm")
 

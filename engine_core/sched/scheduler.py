@@ -24,15 +24,12 @@ Why this never spins forever:
 import concurrent.futures
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from common.protocol import (EngineCoreOutput, FinishReason, Logprobs, SchedulerGauges, SchedulerStats,
                              SchedulerTotals, StepCounts)
-from engine_core.kv_cache_manager import KVCacheManager
-from engine_core.request import Request, RequestStatus
-
-if TYPE_CHECKING:
-    from engine_core.spec_decode.proposer import Speculator
+from engine_core.sched.kv_cache_manager import KVCacheManager
+from engine_core.sched.request import Request, RequestStatus
+from engine_core.sched.speculator import Speculator
 
 
 @dataclass
@@ -69,7 +66,7 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 proposer: "Speculator | None" = None):
+                 proposer: Speculator | None = None):
         if config.block_size != kv_cache_manager.block_size:
             raise ValueError(f"scheduler block_size {config.block_size} differs from the KV cache "
                              f"manager's {kv_cache_manager.block_size}")
