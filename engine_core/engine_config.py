@@ -15,32 +15,31 @@ what the ranks start from. The executor reports it (num_blocks_for_budget, the m
 and the core hands it back whole (initialize_cache).
 """
 
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 
 from common.config import EngineArgs, parse_size
 from common.speculative import SpeculativeConfig
+from engine_core.families.catalog import read_spec
+from engine_core.families.spec import ModelSpec
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """A model folder and the facts of its config.json that the model code reads."""
+    """A model folder, its config.json, and the model's spec as its family reads it (families/)."""
     path: str  # a local folder (a GGUF file is converted to one by the resolver)
-    hf_config: dict[str, Any]  # config.json as engine_core/model_folder.read_hf_config normalises it
+    hf_config: dict[str, Any]  # config.json as engine_core/weights/model_folder.read_hf_config normalises it
+    spec: ModelSpec  # what the model code builds; a config nvllm cannot honour fails here, naming the field
 
     @classmethod
     def from_folder(cls, path: str) -> "ModelConfig":
         from engine_core.weights.model_folder import read_hf_config
-        return cls(path=path, hf_config=read_hf_config(path))
-
-    def architecture(self) -> SimpleNamespace:
-        """The namespace the model classes take (attribute access, like transformers' configs)."""
-        return SimpleNamespace(**self.hf_config)
+        hf_config = read_hf_config(path)
+        return cls(path=path, hf_config=hf_config, spec=read_spec(hf_config))
 
     @property
     def vocab_size(self) -> int:
-        return self.hf_config["vocab_size"]
+        return self.spec.vocab_size
 
 
 class ParallelConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,7 +109,7 @@ def resolve_engine_config(args: EngineArgs) -> EngineConfig:
         draft_model=draft,
         dtype=str(pick_dtype(args.dtype, device)).removeprefix("torch."),
         device=device.type,
-        max_model_len=_max_model_len(args.max_model_len, model.hf_config["max_position_embeddings"]),
+        max_model_len=_max_model_len(args.max_model_len, model.spec.max_position),
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.token_budget(device.type),

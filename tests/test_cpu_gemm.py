@@ -6,7 +6,7 @@ import torch
 
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing
 from engine_core.layers.activation import silu_and_mul
-from engine_core.layers.linear import ColumnParallelLinear, GateUpSiluLinear
+from engine_core.layers.linear import ColumnParallelLinear, GateUpLinear
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(cpu_gemm.load() is None, reason="needs AVX512-BF16 (on AMX CPUs, batch invariance): cpu_gemm.c does not run on this CPU")]
@@ -117,7 +117,7 @@ def test_gated_rows_do_not_depend_on_the_other_rows_or_threads():
 
 @pytest.mark.parametrize("intermediate", [64, 40])  # 40: not whole gated tiles, packed plainly
 def test_gate_up_layer_packs_gated_where_it_can(intermediate):
-    layer = GateUpSiluLinear(64, intermediate)
+    layer = GateUpLinear(64, intermediate)
     layer.weight.data = _bf16(2 * intermediate, 64, seed=19)
     x = _bf16(9, 64, seed=20)
     expected = silu_and_mul(cpu_gemm.PanelWeight(layer.weight.data).matmul(x))

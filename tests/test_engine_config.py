@@ -19,7 +19,7 @@ def test_resolving_leaves_the_args_as_asked_and_fills_in_every_default(tiny_mode
     assert config.dtype in ("float32", "bfloat16") and config.device == "cpu"
     assert config.max_model_len == config.model.hf_config["max_position_embeddings"]
     assert config.max_num_batched_tokens == args.token_budget("cpu") and config.kv_cache_memory == 2 * 1024**2
-    assert config.model.architecture().hidden_size == config.model.hf_config["hidden_size"]
+    assert config.model.spec.hidden_size == config.model.hf_config["hidden_size"]
     assert config.parallel.is_single_process and config.draft_model is None
 
 

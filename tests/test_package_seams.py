@@ -58,6 +58,13 @@ def test_the_tree_keeps_every_contract():
     ("frontend/processor.py", "\nfrom engine_core.sched import scheduler\n",
      "frontend is not allowed to import engine_core"),
     ("common/limits.py", "\nimport frontend.outputs\n", "common is not allowed to import frontend"),
+    # engine_core's stages: the scheduler below the worker, the layers below the models, kernels at the bottom
+    ("engine_core/sched/request.py", "\nfrom engine_core.worker import model_runner\n",
+     "engine_core.sched is not allowed to import engine_core.worker"),
+    ("engine_core/layers/norm.py", "\n\ndef _lazy():\n    from engine_core.models import decoder\n",
+     "engine_core.layers is not allowed to import engine_core.models"),
+    ("engine_core/cpu_kernels/tiers.py", "\nfrom engine_core.platform import device\n",
+     "engine_core.cpu_kernels is not allowed to import engine_core.platform"),
 ])
 def test_a_broken_seam_fails(tmp_path, module, line, contract):
     tree = _copy_tree(tmp_path)

@@ -20,6 +20,7 @@ import torch
 
 from engine_core.cpu_kernels import tiers
 from engine_core.engine_config import ModelConfig
+from engine_core.families.spec import ModelSpec
 from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_packing
 from engine_core.platform.device import pick_dtype
 from engine_core.weights.model_resolver import resolve_model
@@ -27,11 +28,11 @@ from engine_core.weights.model_resolver import resolve_model
 ROWS = (128, 512, 2048)
 
 
-def layer_shapes(config) -> dict[str, tuple[int, int]]:
+def layer_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     """(in, out) features of one layer's fused projections."""
-    hidden, head_dim = config.hidden_size, config.head_dim
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    inter = config.intermediate_size
+    hidden, head_dim = spec.hidden_size, spec.head_dim
+    q, kv = spec.num_heads * head_dim, spec.num_kv_heads * head_dim
+    inter = spec.intermediate_size
     return {"qkv": (hidden, q + 2 * kv), "o": (q, hidden), "gate_up": (hidden, 2 * inter), "down": (inter, hidden)}
 
 
@@ -59,7 +60,7 @@ def layer_rate(shapes: dict[str, tuple[int, int]], rows: int, kernel, repeats: i
 
 def measure(model: str | None = None) -> dict:
     folder = resolve_model(model)
-    shapes = layer_shapes(ModelConfig.from_folder(folder).architecture())
+    shapes = layer_shapes(ModelConfig.from_folder(folder).spec)
     dtype = pick_dtype("auto", torch.device("cpu"))
     own = tiers.active_tier() == tiers.cpu_tier()
     if dtype is torch.bfloat16:

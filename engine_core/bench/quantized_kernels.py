@@ -94,7 +94,7 @@ def layer_rate(shapes: dict[str, tuple[int, int]], rows: int, make, dtype: torch
 
 def measure(model: str | None = None) -> dict:
     folder = resolve_model(model)
-    shapes = layer_shapes(ModelConfig.from_folder(folder).architecture())
+    shapes = layer_shapes(ModelConfig.from_folder(folder).spec)
     dtype = pick_dtype("auto", torch.device("cpu"))
     rates = {name: {rows: layer_rate(shapes, rows, make, dtype) for rows in ROWS}
              for name, make in _kernels(dtype).items()}

@@ -13,3 +13,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     gate, up = x.chunk(2, dim=-1)
     return nn.functional.silu(gate) * up
+
+
+def act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """activation(gate) * up for x = [gate | up], activation a ModelSpec.activation (as transformers computes it)."""
+    if activation == "silu":
+        return silu_and_mul(x)
+    gate, up = x.chunk(2, dim=-1)
+    if activation == "gelu_tanh":
+        return nn.functional.gelu(gate, approximate="tanh") * up
+    if activation == "gelu":
+        return nn.functional.gelu(gate) * up
+    raise ValueError(f"activation {activation!r} is not implemented")

@@ -11,7 +11,7 @@ from torch import nn
 
 from engine_core.distributed.parallel_state import all_reduce, partition_heads, split_evenly, tp_rank, tp_size
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing, cpu_quant
-from engine_core.layers.activation import silu_and_mul
+from engine_core.layers.activation import act_and_mul
 
 
 class ColumnParallelLinear(cpu_packing.PackableWeight, nn.Module):
@@ -48,22 +48,23 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         param.data.narrow(0, offset, count).copy_(loaded.narrow(0, start, count))
 
 
-class GateUpSiluLinear(MergedColumnParallelLinear):
-    """A gated MLP's gate and up projections with silu(gate) * up applied: [T, in] -> [T, intermediate].
-    On AVX512-BF16 CPUs the product is formed in the matmul's epilogue (cpu_gemm.GatedPanelWeight), so
+class GateUpLinear(MergedColumnParallelLinear):
+    """A gated MLP's gate and up projections with activation(gate) * up applied: [T, in] -> [T, intermediate].
+    With SiLU on AVX512-BF16 CPUs the product is formed in the matmul's epilogue (cpu_gemm.GatedPanelWeight), so
     the [T, 2 * intermediate] projection output is never written out and read back."""
 
-    def __init__(self, in_features: int, intermediate: int, bias: bool = False):
+    def __init__(self, in_features: int, intermediate: int, activation: str = "silu", bias: bool = False):
         super().__init__(in_features, [intermediate, intermediate], bias)
+        self.activation = activation
 
     def packed_form(self, weight: torch.Tensor):
-        table = cpu_ops.silu_table()
+        table = cpu_ops.silu_table() if self.activation == "silu" else None
         if table is None or not cpu_gemm.can_pack_gated(weight):
             return super().packed_form(weight)
         return cpu_gemm.GatedPanelWeight(weight, table)
 
     def quantized_form(self, weight: cpu_quant.QuantizedTensor, dtype: torch.dtype):
-        table = cpu_ops.silu_table()
+        table = cpu_ops.silu_table() if self.activation == "silu" else None
         if (table is None or weight.shape[0] % (4 * cpu_gemm.LANES) or dtype is not torch.bfloat16
                 or not cpu_quant.can_pack(weight)):
             return super().quantized_form(weight, dtype)
@@ -72,7 +73,7 @@ class GateUpSiluLinear(MergedColumnParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self.packed_weight, (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight)):
             return self.packed_weight.silu_and_mul(x, self.bias)
-        return silu_and_mul(self.matmul(x, self.bias))
+        return act_and_mul(self.matmul(x, self.bias), self.activation)
 
 
 class QKVParallelLinear(ColumnParallelLinear):

@@ -82,16 +82,39 @@ def _why_not(model) -> str | None:
         and type(mlp.down_proj.packed_weight) in plain and type(mlp.gate_up_proj.packed_weight) in gated))
 
 
+# The ModelSpec values (families/spec.py) the C loops implement, bf16 and float32 alike; a model with any other
+# value of these fields runs its modules. q/k/v biases, q/k norms and rotary scaling are implemented either way.
+IMPLEMENTED = {
+    "activation": ("silu",),
+    "norm_offset": (0.0,),
+    "o_bias": (False,),  # a bias after a row-parallel linear
+    "mlp_bias": (False,),
+    "sliding_window": (None,),
+    "attn_logit_softcap": (None,),
+    "num_experts": (0,),
+}
+
+
+def spec_issue(spec) -> str | None:
+    """The first ModelSpec value the C loops do not implement, by name; None if they implement them all."""
+    for name, implemented in IMPLEMENTED.items():
+        value = getattr(spec, name)
+        if value not in implemented:
+            return f"{name} = {value!r} (the C loop implements {', '.join(map(repr, implemented))})"
+    return None
+
+
 def layers_issue(model, dtype: torch.dtype, packed_ok) -> str | None:
-    """Why a C loop of `dtype` cannot run these layers as their modules would (weights not in the forms
-    `packed_ok(attn, mlp)` takes, a bias after a row-parallel linear, norms in another dtype, rotary tables
-    not in float32); None if it can."""
+    """Why a C loop of `dtype` cannot run these layers as their modules would (a spec value it does not implement,
+    weights not in the forms `packed_ok(attn, mlp)` takes, norms in another dtype, rotary tables not in float32);
+    None if it can."""
+    issue = spec_issue(model.spec)
+    if issue is not None:
+        return issue
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         if not packed_ok(attn, mlp):
             return "weights not in the packed forms the C loop takes"
-        if attn.o_proj.bias is not None or mlp.down_proj.bias is not None:
-            return "a bias after a row-parallel linear"
         norms = [layer.input_layernorm, layer.post_attention_layernorm] + (
             [attn.q_norm, attn.k_norm] if attn.q_norm is not None else [])
         if any(n.weight.dtype is not dtype or not n.weight.is_contiguous() for n in norms):

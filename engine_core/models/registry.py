@@ -1,20 +1,16 @@
-"""Model classes by the `architectures` name in config.json."""
+"""The model class of each family (families/catalog.py) nvllm runs."""
 
 from torch import nn
 
-from engine_core.models.llama import LlamaForCausalLM
-from engine_core.models.qwen2 import Qwen2ForCausalLM
-from engine_core.models.qwen3 import Qwen3ForCausalLM
+from engine_core.families.spec import ModelSpec
+from engine_core.models.decoder import DecoderForCausalLM
 
 MODELS: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "llama": DecoderForCausalLM,
+    "qwen2": DecoderForCausalLM,
+    "qwen3": DecoderForCausalLM,
 }
 
 
-def model_class(architectures: list[str]) -> type[nn.Module]:
-    for arch in architectures or []:
-        if arch in MODELS:
-            return MODELS[arch]
-    raise ValueError(f"architectures {architectures} not supported; nvllm runs {', '.join(MODELS)}")
+def model_class(spec: ModelSpec) -> type[nn.Module]:
+    return MODELS[spec.family]

@@ -109,7 +109,7 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         """One schedule -> execute -> update. An exception in it fails the step's requests (ERROR
-        outputs, blocks freed) and the core goes on; only a fatal one (engine_errors.is_fatal) propagates."""
+        outputs, blocks freed) and the core goes on; only a fatal one (executor/fatal_errors.is_fatal) propagates."""
         outputs: list[EngineCoreOutput] = []
         step = StepCounts()  # nothing to run: a step that computed nothing
         if self.scheduler.has_unfinished_requests():  # also while abort notices wait in the scheduler
@@ -152,7 +152,7 @@ class EngineCore:
         self.executor.on_failure(wake)
 
     def check_health(self) -> None:
-        """Raises the executor's fatal error (engine_errors.is_fatal) once it has one."""
+        """Raises the executor's fatal error (executor/fatal_errors.is_fatal) once it has one."""
         self.executor.check_health()
 
     def reset_prefix_cache(self) -> bool:

@@ -28,6 +28,8 @@ import time
 import numpy as np
 import torch
 
+from engine_core.families.catalog import FAMILIES, family_for_gguf
+
 logger = logging.getLogger("nvllm")
 
 MARKER_FILE = ".nvllm-import.json"  # written last: its presence means the folder is complete
@@ -39,13 +41,6 @@ QUANTIZED_FILE = "weights.quantized"
 KEPT_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # the types cpu_quant.c takes
 FLOAT32_LIMIT_BYTES = 8 << 30
 SHARD_BYTES = 4 << 30
-
-# GGUF architecture -> (HF architectures entry, model_type, q/k rows permuted by llama.cpp)
-ARCHITECTURES = {
-    "llama": ("LlamaForCausalLM", "llama", True),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2", False),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3", False),
-}
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -109,7 +104,7 @@ class _Metadata:
 
 
 def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows: int, dtype: torch.dtype) -> dict:
-    hf_arch, model_type, _ = ARCHITECTURES[arch]
+    family = family_for_gguf(arch)
 
     def key(name, default=None):
         return meta.get(f"{arch}.{name}", default)
@@ -123,8 +118,8 @@ def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = key("vocab_size") or (len(tokens) if tokens else vocab_rows)
     config = {
-        "architectures": [hf_arch],
-        "model_type": model_type,
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
         "hidden_size": hidden,
         "intermediate_size": int(key("feed_forward_length")),
         "num_hidden_layers": int(key("block_count")),
@@ -139,11 +134,11 @@ def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
-    if arch == "llama":
+    # the bias fields the family's config has (families/catalog.py), from the tensors the file holds
+    if "attention_bias" in family.reads:
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+    if "mlp_bias" in family.reads:
         config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
-    elif arch == "qwen3":
-        config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
     rope_scaling = _rope_scaling(meta, arch)
     if rope_scaling:
         config["rope_scaling"] = rope_scaling
@@ -222,7 +217,7 @@ def _write_weights(reader, arch: str, n_heads: int, n_kv: int, out_dir: str, dty
     from gguf.quants import dequantize
     from safetensors.torch import save_file
 
-    permuted = ARCHITECTURES[arch][2]
+    permuted = family_for_gguf(arch).gguf_qk_permuted
     shards: list[dict[str, torch.Tensor]] = [{}]
     shard_bytes = 0
     count = 0
@@ -287,9 +282,9 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
     reader = GGUFReader(gguf_path)
     meta = _Metadata(reader)
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    if family_for_gguf(arch) is None:
         raise ValueError(f"GGUF architecture {arch!r} of {gguf_path} is not supported; "
-                         f"nvllm imports {', '.join(sorted(ARCHITECTURES))} GGUFs")
+                         f"nvllm imports {', '.join(f.gguf_architecture for f in FAMILIES)} GGUFs")
     tensor_names = {t.name for t in reader.tensors}
     if dtype is None:
         n_params = sum(int(np.prod(t.shape)) for t in reader.tensors)

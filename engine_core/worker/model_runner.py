@@ -47,8 +47,8 @@ class ModelRunner:
         self.dtype = dtype = config.torch_dtype()
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len
-        hf_config = config.model.architecture()
-        self.hidden_size = hf_config.hidden_size
+        spec = config.model.spec
+        self.hidden_size = spec.hidden_size
         self.graph_runner: DecodeGraphRunner | None = None
         self.activation_peak: int | None = None  # bytes, once profile_run has measured it
         batch_invariance.set_batch_invariant(config.batch_invariant)  # before packing: it picks kernels
@@ -57,7 +57,7 @@ class ModelRunner:
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
-                self.model = model_class(hf_config.architectures)(hf_config)
+                self.model = model_class(spec)(spec)
         finally:
             torch.set_default_dtype(previous)
         self.model.load_weights(load_safetensors_weights(config.model.path))
@@ -76,15 +76,28 @@ class ModelRunner:
             # generic kernel's as in the loop, the float32 loop's source built for bf16
             loops = ((CpuDecoderF32,) if dtype is torch.float32
                      else (CpuDecoder, CpuDecoderBF16Generic) if self.backend.name == "cpu_generic" else (CpuDecoder,))
-            self.model.cpu_decoder = next(filter(None, (loop.for_model(self.model) for loop in loops)), None)
+            self.model.cpu_decoder = self._decoder_loop(loops)
         self.sampler = Sampler(device, config.seed) if tp_rank() == 0 else None
         if tp_rank() == 0 and device.type == "cpu":
             logger.info("%s; linear layers: %s", cpu_kernel_table.describe(str(dtype).removeprefix("torch.")),
                         cpu_packing.kernels_used(self.model))
         if tp_rank() == 0:
             logger.info("loaded %s %s (%s) on %s in %.1f s, attention backend %s, weights kept quantized: %s "
-                        "(%.0f MB of weights)", role, hf_config.architectures[0], str(dtype).removeprefix("torch."), device,
+                        "(%.0f MB of weights)", role, spec.architecture, str(dtype).removeprefix("torch."), device,
                         time.perf_counter() - start, self.backend.name, self.quantization, weight_bytes(self.model) / 1e6)
+
+    def _decoder_loop(self, loops):
+        """The first of the one-call C decoder loops `loops` that runs this model exactly as its modules would;
+        None (and why, in the load log) if none does."""
+        reasons = []
+        for loop in loops:
+            why = loop.why_not(self.model)
+            if why is None:
+                return loop(self.model)
+            reasons.append(f"{loop.__name__}: {why}")
+        if tp_rank() == 0:
+            logger.info("decoder layers run as modules, not a one-call C loop: %s", "; ".join(reasons))
+        return None
 
     def _attention_backend(self):
         layer = self.attn_layers[0]

@@ -6,7 +6,7 @@
  * path's bit for bit (tested). It holds no arithmetic of its own: every kernel is a function of the
  * other kernel libraries (cpu_gemm.c, cpu_ops.c, cpu_decode.c), passed in as a pointer.
  *
- * One layer, as llama.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k
+ * One layer, as models/decoder.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k
  * RMSNorm (Qwen3) and rotary, the new keys and values written to the paged cache, attention (the
  * decode kernel for one-token sequences, the chunk kernel for the rest), o_proj, residual add +
  * RMSNorm, gate/up matmul with silu(gate) * up, down_proj.

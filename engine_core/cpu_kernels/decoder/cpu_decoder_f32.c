@@ -9,7 +9,7 @@
  * (GGUF blocks), norm / rotary / SiLU-and-mul from cpu_ops_f32.c, attention from cpu_generic_attention.c
  * (one call for decodes and chunks alike: the batch-invariant path, the only one this loop serves).
  *
- * One layer, as llama.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k RMSNorm
+ * One layer, as models/decoder.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k RMSNorm
  * (Qwen3) and rotary, the new keys and values written to the paged cache, attention, o_proj, residual
  * add + RMSNorm, the gate/up matmul, silu(gate) * up (in place over the gate half), down_proj.
  *

@@ -2,7 +2,7 @@
  *
  * Each replaces several torch ops (and their temporaries) by one pass over memory, and reproduces
  * torch's rounding steps exactly, so results are bit-identical to the torch code they replace
- * (engine_core/layers/norm.py, rotary.py, models/llama.py):
+ * (engine_core/layers/norm.py, rotary.py, models/decoder.py):
  *  - every bf16 op of torch is computed in float32 and rounded to bf16 (nearest even, the integer
  *    way torch's AVX512 code does it: subnormals kept);
  *  - RMSNorm's float32 sum of squares follows torch's CPU sum order (its SumKernel.cpp: interleaved

@@ -1,7 +1,7 @@
-"""Llama-family decoder (SmolLM2, Llama 3); Qwen2 and Qwen3 are variations of it.
+"""The decoder of every family nvllm runs (Llama, Qwen2, Qwen3), built from a ModelSpec (families/spec.py).
 
-Variations are switched by class attributes: Qwen2 adds biases to q/k/v, Qwen3 RMS-normalises
-q and k per head before the rotary embedding.
+What sets the families apart is data in the spec, not subclasses: Qwen2's q/k/v biases, Qwen3's per-head
+q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling.
 """
 
 from typing import Iterable
@@ -11,33 +11,30 @@ from torch import nn
 
 from engine_core.layers.attention import PagedAttention
 from engine_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from engine_core.layers.linear import GateUpSiluLinear, QKVParallelLinear, RowParallelLinear
+from engine_core.families.spec import ModelSpec
+from engine_core.layers.linear import GateUpLinear, QKVParallelLinear, RowParallelLinear
 from engine_core.layers.norm import RMSNorm
 from engine_core.layers.rotary import RotaryEmbedding
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, config, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, spec: ModelSpec):
         super().__init__()
-        hidden = config.hidden_size
-        # Llama and Qwen3 configs may ask for biases on every attention projection
-        o_bias = bool(getattr(config, "attention_bias", False)) and not qkv_bias
-        qkv_bias = qkv_bias or bool(getattr(config, "attention_bias", False))
-        self.total_heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or hidden // self.total_heads
-        self.qkv_proj = QKVParallelLinear(hidden, head_dim, self.total_heads, config.num_key_value_heads, qkv_bias)
+        hidden = spec.hidden_size
+        self.total_heads = spec.num_heads
+        head_dim = spec.head_dim
+        self.qkv_proj = QKVParallelLinear(hidden, head_dim, self.total_heads, spec.num_kv_heads, spec.qkv_bias)
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
         # this rank's rows of o_proj are those of its query heads
-        self.o_proj = RowParallelLinear(self.total_heads * head_dim, hidden, bias=o_bias,
+        self.o_proj = RowParallelLinear(self.total_heads * head_dim, hidden, bias=spec.o_bias,
                                         input_start=self.qkv_proj.heads.q_start * head_dim,
                                         input_size=self.num_heads * head_dim)
-        self.rotary = RotaryEmbedding(head_dim, config.max_position_embeddings, config.rope_theta,
-                                      config.rope_scaling)
+        self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope.theta, spec.rope.scaling)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5)
-        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.q_norm = RMSNorm(head_dim, spec.norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, spec.norm_eps) if spec.qk_norm else None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
@@ -56,23 +53,23 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, spec: ModelSpec):
         super().__init__()
-        inter = config.intermediate_size
-        self.gate_up_proj = GateUpSiluLinear(config.hidden_size, inter)
-        self.down_proj = RowParallelLinear(inter, config.hidden_size)
+        inter = spec.intermediate_size
+        self.gate_up_proj = GateUpLinear(spec.hidden_size, inter, spec.activation, bias=spec.mlp_bias)
+        self.down_proj = RowParallelLinear(inter, spec.hidden_size, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DecoderAttention(config, qkv_bias, qk_norm)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = DecoderMLP(config)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.self_attn = DecoderAttention(spec)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.mlp = DecoderMLP(spec)
 
     def forward(self, positions, hidden, residual):
         if residual is None:
@@ -84,20 +81,17 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaForCausalLM(nn.Module):
-    qkv_bias = False
-    qk_norm = False
+class DecoderForCausalLM(nn.Module):
     cpu_decoder = None  # a CpuDecoder (cpu_decoder.py) runs the layers from C where the model runner sets one
 
-    def __init__(self, config):
+    def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.config = config
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, self.qkv_bias, self.qk_norm)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.spec = spec
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.tie_word_embeddings = spec.tie_word_embeddings
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 

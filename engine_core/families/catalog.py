@@ -1,0 +1,43 @@
+"""The families nvllm runs, by config.json architecture and by GGUF architecture."""
+
+from engine_core.families.family import SLIDING_FIELDS, Family
+from engine_core.families.spec import ModelSpec
+
+LLAMA = Family(
+    name="llama", architecture="LlamaForCausalLM", model_type="llama", gguf_architecture="llama",
+    gguf_qk_permuted=True, reads=frozenset({"attention_bias", "mlp_bias", "rope_interleaved"}),
+    ignores={"pretraining_tp": "transformers' Llama computes the same product unsliced",
+             "is_llama_config": "a marker nanotron-made configs (SmolLM2's) carry"})
+
+QWEN2 = Family(
+    name="qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", gguf_architecture="qwen2",
+    gguf_qk_permuted=False, qkv_bias=True, reads=SLIDING_FIELDS)
+
+QWEN3 = Family(
+    name="qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3", gguf_architecture="qwen3",
+    gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS)
+
+FAMILIES = (LLAMA, QWEN2, QWEN3)
+
+
+def family_for(architectures: list[str] | None, model_type: str | None = None) -> Family:
+    """By config.json's architectures, else (a config without them, as transformers' Auto classes do) its model_type."""
+    for arch in architectures or []:
+        for family in FAMILIES:
+            if family.architecture == arch:
+                return family
+    if not architectures:
+        for family in FAMILIES:
+            if family.model_type == model_type:
+                return family
+    raise ValueError(f"architectures {architectures} not supported; nvllm runs "
+                     f"{', '.join(f.architecture for f in FAMILIES)}")
+
+
+def family_for_gguf(name: str) -> Family | None:
+    return next((f for f in FAMILIES if f.gguf_architecture == name), None)
+
+
+def read_spec(config: dict) -> ModelSpec:
+    """The ModelSpec of a normalised config.json; spec.UnsupportedConfig for a field or value nvllm cannot honour."""
+    return family_for(config.get("architectures"), config.get("model_type")).read(config)

@@ -1,0 +1,72 @@
+"""Family: one declarative record per model family, and how it reads a config.json into a ModelSpec.
+
+A family says what it fixes (Qwen2's q/k/v biases, Qwen3's q/k norms), which config fields it reads beyond
+the ones every family reads, and which it knows never to change the outputs (with why). Reading refuses the
+rest by name (spec.UnsupportedConfig).
+"""
+
+from dataclasses import dataclass, field
+
+from engine_core.families import config_fields
+from engine_core.families.spec import ModelSpec, UnsupportedConfig, activation_of, rope_of
+
+# fields every family reads (weights/model_folder.py fills the ones a config may leave out)
+COMMON_FIELDS = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
+    "tie_word_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
+})
+# sliding-window fields of the Qwen families: refused while a layer would slide (not implemented yet)
+SLIDING_FIELDS = frozenset({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"})
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    architecture: str  # config.json's architectures entry
+    model_type: str
+    gguf_architecture: str  # llama.cpp's general.architecture
+    gguf_qk_permuted: bool  # llama.cpp stores q/k rows permuted for its own rotary layout
+    qkv_bias: bool | None = None  # fixed by the family; None: the config's attention_bias says
+    qk_norm: bool = False
+    reads: frozenset[str] = frozenset()  # fields read beyond COMMON_FIELDS
+    ignores: dict[str, str] = field(default_factory=dict)  # field -> why it never changes the outputs
+
+    def read(self, config: dict) -> ModelSpec:
+        for name in config:
+            if not (name in COMMON_FIELDS or name in self.reads or name in self.ignores
+                    or name in config_fields.NEVER_CHANGE_OUTPUTS):
+                raise UnsupportedConfig(name, config[name], f"not a field nvllm knows for {self.name} models, so it "
+                                        "cannot tell whether it changes the outputs")
+        attention_bias = bool(config.get("attention_bias", False))
+        if config.get("rope_interleaved"):
+            raise UnsupportedConfig("rope_interleaved", True, "nvllm implements the rotate-half layout")
+        self._refuse_sliding(config)
+        return ModelSpec(
+            family=self.name,
+            architecture=self.architecture,
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=config["num_attention_heads"],
+            num_kv_heads=config["num_key_value_heads"],
+            head_dim=config["head_dim"],
+            max_position=config["max_position_embeddings"],
+            norm_eps=float(config["rms_norm_eps"]),
+            activation=activation_of(config.get("hidden_act", "silu")),
+            qkv_bias=attention_bias if self.qkv_bias is None else self.qkv_bias,
+            o_bias=attention_bias and self.qkv_bias is None,
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            qk_norm=self.qk_norm,
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            rope=rope_of(config),
+        )
+
+    def _refuse_sliding(self, config: dict) -> None:
+        sliding = [kind for kind in config.get("layer_types") or [] if kind != "full_attention"]
+        if sliding:
+            raise UnsupportedConfig("layer_types", sliding[0], "nvllm implements full_attention layers only")
+        if config.get("use_sliding_window") and config.get("sliding_window") and \
+                config.get("max_window_layers", 0) < config["num_hidden_layers"]:
+            raise UnsupportedConfig("use_sliding_window", True, "sliding-window attention is not implemented yet")

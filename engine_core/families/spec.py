@@ -1,0 +1,73 @@
+"""ModelSpec: one model's values, the one record every part of the engine builds the model from.
+
+catalog.read_spec reads config.json (as weights/model_folder.py normalises it) through the model's family
+(family.py): every field is either read into a value here, or known never to change the outputs
+(config_fields.py, the family's own `ignores`). Anything else is an `UnsupportedConfig` naming the field:
+a field nvllm does not know, or a value it does not implement, would otherwise run the wrong arithmetic
+without a word.
+"""
+
+from typing import Any
+
+import msgspec
+
+# transformers' activation names -> the gated MLP activations nvllm implements
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_new": "gelu_tanh"}
+ROPE_TYPES = ("default", "llama3")
+
+
+class UnsupportedConfig(ValueError):
+    """A config.json field nvllm does not know, or a value of it nvllm does not implement."""
+
+    def __init__(self, field: str, value: Any, why: str):
+        self.field, self.value = field, value
+        super().__init__(f"config.json field {field!r} = {value!r}: {why}")
+
+
+class RopeSpec(msgspec.Struct, frozen=True, kw_only=True):
+    theta: float
+    scaling: dict[str, Any] | None = None  # rope_type llama3 and its factors; None: unscaled
+
+
+class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
+    family: str  # a catalog.py family name
+    architecture: str  # config.json's architectures entry
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position: int
+    norm_eps: float
+    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + weight)
+    activation: str = "silu"  # of the gated MLP: silu | gelu | gelu_tanh
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False  # gate, up and down projections
+    qk_norm: bool = False  # RMSNorm of q and k per head before the rotary embedding
+    tie_word_embeddings: bool = False
+    rope: RopeSpec
+    sliding_window: int | None = None  # tokens a layer attends back; None: every layer attends to all
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    num_experts: int = 0  # 0: a dense MLP
+
+
+def activation_of(name: Any) -> str:
+    if name not in ACTIVATIONS:
+        raise UnsupportedConfig("hidden_act", name, f"nvllm implements {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def rope_of(config: dict) -> RopeSpec:
+    scaling = config.get("rope_scaling")
+    if scaling:
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise UnsupportedConfig("rope_scaling.rope_type", rope_type, f"nvllm implements {', '.join(ROPE_TYPES)}")
+        if rope_type == "default":
+            scaling = None
+    return RopeSpec(theta=float(config["rope_theta"]), scaling=dict(scaling) if scaling else None)

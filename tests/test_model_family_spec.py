@@ -1,0 +1,155 @@
+"""Model families as data (engine_core/families/): every config field is read, known harmless, or refused
+by name; what the spec reads (activation, MLP biases) gives transformers' tokens; the one-call C decoder
+refuses by name what it does not implement, and the modules then run."""
+
+import json
+import logging
+import os
+
+import pytest
+import torch
+import transformers
+
+from common.config import EngineArgs
+from conftest import build_tiny_model
+from engine_core.engine_config import resolve_engine_config
+from engine_core.families.catalog import FAMILIES, family_for_gguf, read_spec
+from engine_core.families.spec import UnsupportedConfig
+from engine_core.models.cpu_decoder import spec_issue
+from engine_core.models.cpu_decoder_f32 import CpuDecoderF32
+from engine_core.weights.model_folder import read_hf_config
+from engine_core.worker.model_runner import ModelRunner
+
+pytestmark = pytest.mark.integration
+
+CONFIG_CLASSES = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "qwen3": transformers.Qwen3Config}
+SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2)
+
+
+def saved_config(tmp_path, family: str, **fields) -> dict:
+    """config.json as transformers' own config class writes it, normalised as the engine reads it."""
+    folder = tmp_path / family
+    CONFIG_CLASSES[family](**SMALL, **fields).save_pretrained(folder)
+    return read_hf_config(str(folder))
+
+
+@pytest.mark.parametrize("family", sorted(CONFIG_CLASSES))
+def test_every_family_reads_its_own_transformers_config(tmp_path, family):
+    spec = read_spec(saved_config(tmp_path, family))
+    assert spec.family == family and spec.num_layers == 2 and spec.activation == "silu"
+    assert spec.qkv_bias is (family == "qwen2") and spec.qk_norm is (family == "qwen3")
+    assert not spec.o_bias and not spec.mlp_bias
+
+
+def test_the_default_model_reads(default_model_dir):
+    spec = read_spec(read_hf_config(default_model_dir))
+    assert (spec.family, spec.num_layers, spec.tie_word_embeddings) == ("llama", 30, True)
+
+
+def test_biases_activation_and_rope_come_from_the_config(tmp_path):
+    spec = read_spec(saved_config(tmp_path, "llama", attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh",
+                                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}))
+    assert (spec.qkv_bias, spec.o_bias, spec.mlp_bias, spec.activation) == (True, True, True, "gelu_tanh")
+    assert spec.rope.scaling["rope_type"] == "llama3"
+
+
+@pytest.mark.parametrize("family, fields, field", [
+    ("llama", {"hidden_act": "relu2"}, "hidden_act"),
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0}, "layer_types"),
+])
+def test_a_value_nvllm_does_not_implement_is_refused_by_name(tmp_path, family, fields, field):
+    with pytest.raises(UnsupportedConfig) as refused:
+        read_spec(saved_config(tmp_path, family, **fields))
+    assert refused.value.field == field and repr(refused.value.field) in str(refused.value)
+
+
+@pytest.mark.parametrize("field, value", [("final_logit_softcapping", 30.0), ("num_local_experts", 8),
+                                          ("query_pre_attn_scalar", 256)])
+def test_a_field_no_family_spec_knows_is_refused_by_name(tmp_path, field, value):
+    config = saved_config(tmp_path, "llama") | {field: value}
+    with pytest.raises(UnsupportedConfig, match=field):
+        read_spec(config)
+
+
+def test_sliding_window_fields_that_slide_nothing_are_accepted(tmp_path):
+    # Qwen2.5 configs name a window with use_sliding_window false: every layer attends to all
+    spec = read_spec(saved_config(tmp_path, "qwen2", use_sliding_window=False, sliding_window=4096))
+    assert spec.sliding_window is None
+
+
+def test_the_gguf_importer_names_come_from_the_families():
+    assert [family_for_gguf(f.gguf_architecture) for f in FAMILIES] == list(FAMILIES)
+    assert family_for_gguf("gemma3") is None
+
+
+def test_an_unsupported_config_stops_the_engine_config_naming_the_field(tmp_path, default_model_dir):
+    path = build_tiny_model(str(tmp_path / "m"), "llama", default_model_dir)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config["attn_logit_softcapping"] = 50.0
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    with pytest.raises(UnsupportedConfig, match="attn_logit_softcapping"):
+        resolve_engine_config(EngineArgs(model=path, dtype="float32", device="cpu"))
+
+
+# ---- what the spec reads runs as transformers runs it ----------------------------------------------------
+
+VARIANTS = {"gelu_tanh": dict(hidden_act="gelu_pytorch_tanh"), "gelu": dict(hidden_act="gelu"),
+            "mlp_bias": dict(mlp_bias=True, attention_bias=True)}
+
+
+@pytest.fixture(scope="module")
+def variant_models(tmp_path_factory, default_model_dir):
+    root = tmp_path_factory.mktemp("variants")
+    return {name: build_tiny_model(str(root / name), "llama", default_model_dir, **fields)
+            for name, fields in VARIANTS.items()}
+
+
+def test_spec_issue_names_the_values_the_c_loop_lacks(variant_models):
+    specs = {name: read_spec(read_hf_config(path)) for name, path in variant_models.items()}
+    assert "activation = 'gelu_tanh'" in spec_issue(specs["gelu_tanh"])
+    assert "activation = 'gelu'" in spec_issue(specs["gelu"])
+    assert spec_issue(specs["mlp_bias"]).startswith("o_bias = True")
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_c_loop_refuses_by_name_and_the_modules_match_transformers(variant_models, tiny_models, variant, caplog):
+    """float32 on the CPU: the one-call C loop runs a plain Llama, refuses these by name (in the load log), and
+    the modules' logits equal transformers'."""
+    def runner(path):
+        r = ModelRunner(resolve_engine_config(EngineArgs(model=path, dtype="float32", device="cpu", block_size=4,
+                                                         kv_cache_memory="4MiB")))
+        r.allocate_kv_cache(16)
+        return r
+
+    assert CpuDecoderF32.why_not(runner(tiny_models["llama"]).model) is None  # the loop runs where it can
+    with caplog.at_level(logging.INFO, logger="nvllm"):
+        ours = runner(variant_models[variant])
+    assert ours.model.cpu_decoder is None
+    field = "activation" if variant.startswith("gelu") else "o_bias"
+    assert field in CpuDecoderF32.why_not(ours.model)
+    assert any("run as modules" in r.message and field in r.message for r in caplog.records)
+    from test_model_vs_transformers import TOKENS, hf_logits, run_step  # noqa: E402  (the shared step driver)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(variant_models[variant], dtype=torch.float32).eval()
+    (logits,) = run_step(ours, [(TOKENS[:13], 0, [3, 1, 2, 0])])
+    torch.testing.assert_close(logits, hf_logits(hf, TOKENS[:13]), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["gelu_tanh", "mlp_bias"])
+def test_greedy_tokens_equal_transformers_generate(variant_models, variant):
+    from frontend import LLM, SamplingParams
+
+    path = variant_models[variant]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = [[5, 900, 17, 4000, 31], [77, 12, 3000, 8, 8, 410, 2500]]
+    with LLM(path, dtype="float32", block_size=4, kv_cache_memory="4MiB", max_model_len=64) as llm:
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)
+        assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
