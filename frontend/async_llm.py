@@ -20,7 +20,7 @@ import logging
 from typing import AsyncIterator, Callable
 
 from common.config import EngineArgs
-from common.protocol import SchedulerStats
+from common.protocol import SchedulerStats, UtilityMethod
 from common.sampling_params import SamplingParams
 from frontend.core_client import EngineDeadError
 from frontend.core_client_mp import STARTUP_TIMEOUT_SECONDS, AsyncMPClient
@@ -280,7 +280,7 @@ class AsyncLLM:
 
     # ---- utilities --------------------------------------------------------------------------
 
-    async def _on_live_cores(self, method: str, timeout: float = 10.0) -> list:
+    async def _on_live_cores(self, method: UtilityMethod, timeout: float = 10.0) -> list:
         live = self.router.live(self.fingerprint)
         if not live:
             raise self.dead or EngineDeadError("no engine core is available")
@@ -296,13 +296,13 @@ class AsyncLLM:
         dead = self.dead
         if dead is not None:
             raise dead
-        await self._on_live_cores("ping", timeout=5.0)
+        await self._on_live_cores(UtilityMethod.PING, timeout=5.0)
 
     async def reset_prefix_cache(self) -> bool:
-        return all(await self._on_live_cores("reset_prefix_cache"))
+        return all(await self._on_live_cores(UtilityMethod.RESET_PREFIX_CACHE))
 
     async def get_stats(self) -> SchedulerStats:
-        return sum_stats(await self._on_live_cores("get_stats"))
+        return sum_stats(await self._on_live_cores(UtilityMethod.GET_STATS))
 
     def shutdown(self) -> None:
         self.router.shutdown()

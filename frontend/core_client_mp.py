@@ -342,9 +342,9 @@ class SyncMPClient(MPClientBase):
         if ready.lost:  # the core ended the session, and its requests
             logger.warning("the engine core had ended this frontend's session (silent for %.0f s): %d request(s) "
                            "lost", self.model_info.frontend_timeout, len(ready.lost))
+            why = P.SessionLost("the engine core ended this frontend's session: it was silent too long")
             lost = [P.EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=P.FinishReason.ERROR,
-                                       error="the engine core ended this frontend's session: it was silent too long")
-                    for rid in ready.lost]
+                                       failure=why) for rid in ready.lost]
             self._keep(EngineCoreOutputs(outputs=lost))
 
     def _recv(self) -> tuple[bytes, bytes]:
@@ -399,7 +399,7 @@ class SyncMPClient(MPClientBase):
                     return event.outputs
                 self._live_event(event)
 
-    def call_utility(self, method: str, *args):
+    def call_utility(self, method: P.UtilityMethod, *args):
         self._resume_session()
         call_id, frames = self.protocol.utility_frames(method, args)
         try:
@@ -419,10 +419,10 @@ class SyncMPClient(MPClientBase):
             self.protocol.forget_call(call_id)
 
     def reset_prefix_cache(self) -> bool:
-        return self.call_utility("reset_prefix_cache")
+        return self.call_utility(P.UtilityMethod.RESET_PREFIX_CACHE)
 
     def get_stats(self):
-        return self.call_utility("get_stats")
+        return self.call_utility(P.UtilityMethod.GET_STATS)
 
     def shutdown(self) -> None:
         self._close()
@@ -514,7 +514,7 @@ class AsyncMPClient(MPClientBase):
                 else:
                     self._live_event(event)
 
-    async def call_utility(self, method: str, *args, timeout: float = 10.0):
+    async def call_utility(self, method: P.UtilityMethod, *args, timeout: float = 10.0):
         """Needs the reader task running get_output()."""
         call_id, frames = self.protocol.utility_frames(method, args)
         future = asyncio.get_running_loop().create_future()

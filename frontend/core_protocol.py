@@ -112,8 +112,10 @@ class CoreProtocol:
         self.in_flight.difference_update(request_ids)
         return [P.ABORT, _encoder.encode(list(request_ids))] if request_ids else None
 
-    def utility_frames(self, method: str, args=()) -> tuple[int, list[bytes]]:
-        """A new call: its id (its answer comes as UtilityAnswered with it) and its frames."""
+    def utility_frames(self, method: P.UtilityMethod, args=()) -> tuple[int, list[bytes]]:
+        """A new call: its id (its answer comes as UtilityAnswered with it) and its frames. A name that is no
+        UtilityMethod is a ValueError here, before anything is sent."""
+        method = P.UtilityMethod(method)
         call_id = next(self._call_ids)
         self.pending_calls.add(call_id)
         return call_id, [P.UTILITY, _encoder.encode(P.UtilityCall(call_id, method, list(args)))]

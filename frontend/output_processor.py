@@ -65,14 +65,12 @@ class OutputProcessor:
             self._add_logprobs(seq, out.new_logprobs)
             stop_str = seq.detokenizer.update(out.new_token_ids)
             if stop_str is not None:
-                seq.finish_reason, seq.stop_reason = "stop", stop_str
+                seq.finish_reason, seq.stop_string = FinishReason.STOP, stop_str
                 if out.finish_reason is None:
                     to_abort.append(out.request_id)
             elif out.finish_reason is not None:
-                seq.finish_reason = str(FinishReason(out.finish_reason))
-                seq.stop_reason = out.stop_reason
-                if out.error:
-                    seq.stop_reason, seq.error_param = out.error, out.error_param
+                seq.finish_reason = FinishReason(out.finish_reason)
+                seq.stop_token_id, seq.failure = out.stop_reason, out.failure
             updated[record.request_id] = record
         results = []
         for record in updated.values():
@@ -118,7 +116,8 @@ class OutputProcessor:
                     : max(0, len(seq.detokenizer.text) - seq.detokenizer.hold_back)]
                 token_ids, logprobs = list(seq.token_ids), seq.logprobs
             completions.append(CompletionOutput(seq.index, text, token_ids, seq.cumulative_logprob, logprobs,
-                                                seq.finish_reason, seq.stop_reason, seq.error_param))
+                                                None if seq.finish_reason is None else str(seq.finish_reason),
+                                                seq.stop_reason, seq.error_param))
         if not completions:
             return None
         metrics = {"arrival_time": record.arrival_time, "first_token_time": record.first_token_time,

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from common.errors import InvalidParameter
+from common.protocol import ConstraintFailed, Failure, FinishReason
 from common.sampling_params import SamplingParams
 from frontend.detokenizer import IncrementalDetokenizer
 from frontend.outputs import Logprob
@@ -25,9 +26,10 @@ class SequenceState:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    error_param: str | None = None
+    finish_reason: FinishReason | None = None  # None while it runs
+    stop_token_id: int | None = None  # STOP: the stop token id the core saw
+    stop_string: str | None = None  # STOP: the stop string this frontend found
+    failure: Failure | None = None  # ERROR (ABORT: the core shut down): what failed
     sent_tokens: int = 0  # for delta outputs
     sent_logprobs: int = 0
     final_sent: bool = False
@@ -35,6 +37,18 @@ class SequenceState:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def stop_reason(self) -> int | str | None:
+        """What the public outputs call stop_reason (vLLM's shape): the stop string or stop token id, or the
+        failure's message."""
+        if self.failure is not None:
+            return self.failure.message
+        return self.stop_string if self.stop_string is not None else self.stop_token_id
+
+    @property
+    def error_param(self) -> str | None:
+        return self.failure.field if isinstance(self.failure, ConstraintFailed) else None
 
 
 @dataclass

@@ -112,10 +112,10 @@ def test_a_resumed_session_keeps_its_requests():
 
 def test_utility_results_are_matched_by_call_id():
     protocol = live()
-    first, frames = protocol.utility_frames("get_stats")
+    first, frames = protocol.utility_frames(P.UtilityMethod.GET_STATS)
     call = msgspec.msgpack.decode(frames[1], type=P.UtilityCall)
-    assert frames[0] == P.UTILITY and (call.call_id, call.method) == (first, "get_stats")
-    second, _ = protocol.utility_frames("ping")
+    assert frames[0] == P.UTILITY and (call.call_id, call.method) == (first, P.UtilityMethod.GET_STATS)
+    second, _ = protocol.utility_frames(P.UtilityMethod.PING)
     assert protocol.receive(P.UTILITY_RESULT, enc(P.UtilityResult(second, True)), 1.0) == \
         [UtilityAnswered(second, True, None)]
     protocol.forget_call(first)  # its caller gave up: a late answer is dropped
