@@ -5,7 +5,7 @@ that is not exactly the expected type is a DecodeError the receiver logs and dro
 decode of hostile bytes may raise).
 """
 
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 
 import msgspec
 
@@ -15,15 +15,16 @@ from common.sampling_params import SamplingParams
 # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8
 MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
-PROTOCOL_VERSION = 3  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
-# 3: SchedulerStats as gauges, totals and step counts; EngineCoreOutputs without engine_index
+PROTOCOL_VERSION = 4  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
+# 3: SchedulerStats as gauges, totals and step counts; EngineCoreOutputs without engine_index;
+# 4: UtilityCall.method a UtilityMethod; EngineCoreOutput.failure (tagged) for error and error_param
 
 
 class FinishReason(IntEnum):
-    STOP = 0  # EOS, a stop token id or a stop string
+    STOP = 0  # EOS, a stop token id (EngineCoreOutput.stop_reason says which id) or a stop string (frontend)
     LENGTH = 1  # max_tokens or max_model_len
     ABORT = 2  # aborted by the client or the engine
-    ERROR = 3
+    ERROR = 3  # EngineCoreOutput.failure says what failed
 
     def __str__(self) -> str:
         return ("stop", "length", "abort", "error")[self.value]
@@ -48,15 +49,54 @@ class Logprobs(msgspec.Struct, array_like=True, omit_defaults=True):
     top_logprobs: list[float] = []
 
 
+# ---- why a request failed: one tagged struct per meaning -------------------------------------------
+
+class RequestRejected(msgspec.Struct, tag="rejected", array_like=True):
+    """The core's own check of an ADD refused a field (the message starts with the field's name)."""
+    message: str
+
+
+class ConstraintFailed(msgspec.Struct, tag="constraint", array_like=True):
+    """The output constraint cannot go on (the grammar refused a sampled token): about the request's `field`."""
+    field: str
+    message: str
+
+
+class EngineFailed(msgspec.Struct, tag="engine", array_like=True):
+    """The engine failed the request (a step raised, the runner answered wrongly, no room): not the request's fault."""
+    message: str
+
+
+class CoreShutDown(msgspec.Struct, tag="shutdown", array_like=True):
+    """With finish_reason ABORT: the core shut down while the request ran."""
+    message: str
+
+
+class SessionLost(msgspec.Struct, tag="session_lost", array_like=True):
+    """Made by a frontend's client, never sent: the core ended this frontend's session, and its requests."""
+    message: str
+
+
+Failure = RequestRejected | ConstraintFailed | EngineFailed | CoreShutDown | SessionLost
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[Logprobs] = []
     finish_reason: FinishReason | None = None
-    stop_reason: int | None = None  # the stop token id that ended it, if any
+    stop_reason: int | None = None  # the stop token id that ended it (only that: stop strings are the frontend's)
     num_cached_tokens: int = 0
-    error: str | None = None
-    error_param: str | None = None  # the request field an error is about (None: the engine failed, not the request)
+    failure: Failure | None = None  # with finish_reason ERROR (or ABORT, CoreShutDown): what went wrong
+
+    @property
+    def error(self) -> str | None:
+        return self.failure.message if self.failure is not None else None
+
+    @property
+    def error_param(self) -> str | None:
+        """The request field the failure is about (None: the engine failed, not the request)."""
+        return self.failure.field if isinstance(self.failure, ConstraintFailed) else None
 
 
 class SchedulerGauges(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
@@ -152,9 +192,16 @@ class Ready(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     limits: RequestLimits = RequestLimits()  # what a request may ask for; the core refuses more
 
 
+class UtilityMethod(StrEnum):
+    """What a UtilityCall asks the core; any other name is a decode error (the core drops the frame)."""
+    RESET_PREFIX_CACHE = "reset_prefix_cache"
+    GET_STATS = "get_stats"
+    PING = "ping"
+
+
 class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True):
     call_id: int
-    method: str  # one of the core's UTILITY_METHODS
+    method: UtilityMethod
     args: list[int | float | str | bool | None] = []
 
 

@@ -31,9 +31,10 @@ def check_token_ids(field: str, ids, limits: RequestLimits) -> None:
 
 
 def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_prompt_tokens: int,
-                          compile_constraint: bool = False) -> None:
+                          compile_constraint: bool = False, constraint_field: str | None = None) -> None:
     """compile_constraint: also have llguidance compile the output constraint (the frontend's check; the
-    engine core compiles it off its busy loop and fails the request there instead)."""
+    engine core compiles it off its busy loop and fails the request there instead). constraint_field: what
+    the caller's API calls the constraint, for its errors (structured_outputs.<kind> when None)."""
     params.validate()
     room = limits.max_model_len - num_prompt_tokens if limits.max_model_len > 0 else None
     checks = [
@@ -66,7 +67,8 @@ def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_pro
     if params.structured_outputs is not None:
         check_token_ids("structured_outputs.starts_after_token_ids",
                         params.structured_outputs.starts_after_token_ids, limits)
-        check_structured_outputs(params.structured_outputs, limits.max_constraint_chars, compile_constraint)
+        check_structured_outputs(params.structured_outputs, limits.max_constraint_chars, compile_constraint,
+                                 field=constraint_field)
     max_tokens = params.max_tokens if params.max_tokens is not None else (room or 0)
     cost = request_token_cost(params, max_tokens)
     if cost > limits.max_request_tokens:
@@ -84,13 +86,15 @@ def check_prompt(ids: list[int], limits: RequestLimits) -> None:
     check_token_ids("prompt", ids, limits)
 
 
-def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_constraint: bool = False) -> None:
+def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_constraint: bool = False,
+                  constraint_field: str | None = None) -> None:
     """Raises InvalidParameter naming the first bad field of the request and its limit."""
     if not request.request_id or len(request.request_id) > limits.max_request_id_chars:
         raise InvalidParameter("request_id", f"request_id must be 1 to {limits.max_request_id_chars} characters, got "
                          f"{len(request.request_id)}")
     check_prompt(request.prompt_token_ids, limits)
-    check_sampling_params(request.sampling_params, limits, len(request.prompt_token_ids), compile_constraint)
+    check_sampling_params(request.sampling_params, limits, len(request.prompt_token_ids), compile_constraint,
+                          constraint_field)
     if len(request.eos_token_ids) > limits.max_stop_token_ids:
         raise InvalidParameter("eos_token_ids", f"eos_token_ids holds {len(request.eos_token_ids)} ids; at most "
                          f"{limits.max_stop_token_ids} are allowed")

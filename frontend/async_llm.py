@@ -2,8 +2,10 @@
 
 `async for out in engine.generate(prompt, params, request_id)` yields RequestOutputs as tokens
 arrive; `engine.process(...)` then `engine.stream(processed)` does the same in two steps, so the
-HTTP layer validates a request (a 400) before any stream starts and sends that same object. The core's output batches are detokenized by one OutputProcessor and handed to each
-request through its own asyncio queue. Cancelling a consumer aborts its request.
+HTTP layer validates a request (a 400) before any stream starts and sends that same object. The core's output
+batches are detokenized by one OutputProcessor and handed to each request through its own asyncio queue.
+Cancelling a consumer aborts its request. Each request in flight is one TrackedRequest in `requests`
+(frontend/request_tracker.py): its samples, its core, its stream, its output state, in one record.
 
 The engine is one core (a child process, or a core given by address) or several cores given by
 address (frontend/engine_router.py picks the least-loaded live one per request). A core that is
@@ -18,7 +20,7 @@ import logging
 from typing import AsyncIterator, Callable
 
 from common.config import EngineArgs
-from common.protocol import SchedulerStats
+from common.protocol import SchedulerStats, UtilityMethod
 from common.sampling_params import SamplingParams
 from frontend.core_client import EngineDeadError
 from frontend.core_client_mp import STARTUP_TIMEOUT_SECONDS, AsyncMPClient
@@ -26,6 +28,7 @@ from frontend.engine_router import CoreLink, EngineRouter, sum_stats
 from frontend.output_processor import OutputProcessor
 from frontend.outputs import RequestOutput
 from frontend.processor import ProcessedRequest
+from frontend.request_tracker import RequestTracker, TrackedRequest
 from frontend.served_model import ServedModel
 
 logger = logging.getLogger("nvllm")
@@ -34,7 +37,8 @@ logger = logging.getLogger("nvllm")
 class AsyncLLM:
     def __init__(self, clients: AsyncMPClient | list[AsyncMPClient]):
         clients = [clients] if isinstance(clients, AsyncMPClient) else list(clients)
-        self.router = EngineRouter(clients, self)
+        self.requests = RequestTracker()  # every request in flight, whichever model or core it is on
+        self.router = EngineRouter(clients, self, self.requests)
         self.model: ServedModel | None = None  # what the live cores serve (set at the first READY)
         self.stats = SchedulerStats()
         self.stats_listeners: list[Callable[[SchedulerStats], None]] = []
@@ -116,7 +120,7 @@ class AsyncLLM:
                 if self.model is not None:
                     logger.info("the engine now serves %s (was %s)", link.client.model_info.model_name,
                                 self.model.name)
-                self.model = ServedModel.from_ready(link.client.model_info)
+                self.model = ServedModel.from_ready(link.client.model_info, self.requests)
                 return
 
     # ---- RouterEvents: cores coming and going, outputs (on the event loop) --------------------
@@ -129,13 +133,10 @@ class AsyncLLM:
         self._publish_stats()
 
     def core_down(self, link: CoreLink, error: EngineDeadError, lost: list[str]) -> None:
-        outputs = self.output_processor
         for request_id in lost:
-            parent = outputs.parents.get(request_id)
-            if parent is not None:
-                if parent.queue is not None:
-                    parent.queue.put_nowait(error)
-                outputs.abort_request(request_id)
+            record = self.requests.remove(request_id)
+            if record is not None and record.stream is not None:
+                record.stream.put_nowait(error)
         self._follow_model()
         self._publish_stats()
 
@@ -144,20 +145,20 @@ class AsyncLLM:
             self._publish_stats()
         if not outputs.outputs or link.fingerprint != self.fingerprint:
             return
-        processor = self.output_processor
         # only outputs of requests this core runs for us (not the last words of one moved elsewhere)
-        parents = processor.child_to_parent
-        mine = [o for o in outputs.outputs if self.router.core_of(parents.get(o.request_id)) is link]
+        mine = [o for o in outputs.outputs if self._core_of(o.request_id) is link]
         if len(mine) != len(outputs.outputs):
             outputs.outputs = mine
-        results, to_abort = processor.process_outputs(outputs)
-        for parent, ro in results:
-            if parent.queue is not None:
-                parent.queue.put_nowait(ro)
-            if ro.finished:
-                self.router.finish(parent.request_id)
+        results, to_abort = self.output_processor.process_outputs(outputs)  # a finished request leaves the tracker
+        for record, ro in results:
+            if record.stream is not None:
+                record.stream.put_nowait(ro)
         if to_abort:
             asyncio.get_running_loop().create_task(link.client.abort_requests(to_abort))
+
+    def _core_of(self, core_request_id: str):
+        record = self.requests.owner_of(core_request_id)
+        return record.core if record is not None else None
 
     def _publish_stats(self) -> None:
         live = self.router.live(self.fingerprint)
@@ -180,19 +181,20 @@ class AsyncLLM:
 
     @property
     def num_unfinished_requests(self) -> int:
-        """Requests this frontend holds state for: registered for outputs, or placed on a core."""
-        held = set(self.output_processor.parents) if self.output_processor is not None else set()
-        return len(held | self.router.routed_requests)
+        """Requests this frontend holds state for (tracked: registered for outputs, or placed on a core)."""
+        return len(self.requests)
 
     # ---- requests ---------------------------------------------------------------------------
 
     def process(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams,
-                prompt_token_ids: list[int] | None = None, cache_salt: str | None = None) -> ProcessedRequest:
+                prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
+                constraint_field: str | None = None) -> ProcessedRequest:
         """Validates and tokenizes one request for the served model (InvalidParameter names a bad field)."""
         dead = self.dead
         if dead is not None:
             raise dead
-        return self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt)
+        return self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt,
+                                      constraint_field)
 
     async def generate(self, prompt: str | list[int] | None, sampling_params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None,
@@ -210,9 +212,10 @@ class AsyncLLM:
             raise EngineDeadError("the engine core changed its model since this request was checked; send it again")
         outputs, queue, tried = self.output_processor, asyncio.Queue(), []
         finished = produced = False
+        record = None
         try:
             while True:
-                await self._place(request, outputs, queue, tried)
+                record = await self._place(request, outputs, queue, tried)
                 while not finished:
                     item = await queue.get()
                     if self._moves_on(item, produced, request, tried):
@@ -225,28 +228,31 @@ class AsyncLLM:
                 if finished:
                     return
         finally:
-            if not finished:
-                self._abort_now(request.request_id, outputs)
-            self.router.finish(request.request_id)
+            # only this stream's own record (a refused duplicate id must not touch the request that has it)
+            if not finished and record is not None and self.requests.get(request.request_id) is record:
+                self._abort_now(request.request_id)
 
     async def _place(self, request: ProcessedRequest, outputs: OutputProcessor, queue: asyncio.Queue,
-                     tried: list[CoreLink]) -> CoreLink:
-        """Registers the request and sends its core requests to the least-loaded live core not tried yet;
+                     tried: list[CoreLink]) -> TrackedRequest:
+        """Tracks the request and sends its core requests to the least-loaded live core not tried yet;
         a core that dies while they are sent is passed over for the next."""
         while True:
-            link = self.router.submit(request.request_id, request.model_fingerprint, len(request.core_requests),
+            core_requests = outputs.add_request(request, queue)  # a request id in use is refused here
+            record = self.requests.get(request.request_id)
+            link = self.router.submit(request.request_id, request.model_fingerprint, len(core_requests),
                                       exclude=tried)
             if link is None:
+                self.requests.remove(request.request_id)
                 raise self.dead or EngineDeadError("the engine core changed its model while this request was "
                                                    "being placed; send it again")
             tried.append(link)
             try:
-                for core_request in outputs.add_request(request, queue):
+                for core_request in core_requests:
                     await link.client.add_request(core_request)
-                return link
+                return record
             except EngineDeadError:  # the core went away under us (its reader will say so too)
-                self.router.finish(request.request_id)
-                outputs.abort_request(request.request_id)
+                if self.requests.get(request.request_id) is record:
+                    self.requests.remove(request.request_id)
                 if not self._another_core(request, tried):
                     raise
 
@@ -258,22 +264,23 @@ class AsyncLLM:
     def _another_core(self, request: ProcessedRequest, tried: list[CoreLink]) -> bool:
         return any(link not in tried for link in self.router.live(request.model_fingerprint))
 
-    def _abort_now(self, request_id: str, outputs: OutputProcessor | None = None) -> None:
-        ids = (outputs or self.output_processor).abort_request(request_id)
-        link = self.router.finish(request_id)
+    def _abort_now(self, request_id: str) -> None:
+        record = self.requests.remove(request_id)
+        if record is None:
+            return
+        ids, link = record.unfinished_core_requests(), record.core
         if ids and link is not None and link.up:
             # the consumer may be unwinding a cancellation: send from a task of its own
             asyncio.get_running_loop().create_task(link.client.abort_requests(ids))
 
     async def abort(self, request_id: str) -> None:
-        ids = self.output_processor.abort_request(request_id)
-        link = self.router.finish(request_id)
-        if link is not None:
-            await link.client.abort_requests(ids)
+        record = self.requests.remove(request_id)
+        if record is not None and record.core is not None:
+            await record.core.client.abort_requests(record.unfinished_core_requests())
 
     # ---- utilities --------------------------------------------------------------------------
 
-    async def _on_live_cores(self, method: str, timeout: float = 10.0) -> list:
+    async def _on_live_cores(self, method: UtilityMethod, timeout: float = 10.0) -> list:
         live = self.router.live(self.fingerprint)
         if not live:
             raise self.dead or EngineDeadError("no engine core is available")
@@ -289,13 +296,13 @@ class AsyncLLM:
         dead = self.dead
         if dead is not None:
             raise dead
-        await self._on_live_cores("ping", timeout=5.0)
+        await self._on_live_cores(UtilityMethod.PING, timeout=5.0)
 
     async def reset_prefix_cache(self) -> bool:
-        return all(await self._on_live_cores("reset_prefix_cache"))
+        return all(await self._on_live_cores(UtilityMethod.RESET_PREFIX_CACHE))
 
     async def get_stats(self) -> SchedulerStats:
-        return sum_stats(await self._on_live_cores("get_stats"))
+        return sum_stats(await self._on_live_cores(UtilityMethod.GET_STATS))
 
     def shutdown(self) -> None:
         self.router.shutdown()

@@ -25,28 +25,30 @@ new core on the same address and says HELLO; a core that fails at its first star
 
 The socket queues messages only on a finished connection (ZMQ_IMMEDIATE), so nothing piles up
 for a core that is away, and a monitor tells when the connection drops or its CURVE handshake fails.
+
+Both clients are IO loops around one CoreProtocol (frontend/core_protocol.py), which holds the protocol's
+state (handshake, heartbeat timing, session resume, in-flight requests, pending utility calls) with no IO;
+what stays here is the socket, the connection monitor and the core child process.
 """
 
 import asyncio
-import itertools
 import logging
 import time
 import weakref
 from collections import deque
 
-import msgspec
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from common import protocol as P
 from common.config import EngineArgs
-from common.handshake import HELLO_INTERVAL_SECONDS, CoreRejected, hello_frames, read_answer
 from common.protocol import EngineCoreOutputs, EngineCoreRequest
-from common.transport import (DEAD_AFTER_SECONDS, FRONTEND_SILENT_SECONDS, HEARTBEAT_SECONDS, limit_socket,
-                              new_identity, private_ipc_address)
+from common.transport import DEAD_AFTER_SECONDS, limit_socket, new_identity, private_ipc_address
 from frontend.core_client import EngineDeadError
 from frontend.core_process import start_core_process, stop_core_process
+from frontend.core_protocol import (CoreLost, CoreProtocol, CoreReady, HelloRejected, OutputsArrived, ReconnectNeeded,
+                                    UtilityAnswered)
 
 logger = logging.getLogger("nvllm")
 
@@ -55,9 +57,6 @@ RETRY_FAILED_HANDSHAKE_SECONDS = 5.0  # ZeroMQ gives up after a refused CURVE ha
 ABORT_SEND_SECONDS = DEAD_AFTER_SECONDS  # the longest an abort waits for room in the send queue
 RESTART_DELAY_SECONDS = 1.0  # before restarting a child core that died; doubles after each restart
 RESTART_DELAY_MAX_SECONDS = 30.0
-_outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
-_result_decoder = msgspec.msgpack.Decoder(P.UtilityResult)
-_text_decoder = msgspec.msgpack.Decoder(str)
 
 _MONITORED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
               | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_DISCONNECTED)
@@ -102,18 +101,18 @@ class MPClientBase:
         # a client dropped without shutdown() must still close its sockets (else the context's own
         # finalizer blocks forever in term()) and stop its child core
         self._release = weakref.finalize(self, _release, self.sock, self.monitor, self.ctx, self._procs)
-        self.encoder = msgspec.msgpack.Encoder()
-        self.model_info: P.Ready | None = None
+        self.protocol = CoreProtocol(client_name, time.monotonic())
         self.dead_reason: str | None = None
         self.connected = False  # a finished (CURVE) handshake with the core's socket
         self.connect_problem: str | None = None  # why the last handshake failed, if it did
         self._last_reconnect = time.monotonic()
-        self.last_heard = time.monotonic()
-        self.last_sent = time.monotonic()  # the core ends the session of a frontend silent too long
-        self._call_ids = itertools.count()
         self._restart_delay = RESTART_DELAY_SECONDS
         self._ready_at = time.monotonic()
-        self._next_hello = 0.0  # while waiting for READY: when to say HELLO again
+
+    @property
+    def model_info(self) -> P.Ready | None:
+        """What the core said in its latest READY."""
+        return self.protocol.model_info
 
     @property
     def owns_core(self) -> bool:
@@ -125,15 +124,12 @@ class MPClientBase:
         """A core this client did not start may come back; a child process is restarted if restart_core."""
         return self.proc is None or self.restart_core
 
-    def _hello_if_due(self, resume: bool = False) -> list[bytes] | None:
+    def _hello_if_due(self) -> list[bytes] | None:
         """One turn of waiting for READY: connection events, a retry after a refused CURVE handshake;
-        then the HELLO to send if one is due (every HELLO_INTERVAL_SECONDS, see _hello_sent)."""
+        then the HELLO to send if one is due."""
         self._drain_monitor()
         self._retry_failed_connection()
-        return hello_frames(self.client_name, resume) if time.monotonic() >= self._next_hello else None
-
-    def _hello_sent(self) -> None:
-        self._next_hello = time.monotonic() + HELLO_INTERVAL_SECONDS
+        return self.protocol.hello_due(time.monotonic())
 
     def _handshake_timeout(self, timeout: float) -> TimeoutError:
         return TimeoutError(f"the engine core at {self.address} did not answer within {timeout:.0f} s "
@@ -141,9 +137,8 @@ class MPClientBase:
 
     def _abort_frames(self, request_ids: list[str]) -> list[bytes] | None:
         """The ABORT to send; None when there is nothing to abort or no live core to tell."""
-        if not request_ids or self.dead_reason is not None:
-            return None
-        return [P.ABORT, self.encoder.encode(request_ids)]
+        frames = self.protocol.abort_frames(request_ids)
+        return frames if self.dead_reason is None else None
 
     def _check_process(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -174,20 +169,13 @@ class MPClientBase:
             raise EngineDeadError(self.dead_reason)
         self._check_process()
         self._drain_monitor()
-        if time.monotonic() - self.last_heard > DEAD_AFTER_SECONDS and not self._frames_waiting():
+        if self.protocol.core_silent(time.monotonic()) and not self._frames_waiting():
             # frames waiting unread mean this side was busy (not reading), not that the core went quiet
             self._die(f"no word from the engine core for {DEAD_AFTER_SECONDS:.0f} s")
 
     def _frames_waiting(self) -> bool:
         return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
-    def _heartbeat_due(self) -> bool:
-        return time.monotonic() - self.last_sent >= HEARTBEAT_SECONDS
-
-    def _session_may_be_gone(self) -> bool:
-        """Quiet for half the core's limit: it may have ended this frontend's session."""
-        limit = (self.model_info.frontend_timeout if self.model_info else 0.0) or FRONTEND_SILENT_SECONDS
-        return time.monotonic() - self.last_sent > limit / 2
 
     def _abort_can_wait(self, deadline: float) -> bool:
         """Whether an abort that found the send queue full should wait: the core is connected and alive.
@@ -261,40 +249,34 @@ class MPClientBase:
             return f"no connection to {self.address} yet"
         return f"the engine core at {self.address} has not answered HELLO yet"
 
-    def _handle_ready(self, kind: bytes, body: bytes) -> bool:
-        try:
-            info = read_answer(kind, body)
-        except CoreRejected as e:
-            raise RuntimeError(f"the engine core refused this frontend: {e}") from None
-        if info is not None:
-            self._drain_monitor()  # events from before this connection must not count against it
-            if not info.tokenizer_files:  # a repeated READY: the files came before, from this core
-                if self.model_info is None or self.model_info.core_id != info.core_id:
-                    # not from this core: only a new connection brings them again
-                    logger.warning("the engine core at %s answered without its tokenizer files; reconnecting",
-                                   self.address)
-                    self._reconnect_socket()
-                    return False
-                info.tokenizer_files = self.model_info.tokenizer_files
-            previous, self.model_info = self.model_info, info
+    def _receive(self, kind: bytes, body: bytes) -> list:
+        """The protocol's events for one frame; connection events before a READY are applied first, so
+        that they do not count against the connection it comes on."""
+        if kind == P.READY and self.protocol.awaiting_ready:
+            self._drain_monitor()
+        return self.protocol.receive(kind, body, time.monotonic())
+
+    def _handshake_event(self, event) -> bool:
+        """Acts on an event while waiting for READY; True once READY came."""
+        if isinstance(event, HelloRejected):
+            raise RuntimeError(f"the engine core refused this frontend: {event.reason}")
+        if isinstance(event, ReconnectNeeded):
+            logger.warning("the engine core at %s answered without its tokenizer files; reconnecting", self.address)
+            self._reconnect_socket()
+        elif isinstance(event, CoreReady):
             self._ready_at = time.monotonic()
-            if previous is not None:
+            if event.previous is not None:
                 logger.info("engine core at %s is back%s, serving %s", self.address,
-                            "" if previous.core_id == info.core_id else " (a new core)", info.model_name)
+                            "" if event.previous.core_id == event.info.core_id else " (a new core)",
+                            event.info.model_name)
             self.dead_reason = None
-            self.last_heard = time.monotonic()
             return True
         return False
 
-    def _handle_control(self, kind: bytes, body: bytes) -> None:
-        """Frames other than outputs and results that a live client may get."""
-        if kind == P.SHUTDOWN:
-            self._die(_text_decoder.decode(body))
-        elif kind == P.UNKNOWN_FRONTEND:
-            self._die("the engine core does not know this frontend (it restarted)")
-        elif kind == P.READY and self.model_info is not None:
-            if read_answer(kind, body).core_id != self.model_info.core_id:
-                self._die("a restarted engine core answered")
+    def _live_event(self, event) -> None:
+        """Acts on an event of a live client that is not outputs or an answer."""
+        if isinstance(event, CoreLost):
+            self._die(event.reason)
 
     def _close(self) -> None:
         try:  # through a plain socket: an asyncio one would leave a future nobody awaits
@@ -320,56 +302,49 @@ class SyncMPClient(MPClientBase):
     def __init__(self, args: EngineArgs | None, address: str | None = None, socket_setup=None):
         super().__init__(args, address, asyncio_ctx=False, socket_setup=socket_setup, client_name="LLM")
         self._pending_outputs: deque[EngineCoreOutputs] = deque()
-        self._in_flight: set[str] = set()  # requests sent and neither finished nor aborted
         self._handshake(STARTUP_TIMEOUT_SECONDS)
 
-    def _handshake(self, timeout: float, resume: bool = False) -> None:
+    def _handshake(self, timeout: float, resume: bool = False) -> CoreReady:
         deadline = time.monotonic() + timeout
-        self._next_hello = 0.0
+        self.protocol.start_handshake(resume)
         while time.monotonic() < deadline:
             self._check_process_at_start()
-            hello = self._hello_if_due(resume)
-            if hello and self._send_now(hello):
-                self._hello_sent()
+            hello = self._hello_if_due()
+            if hello:
+                self._send_now(hello)
             if self.sock.poll(100):
-                kind, body = self._recv()
-                if self._handle_ready(kind, body):
-                    return
-                if resume and kind == P.OUTPUTS:  # outputs that came while this client was quiet
-                    self._keep(_outputs_decoder.decode(body))
+                for event in self._receive(*self._recv()):
+                    if self._handshake_event(event):
+                        return event
+                    if resume and isinstance(event, OutputsArrived):  # outputs that came while this client was quiet
+                        self._keep(event.outputs)
         raise self._handshake_timeout(timeout)
-
-    def _note(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
-        for out in outputs.outputs:
-            if out.finish_reason is not None:
-                self._in_flight.discard(out.request_id)
-        return outputs
 
     def _keep(self, outputs: EngineCoreOutputs) -> None:
         if outputs.outputs:
-            self._pending_outputs.append(self._note(outputs))
+            self._pending_outputs.append(outputs)
 
     def _resume_session(self) -> None:
         """After a quiet spell (between generate() calls) the core may have ended this frontend's session:
         say HELLO again, resuming the session if the core still has it, and go on with the same core."""
-        if self.model_info is None or not self._session_may_be_gone():
+        if self.model_info is None or not self.protocol.session_may_be_gone(time.monotonic()):
             return
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         self._check_process()  # not the silence check: the core is quiet to a frontend it has forgotten
         core_id = self.model_info.core_id
         try:
-            self._handshake(DEAD_AFTER_SECONDS, resume=True)
+            ready = self._handshake(DEAD_AFTER_SECONDS, resume=True)
         except TimeoutError:
             self._die(f"the engine core did not answer HELLO within {DEAD_AFTER_SECONDS:.0f} s")
         if self.model_info.core_id != core_id:
             self._die("a restarted engine core answered")
-        if not self.model_info.resumed and self._in_flight:  # the core ended the session, and its requests
+        if ready.lost:  # the core ended the session, and its requests
             logger.warning("the engine core had ended this frontend's session (silent for %.0f s): %d request(s) "
-                           "lost", self.model_info.frontend_timeout, len(self._in_flight))
+                           "lost", self.model_info.frontend_timeout, len(ready.lost))
+            why = P.SessionLost("the engine core ended this frontend's session: it was silent too long")
             lost = [P.EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=P.FinishReason.ERROR,
-                                       error="the engine core ended this frontend's session: it was silent too long")
-                    for rid in sorted(self._in_flight)]
+                                       failure=why) for rid in ready.lost]
             self._keep(EngineCoreOutputs(outputs=lost))
 
     def _recv(self) -> tuple[bytes, bytes]:
@@ -382,15 +357,15 @@ class SyncMPClient(MPClientBase):
             self.sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             return False
-        self.last_sent = time.monotonic()
+        self.protocol.sent(frames, time.monotonic())
         return True
 
     def _heartbeat(self) -> None:
-        if self._heartbeat_due():
-            self._send_now([P.HEARTBEAT, b""])  # a full queue: the core hears those frames instead
+        frames = self.protocol.heartbeat_due(time.monotonic())
+        if frames:
+            self._send_now(frames)  # a full queue: the core hears those frames instead
 
     def _send(self, frames: list[bytes]) -> None:
-        self._resume_session()
         while True:
             self._check_alive()
             if self._send_now(frames):
@@ -398,62 +373,56 @@ class SyncMPClient(MPClientBase):
             self.sock.poll(100, zmq.POLLOUT)  # the queue to the core is full, or the connection is down
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._send([P.ADD, self.encoder.encode(request)])
-        self._in_flight.add(request.request_id)
+        self._resume_session()
+        self._send(self.protocol.add_frames(request))
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        self._in_flight.difference_update(request_ids)
         frames, deadline = self._abort_frames(request_ids), time.monotonic() + ABORT_SEND_SECONDS
         # a dropped abort would leave the requests running: wait for room
         while frames and not self._send_now(frames) and self._abort_can_wait(deadline):
             self.sock.poll(50, zmq.POLLOUT)
 
-    def _wait_frame(self) -> tuple[bytes, bytes] | None:
-        """The next frame from the core, or None after a short wait (heartbeats go out meanwhile)."""
+    def _wait_events(self) -> list:
+        """The events of the next frame from the core; none after a short wait (heartbeats go out meanwhile)."""
         self._check_alive()
         self._heartbeat()
         if not self.sock.poll(100):
-            return None
-        frame = self._recv()
-        self.last_heard = time.monotonic()
-        return frame
+            return []
+        return self._receive(*self._recv())
 
     def get_output(self) -> EngineCoreOutputs:
         if self._pending_outputs:
             return self._pending_outputs.popleft()
         while True:
-            frame = self._wait_frame()
-            if frame is None:
-                continue
-            kind, body = frame
-            if kind == P.OUTPUTS:
-                return self._note(_outputs_decoder.decode(body))
-            self._handle_control(kind, body)
+            for event in self._wait_events():
+                if isinstance(event, OutputsArrived):
+                    return event.outputs
+                self._live_event(event)
 
-    def call_utility(self, method: str, *args):
-        call_id = next(self._call_ids)
-        self._send([P.UTILITY, self.encoder.encode(P.UtilityCall(call_id, method, list(args)))])
-        while True:
-            frame = self._wait_frame()
-            if frame is None:
-                continue
-            kind, body = frame
-            if kind == P.OUTPUTS:
-                self._keep(_outputs_decoder.decode(body))
-            elif kind == P.UTILITY_RESULT:
-                result = _result_decoder.decode(body)
-                if result.call_id == call_id:
-                    if result.error:
-                        raise RuntimeError(result.error)
-                    return result.result
-            else:
-                self._handle_control(kind, body)
+    def call_utility(self, method: P.UtilityMethod, *args):
+        self._resume_session()
+        call_id, frames = self.protocol.utility_frames(method, args)
+        try:
+            self._send(frames)
+            while True:
+                for event in self._wait_events():
+                    if isinstance(event, OutputsArrived):
+                        self._keep(event.outputs)
+                    elif isinstance(event, UtilityAnswered):
+                        if event.call_id == call_id:
+                            if event.error:
+                                raise RuntimeError(event.error)
+                            return event.result
+                    else:
+                        self._live_event(event)
+        finally:
+            self.protocol.forget_call(call_id)
 
     def reset_prefix_cache(self) -> bool:
-        return self.call_utility("reset_prefix_cache")
+        return self.call_utility(P.UtilityMethod.RESET_PREFIX_CACHE)
 
     def get_stats(self):
-        return self.call_utility("get_stats")
+        return self.call_utility(P.UtilityMethod.GET_STATS)
 
     def shutdown(self) -> None:
         self._close()
@@ -467,14 +436,14 @@ class AsyncMPClient(MPClientBase):
                  client_name: str = "AsyncLLM", restart_core: bool = True):
         super().__init__(args, address, asyncio_ctx=True, socket_setup=socket_setup, client_name=client_name,
                          restart_core=restart_core)
-        self._results: dict[int, asyncio.Future] = {}
+        self._results: dict[int, asyncio.Future] = {}  # the callers waiting on the protocol's pending calls
 
     async def handshake(self, timeout: float | None = STARTUP_TIMEOUT_SECONDS) -> P.Ready:
         """HELLO (repeated) until READY; timeout None: until a core answers or this is cancelled.
         Anything else that arrives meanwhile (the last outputs of a lost core) is dropped.
         A child core that died after it had been up is restarted first (after a growing delay)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._next_hello = 0.0
+        self.protocol.start_handshake()
         while deadline is None or time.monotonic() < deadline:
             if self._child_exited():
                 delay = self._next_restart_delay()
@@ -483,14 +452,15 @@ class AsyncMPClient(MPClientBase):
                 await asyncio.sleep(delay)
                 self._start_new_core()
                 logger.info("started a new engine core process (pid %d)", self.proc.pid)
-                self._next_hello = 0.0
+                self.protocol.start_handshake()
             hello = self._hello_if_due()
-            if hello and await self._send_now(hello):
-                self._hello_sent()
+            if hello:
+                await self._send_now(hello)
             if await self.sock.poll(100):
                 frames = await self.sock.recv_multipart()
-                if self._handle_ready(frames[0], frames[1] if len(frames) > 1 else b""):
-                    return self.model_info
+                for event in self._receive(frames[0], frames[1] if len(frames) > 1 else b""):
+                    if self._handshake_event(event):
+                        return self.model_info
         raise self._handshake_timeout(timeout)
 
     async def _send_now(self, frames: list[bytes]) -> bool:
@@ -499,12 +469,13 @@ class AsyncMPClient(MPClientBase):
             await self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
             return False
-        self.last_sent = time.monotonic()
+        self.protocol.sent(frames, time.monotonic())
         return True
 
     async def _heartbeat(self) -> None:
-        if self._heartbeat_due():
-            await self._send_now([P.HEARTBEAT, b""])  # a full queue: the core hears those frames instead
+        frames = self.protocol.heartbeat_due(time.monotonic())
+        if frames:
+            await self._send_now(frames)  # a full queue: the core hears those frames instead
 
     async def _send(self, frames: list[bytes]) -> None:
         while True:
@@ -514,7 +485,7 @@ class AsyncMPClient(MPClientBase):
             await self.sock.poll(100, zmq.POLLOUT)  # the queue to the core is full, or the connection is down
 
     async def add_request(self, request: EngineCoreRequest) -> None:
-        await self._send([P.ADD, self.encoder.encode(request)])
+        await self._send(self.protocol.add_frames(request))
 
     async def abort_requests(self, request_ids: list[str]) -> None:
         frames, deadline = self._abort_frames(request_ids), time.monotonic() + ABORT_SEND_SECONDS
@@ -530,37 +501,37 @@ class AsyncMPClient(MPClientBase):
             if not await self.sock.poll(100):
                 continue
             frames = await self.sock.recv_multipart()
-            kind, body = frames[0], frames[1] if len(frames) > 1 else b""
-            self.last_heard = time.monotonic()
-            if kind == P.OUTPUTS:
-                return _outputs_decoder.decode(body)
-            if kind == P.UTILITY_RESULT:
-                result = _result_decoder.decode(body)
-                future = self._results.pop(result.call_id, None)
-                if future is not None and not future.done():
-                    if result.error:
-                        future.set_exception(RuntimeError(result.error))
-                    else:
-                        future.set_result(result.result)
-            else:
-                self._handle_control(kind, body)
+            for event in self._receive(frames[0], frames[1] if len(frames) > 1 else b""):
+                if isinstance(event, OutputsArrived):
+                    return event.outputs
+                if isinstance(event, UtilityAnswered):
+                    future = self._results.pop(event.call_id, None)
+                    if future is not None and not future.done():
+                        if event.error:
+                            future.set_exception(RuntimeError(event.error))
+                        else:
+                            future.set_result(event.result)
+                else:
+                    self._live_event(event)
 
-    async def call_utility(self, method: str, *args, timeout: float = 10.0):
+    async def call_utility(self, method: P.UtilityMethod, *args, timeout: float = 10.0):
         """Needs the reader task running get_output()."""
-        call_id = next(self._call_ids)
+        call_id, frames = self.protocol.utility_frames(method, args)
         future = asyncio.get_running_loop().create_future()
         self._results[call_id] = future
         try:
-            await self._send([P.UTILITY, self.encoder.encode(P.UtilityCall(call_id, method, list(args)))])
+            await self._send(frames)
             return await asyncio.wait_for(future, timeout)
         finally:
             self._results.pop(call_id, None)
+            self.protocol.forget_call(call_id)
 
     def fail_pending_calls(self, error: Exception) -> None:
         for future in self._results.values():
             if not future.done():
                 future.set_exception(error)
         self._results.clear()
+        self.protocol.pending_calls.clear()
 
     def shutdown(self) -> None:
         self._close()

@@ -9,8 +9,9 @@ is a start error. The router picks, per request, the live core with the least lo
 requests from the core's latest stats (every output batch and heartbeat carries them), plus the
 requests this frontend sent it since those stats; ties go round-robin.
 
-The router alone keeps which core runs which request (`submit`, `finish`, `core_of`): when a core is
-lost it forgets that core's requests and hands their ids to the listener. It tells its listener
+Which core runs which request is the `core` of that request's record in the RequestTracker (shared with
+AsyncLLM and its OutputProcessor); the router sets and clears it (`submit`, `finish`, `core_of`): when a
+core is lost it unplaces that core's requests and hands their ids to the listener. It tells its listener
 (RouterEvents, AsyncLLM) about cores and outputs; the listener never edits a link.
 """
 
@@ -22,6 +23,7 @@ from common.protocol import EngineCoreOutputs, SchedulerGauges, SchedulerStats, 
 from frontend.core_client import EngineDeadError
 from frontend.core_client_mp import AsyncMPClient
 from frontend.processor import model_fingerprint
+from frontend.request_tracker import RequestTracker, TrackedRequest
 
 logger = logging.getLogger("nvllm")
 
@@ -70,12 +72,12 @@ class RouterEvents(Protocol):
 
 
 class EngineRouter:
-    """Runs the links and keeps which core runs each request."""
+    """Runs the links and places each request on a core (in its record in `requests`)."""
 
-    def __init__(self, clients: list[AsyncMPClient], events: RouterEvents):
+    def __init__(self, clients: list[AsyncMPClient], events: RouterEvents, requests: RequestTracker | None = None):
         self.links = [CoreLink(c, i) for i, c in enumerate(clients)]
         self.events = events
-        self._routes: dict[str, CoreLink] = {}  # request id -> the core running it
+        self.requests = requests if requests is not None else RequestTracker()
         self._first_up: asyncio.Event | None = None
         self._start_error: BaseException | None = None
         self._next = 0  # round-robin start among equally loaded cores
@@ -144,10 +146,10 @@ class EngineRouter:
                     client.dead_reason = str(error)
             link.up = False
             client.fail_pending_calls(error)
-            lost = [rid for rid, where in self._routes.items() if where is link]
-            for rid in lost:
-                del self._routes[rid]
-            self.events.core_down(link, error, lost)
+            lost = self.requests.on_core(link)
+            for record in lost:
+                record.core = None
+            self.events.core_down(link, error, [record.request_id for record in lost])
             if not client.reconnects:
                 return
 
@@ -168,23 +170,30 @@ class EngineRouter:
     def submit(self, request_id: str, fingerprint: str | None, num_core_requests: int,
                exclude=()) -> CoreLink | None:
         """Places a request on the least-loaded live core serving `fingerprint` (not in `exclude`) and
-        counts its core requests there; None if there is no such core."""
+        counts its core requests there; None if there is no such core. A request not tracked yet is tracked
+        with no samples (the router used on its own)."""
         link = self.pick(fingerprint, exclude)
         if link is not None:
-            self._routes[request_id] = link
+            record = self.requests.get(request_id) or self.requests.add(TrackedRequest(request_id))
+            record.core = link
             link.sent_since_stats += num_core_requests
         return link
 
     def finish(self, request_id: str) -> CoreLink | None:
-        """Forgets where a request ran (finished, aborted or about to move); returns that core."""
-        return self._routes.pop(request_id, None)
+        """Unplaces a request (finished, aborted or about to move); returns the core it was on."""
+        record = self.requests.get(request_id)
+        if record is None:
+            return None
+        link, record.core = record.core, None
+        return link
 
     def core_of(self, request_id: str | None) -> CoreLink | None:
-        return self._routes.get(request_id)
+        record = self.requests.get(request_id)
+        return record.core if record is not None else None
 
     @property
     def routed_requests(self) -> set[str]:
-        return set(self._routes)
+        return {record.request_id for record in self.requests if record.core is not None}
 
     def describe(self) -> str:
         return "; ".join(f"{link.address}: {link.status()}" for link in self.links)

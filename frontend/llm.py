@@ -1,4 +1,7 @@
-"""The offline API: `LLM(model).generate(prompts, params)`, like vLLM's."""
+"""The offline API: `LLM(model).generate(prompts, params)`, like vLLM's.
+
+The requests of a generate() call are records in the output processor's RequestTracker until they finish;
+this file keeps no request state of its own, only the finished outputs it returns."""
 
 import itertools
 import time
@@ -42,6 +45,7 @@ class LLM:
         model = ServedModel.from_ready(self.client.model_info)
         self.model_info, self.tokenizer = model.info, model.tokenizer
         self.processor, self.output_processor = model.processor, model.output_processor
+        self.requests = model.output_processor.tracker
         self._ids = itertools.count()
 
     def _make_client(self, multiprocess: bool):
@@ -93,7 +97,7 @@ class LLM:
         bar = tqdm(total=len(order), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
         start, prompt_tokens, output_tokens = time.perf_counter(), 0, 0
         try:
-            while len(finished) < len(order):
+            while len(finished) < len(order):  # each request's record leaves the tracker with its final output
                 outputs = self.client.get_output()
                 results, to_abort = self.output_processor.process_outputs(outputs)
                 self.client.abort_requests(to_abort)
@@ -110,8 +114,7 @@ class LLM:
                                     f"decode {output_tokens / elapsed:.0f} tok/s", refresh=False)
         except BaseException:
             for rid in order:
-                if rid not in finished:
-                    self.client.abort_requests(self.output_processor.abort_request(rid))
+                self.client.abort_requests(self.output_processor.abort_request(rid))  # [] if it finished
             raise
         finally:
             bar.close()

@@ -2,124 +2,83 @@
 
 Per sequence: incremental detokenization, stop strings (which the core cannot see, so the
 frontend asks it to abort), logprobs in vLLM's shape. A request with n > 1 is n core requests
-(its ProcessedRequest's samples) gathered back under one parent.
+(its ProcessedRequest's samples) gathered back under one request. The state of each request lives in
+its TrackedRequest (frontend/request_tracker.py).
 """
 
 import time
-from dataclasses import dataclass, field
 
-from common.errors import InvalidParameter
 from common.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason, Logprobs
-from common.sampling_params import RequestOutputKind, SamplingParams
+from common.sampling_params import RequestOutputKind
 from frontend.detokenizer import IncrementalDetokenizer
 from frontend.outputs import CompletionOutput, Logprob, RequestOutput
 from frontend.processor import ProcessedRequest
-
-
-@dataclass
-class SequenceState:
-    index: int
-    detokenizer: IncrementalDetokenizer
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, Logprob]] | None = None
-    cumulative_logprob: float | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    error_param: str | None = None
-    sent_tokens: int = 0  # for delta outputs
-    sent_logprobs: int = 0
-    final_sent: bool = False
-
-
-@dataclass
-class ParentState:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    children: dict[str, SequenceState]
-    queue: object = None  # where AsyncLLM wants this request's outputs; None for the offline API
-    num_cached_tokens: int = 0
-    arrival_time: float = field(default_factory=time.time)
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return all(c.finish_reason is not None for c in self.children.values())
+from frontend.request_tracker import RequestTracker, SequenceState, TrackedRequest
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.parents: dict[str, ParentState] = {}
-        self.child_to_parent: dict[str, str] = {}
+    """Keeps no request state of its own: it fills in the records of `tracker` (its own when none is given)."""
 
-    def add_request(self, request: ProcessedRequest, queue=None) -> list[EngineCoreRequest]:
-        """Registers a request; returns its core requests (one per sample), to send to a core."""
-        request_id, params = request.request_id, request.params
-        core_ids = [r.request_id for r in request.core_requests]
-        taken = [rid for rid in [request_id, *core_ids] if rid in self.parents or rid in self.child_to_parent]
-        if taken:
-            raise InvalidParameter("request_id", f"request_id {taken[0]!r} is already in use")
-        children = {}
-        for i, cid in enumerate(core_ids):
+    def __init__(self, tokenizer, tracker: RequestTracker | None = None):
+        self.tokenizer = tokenizer
+        self.tracker = tracker if tracker is not None else RequestTracker()
+
+    def add_request(self, request: ProcessedRequest, stream=None) -> list[EngineCoreRequest]:
+        """Tracks a request (`stream`: where AsyncLLM reads its outputs); returns its core requests (one per
+        sample), to send to a core. A request id in use is an InvalidParameter."""
+        params = request.params
+        sequences = {}
+        for i, core_request in enumerate(request.core_requests):
             detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop,
                                            params.include_stop_str_in_output, params.skip_special_tokens,
                                            min_tokens=params.min_tokens)
-            children[cid] = SequenceState(i, detok, logprobs=[] if params.logprobs is not None else None,
-                                          cumulative_logprob=0.0 if params.logprobs is not None else None)
-            self.child_to_parent[cid] = request_id
-        self.parents[request_id] = ParentState(request_id, request.prompt, request.prompt_token_ids, params,
-                                               children, queue)
+            sequences[core_request.request_id] = SequenceState(
+                i, detok, logprobs=[] if params.logprobs is not None else None,
+                cumulative_logprob=0.0 if params.logprobs is not None else None)
+        self.tracker.add(TrackedRequest(request.request_id, request.prompt, request.prompt_token_ids, params,
+                                        sequences, stream))
         return request.core_requests
 
     def abort_request(self, request_id: str) -> list[str]:
-        """Forgets a parent request; returns its unfinished core request ids (to abort in the core)."""
-        parent = self.parents.pop(request_id, None)
-        if parent is None:
-            return []
-        for cid in parent.children:
-            self.child_to_parent.pop(cid, None)
-        return [cid for cid, c in parent.children.items() if c.finish_reason is None]
+        """Forgets a request; returns its unfinished core request ids (to abort in the core)."""
+        record = self.tracker.remove(request_id)
+        return record.unfinished_core_requests() if record is not None else []
 
-    def process_outputs(self, outputs: EngineCoreOutputs) -> tuple[list[tuple[ParentState, RequestOutput]], list[str]]:
-        """(RequestOutputs to deliver, with their parent state; core request ids to abort)."""
+    def process_outputs(self, outputs: EngineCoreOutputs) -> tuple[list[tuple[TrackedRequest, RequestOutput]], list[str]]:
+        """(RequestOutputs to deliver, with their request's record; core request ids to abort). A request whose
+        last sample finished leaves the tracker."""
         now = time.time()
-        updated: dict[str, ParentState] = {}
+        updated: dict[str, TrackedRequest] = {}
         to_abort = []
         for out in outputs.outputs:
-            pid = self.child_to_parent.get(out.request_id)
-            if pid is None:
+            record = self.tracker.owner_of(out.request_id)
+            if record is None:
                 continue  # aborted or finished already
-            parent = self.parents[pid]
-            seq = parent.children[out.request_id]
-            if seq.finish_reason is not None:
+            seq = record.sequences[out.request_id]
+            if seq.finished:
                 continue
             if out.new_token_ids:
-                parent.first_token_time = parent.first_token_time or now
-                parent.last_token_time = now
-                parent.num_cached_tokens = max(parent.num_cached_tokens, out.num_cached_tokens)
+                record.first_token_time = record.first_token_time or now
+                record.last_token_time = now
+                record.num_cached_tokens = max(record.num_cached_tokens, out.num_cached_tokens)
             seq.token_ids.extend(out.new_token_ids)
             self._add_logprobs(seq, out.new_logprobs)
             stop_str = seq.detokenizer.update(out.new_token_ids)
             if stop_str is not None:
-                seq.finish_reason, seq.stop_reason = "stop", stop_str
+                seq.finish_reason, seq.stop_string = FinishReason.STOP, stop_str
                 if out.finish_reason is None:
                     to_abort.append(out.request_id)
             elif out.finish_reason is not None:
-                seq.finish_reason = str(FinishReason(out.finish_reason))
-                seq.stop_reason = out.stop_reason
-                if out.error:
-                    seq.stop_reason, seq.error_param = out.error, out.error_param
-            updated[pid] = parent
+                seq.finish_reason = FinishReason(out.finish_reason)
+                seq.stop_token_id, seq.failure = out.stop_reason, out.failure
+            updated[record.request_id] = record
         results = []
-        for pid, parent in updated.items():
-            ro = self._make_output(parent)
+        for record in updated.values():
+            ro = self._make_output(record)
             if ro is not None:
-                results.append((parent, ro))
-            if parent.finished:
-                self.abort_request(pid)
+                results.append((record, ro))
+            if record.finished:
+                self.tracker.remove(record.request_id)
         return results, to_abort
 
     def _add_logprobs(self, seq: SequenceState, lps: list[Logprobs]) -> None:
@@ -135,13 +94,13 @@ class OutputProcessor:
             seq.logprobs.append(entry)
             seq.cumulative_logprob += lp.logprob
 
-    def _make_output(self, parent: ParentState) -> RequestOutput | None:
-        kind = parent.params.output_kind
-        if kind == RequestOutputKind.FINAL_ONLY and not parent.finished:
+    def _make_output(self, record: TrackedRequest) -> RequestOutput | None:
+        kind = record.params.output_kind
+        if kind == RequestOutputKind.FINAL_ONLY and not record.finished:
             return None
         completions = []
-        for seq in sorted(parent.children.values(), key=lambda s: s.index):
-            done = seq.finish_reason is not None
+        for seq in sorted(record.sequences.values(), key=lambda s: s.index):
+            done = seq.finished
             if kind == RequestOutputKind.DELTA and seq.final_sent:
                 continue
             seq.final_sent = done
@@ -157,10 +116,11 @@ class OutputProcessor:
                     : max(0, len(seq.detokenizer.text) - seq.detokenizer.hold_back)]
                 token_ids, logprobs = list(seq.token_ids), seq.logprobs
             completions.append(CompletionOutput(seq.index, text, token_ids, seq.cumulative_logprob, logprobs,
-                                                seq.finish_reason, seq.stop_reason, seq.error_param))
+                                                None if seq.finish_reason is None else str(seq.finish_reason),
+                                                seq.stop_reason, seq.error_param))
         if not completions:
             return None
-        metrics = {"arrival_time": parent.arrival_time, "first_token_time": parent.first_token_time,
-                   "last_token_time": parent.last_token_time}
-        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions,
-                             parent.finished, parent.num_cached_tokens, metrics)
+        metrics = {"arrival_time": record.arrival_time, "first_token_time": record.first_token_time,
+                   "last_token_time": record.last_token_time}
+        return RequestOutput(record.request_id, record.prompt, record.prompt_token_ids, completions,
+                             record.finished, record.num_cached_tokens, metrics)

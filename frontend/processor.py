@@ -71,9 +71,11 @@ class Processor:
         return None, list(prompt)
 
     def process(self, request_id: str, prompt: Prompt, params: SamplingParams,
-                prompt_token_ids: list[int] | None = None, cache_salt: str | None = None) -> ProcessedRequest:
-        """Raises InvalidParameter naming the first bad field; what returns can go on the wire."""
-        params.validate()
+                prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
+                constraint_field: str | None = None) -> ProcessedRequest:
+        """Raises InvalidParameter naming the first bad field; what returns can go on the wire. This is the
+        frontend's one check of a request (check_request: every field, the constraint compiled, named
+        `constraint_field` where the caller's API calls it something else)."""
         text, ids = (prompt if isinstance(prompt, str) else None, prompt_token_ids) \
             if prompt_token_ids is not None else self.tokenize(prompt)
         if params.max_tokens is None:  # as many as fit (check_request names the prompt first if none do)
@@ -81,7 +83,7 @@ class Processor:
         request = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
                                     eos_token_ids=self.eos_token_ids, arrival_time=time.time(),
                                     cache_salt=cache_salt)
-        check_request(request, self.limits, compile_constraint=True)
+        check_request(request, self.limits, compile_constraint=True, constraint_field=constraint_field)
         try:  # what cannot go on the wire must fail here, not once a stream has begun
             _wire.encode(request)
         except (OverflowError, UnicodeError, msgspec.EncodeError) as e:

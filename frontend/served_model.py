@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from common.protocol import Ready
 from frontend.output_processor import OutputProcessor
 from frontend.processor import Processor
+from frontend.request_tracker import RequestTracker
 from frontend.tokenizer import tokenizer_from_files
 
 
@@ -18,9 +19,11 @@ class ServedModel:
     output_processor: OutputProcessor
 
     @classmethod
-    def from_ready(cls, info: Ready) -> "ServedModel":
+    def from_ready(cls, info: Ready, tracker: RequestTracker | None = None) -> "ServedModel":
+        """`tracker`: where the output processor keeps its requests' records (AsyncLLM's one tracker, which
+        outlives a model change; a fresh one when None)."""
         tokenizer = tokenizer_from_files(info.tokenizer_files)
-        return cls(info, tokenizer, Processor.for_model(tokenizer, info), OutputProcessor(tokenizer))
+        return cls(info, tokenizer, Processor.for_model(tokenizer, info), OutputProcessor(tokenizer, tracker))
 
     @property
     def fingerprint(self) -> str:

@@ -82,7 +82,7 @@ def test_samples_gather_under_their_request(processor):
     results, _ = outputs.process_outputs(_batch(("r-0", 101, FinishReason.LENGTH), ("r-1", 201, FinishReason.LENGTH)))
     (_, final), = results
     assert final.finished and [c.token_ids for c in final.outputs] == [[100, 101], [200, 201]]
-    assert outputs.parents == {} and outputs.child_to_parent == {}
+    assert len(outputs.tracker) == 0
 
 
 def test_a_request_id_in_use_is_refused_and_abort_names_the_unfinished_samples(processor):

@@ -19,6 +19,7 @@ from engine_core.models.cpu_decoder import spec_issue
 from engine_core.models.cpu_decoder_f32 import CpuDecoderF32
 from engine_core.weights.model_folder import read_hf_config
 from engine_core.worker.model_runner import ModelRunner
+from test_model_vs_transformers import TOKENS, hf_logits, run_step
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +135,6 @@ def test_the_c_loop_refuses_by_name_and_the_modules_match_transformers(variant_m
     field = "activation" if variant.startswith("gelu") else "o_bias"
     assert field in CpuDecoderF32.why_not(ours.model)
     assert any("run as modules" in r.message and field in r.message for r in caplog.records)
-    from test_model_vs_transformers import TOKENS, hf_logits, run_step  # noqa: E402  (the shared step driver)
     hf = transformers.AutoModelForCausalLM.from_pretrained(variant_models[variant], dtype=torch.float32).eval()
     (logits,) = run_step(ours, [(TOKENS[:13], 0, [3, 1, 2, 0])])
     torch.testing.assert_close(logits, hf_logits(hf, TOKENS[:13]), atol=1e-4, rtol=0)

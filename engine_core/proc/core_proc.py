@@ -52,7 +52,6 @@ from engine_core.proc.stats_log import ThroughputLog
 
 logger = logging.getLogger("nvllm")
 
-UTILITY_METHODS = ("reset_prefix_cache", "get_stats", "ping")
 RECEIVE_BATCH = 64  # frames read per IO loop turn (then outputs, heartbeats and silence are looked at)
 # decoded frames waiting for the busy loop, counted and by their decoded size; beyond either the IO thread
 # stops reading (checked before every frame, not once per batch: 64 big frames decode to ~230 MB), so a
@@ -350,7 +349,7 @@ class EngineCoreProc:
             except ValueError as e:
                 self._push_outputs(identity, [EngineCoreOutput(
                     request_id=message.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR,
-                    error=str(e))])
+                    failure=P.RequestRejected(str(e)))])
                 return
             self.owner[rid] = identity
             self.core.add_request(msgspec.structs.replace(message, request_id=rid))
@@ -374,15 +373,13 @@ class EngineCoreProc:
             self._route(self.core.step())
 
     def _utility(self, identity: bytes, call: P.UtilityCall) -> None:
-        result = P.UtilityResult(call.call_id)
-        if call.method == "reset_prefix_cache":
+        result = P.UtilityResult(call.call_id)  # the decoder let only a UtilityMethod through
+        if call.method is P.UtilityMethod.RESET_PREFIX_CACHE:
             result.result = self.core.reset_prefix_cache()
-        elif call.method == "get_stats":
+        elif call.method is P.UtilityMethod.GET_STATS:
             result.result = self.core.scheduler.get_stats()
-        elif call.method == "ping":
+        elif call.method is P.UtilityMethod.PING:
             result.result = True
-        else:
-            result.error = f"unknown utility method {call.method!r}; known: {', '.join(UTILITY_METHODS)}"
         self.out_push.send_multipart([identity, P.UTILITY_RESULT, self.encoder.encode(result)])
 
     def _route(self, outputs: EngineCoreOutputs) -> None:
@@ -413,7 +410,7 @@ class EngineCoreProc:
             self.core.abort_requests(list(self.owner))
             aborted = self.core.step()
             for out in aborted.outputs:
-                out.error = "the engine core shut down"
+                out.failure = P.CoreShutDown("the engine core shut down")
             self._route(aborted)
         for identity in self.sessions.keys():
             self.out_push.send_multipart([identity, P.SHUTDOWN, self.encoder.encode("the engine core shut down")])

@@ -25,8 +25,8 @@ import concurrent.futures
 from collections import deque
 from dataclasses import dataclass, field
 
-from common.protocol import (EngineCoreOutput, FinishReason, Logprobs, SchedulerGauges, SchedulerStats,
-                             SchedulerTotals, StepCounts)
+from common.protocol import (ConstraintFailed, EngineCoreOutput, EngineFailed, FinishReason, Logprobs,
+                             SchedulerGauges, SchedulerStats, SchedulerTotals, StepCounts)
 from engine_core.sched.kv_cache_manager import KVCacheManager
 from engine_core.sched.request import Request, RequestStatus
 from engine_core.sched.speculator import Speculator
@@ -154,7 +154,7 @@ class Scheduler:
         self._finish(request, FinishReason.ERROR)
         self.pending_outputs.append(EngineCoreOutput(
             request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR,
-            num_cached_tokens=max(0, request.num_cached_tokens), error=error))
+            num_cached_tokens=max(0, request.num_cached_tokens), failure=EngineFailed(error)))
 
     def _preempt(self, request: Request) -> None:
         """Free its blocks and send it to the front of the queue to recompute everything it had."""
@@ -289,14 +289,15 @@ class Scheduler:
                 finished.add(id(request))
                 outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
                                                 finish_reason=FinishReason.ERROR,
-                                                error=f"the model runner returned {len(tokens or ())} tokens for this "
-                                                      f"request, which had {num_drafts} proposed"))
+                                                failure=EngineFailed(f"the model runner returned {len(tokens or ())} "
+                                                                     f"tokens for this request, which had {num_drafts} "
+                                                                     "proposed")))
                 continue
             if num_drafts:
                 self._count_kept(num_drafts, len(tokens) - 1)
                 request.num_computed_tokens += len(tokens) - 1  # the kept proposals' K/V are valid
             new_tokens, reason, stop_reason = [], None, None
-            error = error_param = None
+            failure = None
             for token in tokens:  # a stop condition among the kept proposals drops the rest
                 request.append_output_token(token)
                 new_tokens.append(token)
@@ -305,7 +306,7 @@ class Scheduler:
                     error = request.grammar.accept(token)
                     if error is not None:
                         reason = FinishReason.ERROR
-                        error_param = request.grammar.field
+                        failure = ConstraintFailed(request.grammar.field, error)
                     elif request.grammar.terminated:  # complete: only EOS could follow
                         reason = FinishReason.STOP
                 if reason is not None:
@@ -320,7 +321,7 @@ class Scheduler:
                 request_id=request.request_id, new_token_ids=new_tokens,
                 new_logprobs=(logprobs or {}).get(request.request_id, [])[:len(new_tokens)],
                 finish_reason=reason, stop_reason=stop_reason,
-                num_cached_tokens=max(0, request.num_cached_tokens), error=error, error_param=error_param))
+                num_cached_tokens=max(0, request.num_cached_tokens), failure=failure))
         if finished:
             self.running = [r for r in self.running if id(r) not in finished]
         outputs, self.pending_outputs = self.pending_outputs + outputs, []
@@ -351,7 +352,8 @@ class Scheduler:
                 self._finish(request, FinishReason.ERROR)
             outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
                                             finish_reason=FinishReason.ERROR,
-                                            num_cached_tokens=max(0, request.num_cached_tokens), error=error))
+                                            num_cached_tokens=max(0, request.num_cached_tokens),
+                                            failure=EngineFailed(error)))
         return outputs
 
     def _check_stop(self, request: Request, token: int) -> tuple[FinishReason | None, int | None]:

@@ -14,7 +14,6 @@ from typing import AsyncIterator
 from common.errors import InvalidParameter
 from common.request_ids import part_id
 from common.sampling_params import SamplingParams
-from common.structured_outputs import check_structured_outputs
 from common.validation import request_token_cost
 from frontend.api import offload
 from frontend.api.admission import Ticket
@@ -87,16 +86,12 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
 
     def work() -> list[ProcessedRequest]:
         processed, cost = [], 0
-        try:  # named as the client set it; the Processor's own check below then finds it in the cache
-            check_structured_outputs(params.structured_outputs, engine.limits.max_constraint_chars,
-                                     compile=True, field=constraint_field)
-        except InvalidParameter as e:
-            raise bad_request(e) from None
         for i, prompt in enumerate(prompts):
             rid = request_id if len(prompts) == 1 else part_id(request_id, i)
             ids = prompt_token_ids[i] if prompt_token_ids is not None else None
             try:
-                request = engine.process(rid, prompt, params, prompt_token_ids=ids, cache_salt=cache_salt)
+                request = engine.process(rid, prompt, params, prompt_token_ids=ids, cache_salt=cache_salt,
+                                         constraint_field=constraint_field)  # the one check, with the constraint
             except InvalidParameter as e:
                 raise bad_request(e, rename={"prompt": param, "max_tokens": max_tokens_field}) from None
             processed.append(request)
