@@ -77,9 +77,13 @@ def test_a_field_no_family_spec_knows_is_refused_by_name(tmp_path, field, value)
 
 
 def test_sliding_window_fields_that_slide_nothing_are_accepted(tmp_path):
-    # Qwen2.5 configs name a window with use_sliding_window false: every layer attends to all
-    spec = read_spec(saved_config(tmp_path, "qwen2", use_sliding_window=False, sliding_window=4096))
+    # Qwen2.5 configs name a window with use_sliding_window false: every layer attends to all; DeepSeek's
+    # Qwen2 distills say use_mrope false
+    config = saved_config(tmp_path, "qwen2", use_sliding_window=False, sliding_window=4096)
+    spec = read_spec(config | {"use_mrope": False})
     assert spec.sliding_window is None
+    with pytest.raises(UnsupportedConfig, match="use_mrope"):
+        read_spec(saved_config(tmp_path, "qwen2") | {"use_mrope": True})
 
 
 def test_the_gguf_importer_names_come_from_the_families():

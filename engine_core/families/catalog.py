@@ -11,7 +11,7 @@ LLAMA = Family(
 
 QWEN2 = Family(
     name="qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", gguf_architecture="qwen2",
-    gguf_qk_permuted=False, qkv_bias=True, reads=SLIDING_FIELDS)
+    gguf_qk_permuted=False, qkv_bias=True, reads=SLIDING_FIELDS | {"use_mrope"})  # false in text-only configs
 
 QWEN3 = Family(
     name="qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3", gguf_architecture="qwen3",

@@ -41,6 +41,8 @@ class Family:
         attention_bias = bool(config.get("attention_bias", False))
         if config.get("rope_interleaved"):
             raise UnsupportedConfig("rope_interleaved", True, "nvllm implements the rotate-half layout")
+        if config.get("use_mrope"):
+            raise UnsupportedConfig("use_mrope", True, "multimodal rotary sections are not implemented")
         self._refuse_sliding(config)
         return ModelSpec(
             family=self.name,
