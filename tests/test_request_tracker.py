@@ -33,14 +33,8 @@ def test_tracker_finds_a_request_by_its_id_and_by_each_samples_id():
 
 def test_an_n2_request_is_one_record_with_both_samples_its_core_and_its_stream(ready):
     async def run():
-        client = FakeCoreClient(ready, hold=True)
-        engine = AsyncLLM([client])
-        await engine.router.start(5)
         params = SamplingParams(n=2, max_tokens=3, output_kind=RequestOutputKind.DELTA)
-        stream = engine.stream(engine.process("r", "Hello", params))
-        task = asyncio.create_task(_drain(stream))
-        while len(client.added) < 2:
-            await asyncio.sleep(0)
+        engine, client, task = await _placed(ready, "Hello", params)
         record = engine.requests.get("r")
         assert list(record.sequences) == ["r-0", "r-1"]
         assert record.core is engine.router.links[0] and record.stream is not None
@@ -57,12 +51,7 @@ def test_an_n2_request_is_one_record_with_both_samples_its_core_and_its_stream(r
 
 def test_an_aborted_request_leaves_the_tracker_and_its_core_hears_of_both_samples(ready):
     async def run():
-        client = FakeCoreClient(ready, hold=True)
-        engine = AsyncLLM([client])
-        await engine.router.start(5)
-        task = asyncio.create_task(_drain(engine.stream(engine.process("r", "Hi", SamplingParams(n=2)))))
-        while len(client.added) < 2:
-            await asyncio.sleep(0)
+        engine, client, task = await _placed(ready, "Hi", SamplingParams(n=2))
         await engine.abort("r")
         assert sorted(client.aborted) == ["r-0", "r-1"] and len(engine.requests) == 0
         task.cancel()
@@ -73,12 +62,7 @@ def test_an_aborted_request_leaves_the_tracker_and_its_core_hears_of_both_sample
 
 def test_a_duplicate_request_id_is_refused_without_touching_the_request_that_has_it(ready):
     async def run():
-        client = FakeCoreClient(ready, hold=True)
-        engine = AsyncLLM([client])
-        await engine.router.start(5)
-        first = asyncio.create_task(_drain(engine.stream(engine.process("r", "Hi", SamplingParams()))))
-        while not client.added:
-            await asyncio.sleep(0)
+        engine, client, first = await _placed(ready, "Hi", SamplingParams())
         with pytest.raises(InvalidParameter):
             await _drain(engine.stream(engine.process("r", "Hi", SamplingParams())))
         assert client.aborted == [] and engine.requests.get("r").core is engine.router.links[0]
@@ -91,6 +75,18 @@ def test_a_duplicate_request_id_is_refused_without_touching_the_request_that_has
 
 async def _drain(stream):
     return [out async for out in stream]
+
+
+async def _placed(ready, prompt: str, params: SamplingParams):
+    """An AsyncLLM over a fake core that holds its outputs, and request "r" streaming into a task, once the core
+    has every sample of it."""
+    client = FakeCoreClient(ready, hold=True)
+    engine = AsyncLLM([client])
+    await engine.router.start(5)
+    task = asyncio.create_task(_drain(engine.stream(engine.process("r", prompt, params))))
+    while len(client.added) < params.n:
+        await asyncio.sleep(0)
+    return engine, client, task
 
 
 class FakeSyncClient:

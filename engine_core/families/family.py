@@ -58,6 +58,7 @@ class Family:
             norm_eps=float(config["rms_norm_eps"]),
             activation=activation_of(config.get("hidden_act", "silu")),
             qkv_bias=attention_bias if self.qkv_bias is None else self.qkv_bias,
+            # attention_bias biases o_proj too, in families whose q/k/v biases it decides (Llama, Qwen3)
             o_bias=attention_bias and self.qkv_bias is None,
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=self.qk_norm,

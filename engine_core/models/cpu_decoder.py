@@ -5,12 +5,11 @@ ctypes calls): 15-20% of a batched decode step. Where every kernel it would call
 (panel-packed or kept-quantized linears with the fused gate/up, the fused norm and rotary kernels, the
 paged attention kernels), `CpuDecoder` runs the same kernels in the same order from C instead, bit-identical to the
 module path. Elsewhere (float32, oneDNN weights, tensor parallelism, biases after a row-parallel
-linear, other attention backends or shapes) `for_model` returns None and the modules run.
+linear, other attention backends or shapes) `why_not` says why, and the model runner runs the modules.
 NVLLM_CPU_DECODER=0 turns it off.
 """
 
 import ctypes
-import logging
 
 import torch
 
@@ -22,8 +21,6 @@ from engine_core.layers.forward_context import get_forward_context
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-
-logger = logging.getLogger("nvllm")
 
 
 _LINEARS = ("qkv", "o", "gate_up", "down")
@@ -144,14 +141,6 @@ class CpuDecoder:
     @staticmethod
     def why_not(model) -> str | None:
         return _why_not(model)
-
-    @classmethod
-    def for_model(cls, model) -> "CpuDecoder | None":
-        why = cls.why_not(model)
-        if why is not None:
-            logger.debug("decoder layers run as modules: %s", why)
-            return None
-        return cls(model)
 
     def _entry(self):
         """The C function that runs the layers."""

@@ -2,7 +2,7 @@
 (cpu_decoder_f32.c): cpu_decoder.py's loop for the kernels float32 runs with (cpu_gemm_f32's panels or
 quant_f32's GGUF blocks, cpu_ops_f32's norm / rotary / SiLU-and-mul, the generic attention kernel),
 bit-identical to the module path. Batch-invariant engines only (the kernels it calls are that path's);
-elsewhere `for_model` returns None and the modules run. NVLLM_CPU_DECODER=0 turns it off.
+elsewhere `why_not` says why and the modules run. NVLLM_CPU_DECODER=0 turns it off.
 
 CpuDecoderBF16Generic is the same C loop built for bf16 elements, for bf16 engines where cpu_decoder.c's
 kernels do not run (below avx512_bf16): cpu_gemm_f32's bf16 panels or quant_dot's GGUF blocks, cpu_ops'
@@ -10,7 +10,6 @@ bf16 norm / rotary / SiLU-and-mul, the generic attention on bf16 caches.
 """
 
 import ctypes
-import logging
 
 import torch
 
@@ -22,8 +21,6 @@ from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_dot, cpu_quant_f
 from engine_core.models.cpu_decoder import _LINEARS, CpuDecoder, _Layer, _Step, address, layers_issue
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-
-logger = logging.getLogger("nvllm")
 
 
 class _Model(ctypes.Structure):
