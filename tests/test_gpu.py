@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 
+import msgspec
 import pytest
 import torch
 
@@ -420,12 +421,13 @@ def test_kv_cache_sized_from_gpu_memory_utilization(qwen3_shaped):
     total = torch.cuda.mem_get_info()[1]
     low = runner.kv_cache_budget()
     assert runner.activation_peak > 0  # the profiling step ran and measured something
-    runner.args.gpu_memory_utilization = 0.5
+    # the runner reads the fraction from its EngineConfig (frozen): give it one with another fraction
+    runner.config = msgspec.structs.replace(runner.config, gpu_memory_utilization=0.5)
     high = runner.kv_cache_budget()  # the profile is kept: only the fraction differs
     assert abs((high - low) - 0.2 * total) < 0.01 * total
     assert 0 < low < 0.3 * total
     # the engine then stays within its share while it runs its largest steps (graphs take from the headroom)
-    runner.args.gpu_memory_utilization = 0.3
+    runner.config = msgspec.structs.replace(runner.config, gpu_memory_utilization=0.3)
     num_blocks = low // runner.kv_bytes_per_block()
     runner.allocate_kv_cache(num_blocks)
     seqs, _ = make_seqs([1000, 1000, 1000, 1000], 16, room=1)
