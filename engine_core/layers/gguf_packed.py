@@ -5,7 +5,8 @@ import ctypes
 
 import torch
 
-from engine_core.layers.cpu_quant import GGUF_TYPES, QuantizedTensor
+from engine_core.layers.cpu_quant import QuantizedTensor
+from engine_core.layers.gguf_types import GGUF_TYPES
 
 _ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 
@@ -22,7 +23,7 @@ def declare_packing(library, prefix: str, rows_out: list) -> None:
 
 
 class GgufPackedWeight:
-    """A quantized weight [N, K] (GGUF Q4_0 / Q4_1 / Q8_0 rows) in a kernel's packed layout."""
+    """A quantized weight [N, K] (GGUF rows of a gguf_types type) in a kernel's packed layout."""
 
     prefix = ""  # the C functions' prefix
     kernel = ""  # the source it runs (cpu_kernels/), for the load log
@@ -32,7 +33,7 @@ class GgufPackedWeight:
         library = type(self).load()
         assert library is not None
         self._library = library
-        self.type_id = GGUF_TYPES[weight.qtype][0]
+        self.type_id = GGUF_TYPES[weight.qtype].type_id
         self.qtype = weight.qtype
         self.out_features, self.in_features = weight.shape
         size = getattr(library, f"{self.prefix}_packed_bytes")(self.type_id, self.out_features, self.in_features)

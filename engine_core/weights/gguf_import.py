@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from engine_core.families.catalog import FAMILIES, family_for_gguf
+from engine_core.layers.gguf_types import GGUF_TYPES
 
 logger = logging.getLogger("nvllm")
 
@@ -38,7 +39,7 @@ IMPORT_FORMAT = 2  # bump when the layout of imported folders changes, so old im
 # safetensors format, with {name: type} in its metadata: weights/quantized.py keeps them quantized in memory.
 # Not *.safetensors, so that HF-folder readers (ours, transformers) do not take it for weights.
 QUANTIZED_FILE = "weights.quantized"
-KEPT_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # the types cpu_quant.c takes
+KEPT_TYPES = {name.upper(): name for name in GGUF_TYPES}  # the types the quantized kernels take
 FLOAT32_LIMIT_BYTES = 8 << 30
 SHARD_BYTES = 4 << 30
 

@@ -1,7 +1,7 @@
 """Which linear layers keep their weights quantized in memory, and from where (`--quantization`).
 
-- gguf: a GGUF import's Q4_0 / Q4_1 / Q8_0 tensors (gguf_import.QUANTIZED_FILE) go to the layers as they
-  are; a fused layer (qkv, gate/up) is kept quantized when all its pieces share one type. A quantized
+- gguf: a GGUF import's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors (gguf_import.QUANTIZED_FILE,
+  layers/gguf_types.py) go to the layers as they are; a fused layer (qkv, gate/up) is kept quantized when all its pieces share one type. A quantized
   embedding serves its rows from the same blocks (a tied LM head and its embedding share them).
 - int8: the decoder's linear layers quantized per output channel (cpu_quant.quantize_int8); the LM head
   and the embedding stay bf16.
@@ -9,12 +9,13 @@
 - auto: gguf where the model has such tensors and the kernels run, else none.
 
 The kernels run on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized:
-cpu_quant.c for bf16 on the avx512_bf16 and amx tiers, quant_dot.c elsewhere). Elsewhere auto means none,
+quant_f32.c for float32 and cpu_quant.c for bf16 on the avx512_bf16 and amx tiers where they take the type,
+quant_dot.c for the rest). Elsewhere auto means none,
 and an explicit gguf / int8 is an error that says why.
 
 With tensor parallelism each rank keeps its own shard quantized: the layer's weight loader picks the rows
 of column-parallel layers from the GGUF rows as it picks dense ones, and a row-parallel layer's input
-slice is cut at block boundaries (a layer whose slice would split a block of 32 is dequantized).
+slice is cut at block boundaries (a layer whose slice would split a block of 32, or a K-quant's 256, is dequantized).
 """
 
 import logging
@@ -24,6 +25,7 @@ import torch
 from safetensors import safe_open
 
 from engine_core.layers import cpu_packing, cpu_quant, linear
+from engine_core.layers.gguf_types import GGUF_TYPES
 from engine_core.weights.gguf_import import QUANTIZED_FILE
 
 logger = logging.getLogger("nvllm")
@@ -62,13 +64,12 @@ def _checkpoint_pieces(model, module_name: str) -> list[tuple[str, object]]:
 def _shard(module, rows: torch.Tensor, qtype: str, shard, out: torch.Tensor) -> bool:
     """Copies this rank's part of one checkpoint piece's GGUF rows into `out` (the layer's rows, uint8),
     as the layer's weight loader does for a dense tensor. False where a row-parallel slice splits a block."""
-    block_bytes = cpu_quant.GGUF_TYPES[qtype][1]
+    kind = GGUF_TYPES[qtype]
     if isinstance(module, linear.RowParallelLinear):
         start, size = module.in_start, module.in_per_rank
-        end_byte = (start + size) // cpu_quant.BLOCK * block_bytes
-        if start % cpu_quant.BLOCK or size % cpu_quant.BLOCK or rows.shape[1] < end_byte:
+        if start % kind.block_inputs or size % kind.block_inputs or rows.shape[1] < kind.row_bytes(start + size):
             return False
-        out.copy_(rows.narrow(1, start // cpu_quant.BLOCK * block_bytes, size // cpu_quant.BLOCK * block_bytes))
+        out.copy_(rows.narrow(1, kind.row_bytes(start), kind.row_bytes(size)))
         return True
     if rows.shape[1] != out.shape[1]:
         return False
@@ -84,10 +85,9 @@ def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.Qu
         return None
     qtype = raw[names[0]][1]
     out_features, in_features = module.weight.shape
-    if in_features % cpu_quant.BLOCK or qtype not in cpu_quant.GGUF_TYPES:
+    if qtype not in GGUF_TYPES or not GGUF_TYPES[qtype].fits(in_features):
         return None
-    rows = torch.zeros((out_features, in_features // cpu_quant.BLOCK * cpu_quant.GGUF_TYPES[qtype][1]),
-                       dtype=torch.uint8)
+    rows = torch.zeros((out_features, GGUF_TYPES[qtype].row_bytes(in_features)), dtype=torch.uint8)
     for name, shard in pieces:
         if not _shard(module, raw[name][0], qtype, shard, rows):
             return None
@@ -105,7 +105,7 @@ def apply(model, folder: str, mode: str, device: torch.device, dtype: torch.dtyp
     why = _why_not(device, dtype)
     raw = _read(folder) if why is None and mode in ("auto", "gguf") else {}
     if mode == "gguf" and why is None and not raw:
-        why = f"{folder} has no GGUF Q4_0 / Q4_1 / Q8_0 tensors (quantization gguf takes a GGUF model)"
+        why = f"{folder} has no GGUF tensors of the kept types (quantization gguf takes a GGUF model)"
     if why is not None:
         if mode == "auto":
             logger.debug("weights dequantized: %s", why)
