@@ -14,16 +14,16 @@ _K_SCALES = {"q4_k": {0: (1e-3, 1e-2), 2: (1e-3, 1e-2)}, "q5_k": {0: (1e-3, 1e-2
              "q6_k": {208: (1e-4, 2e-3)}}
 
 
-def gguf_rows(qtype: str, n: int, k: int, seed: int) -> np.ndarray:
-    """GGUF rows uint8 [n, row bytes] of a random [n, k] weight of type `qtype`."""
+def gguf_rows(qtype: str, n: int, k: int, seed: int, size: float = 1.0) -> np.ndarray:
+    """GGUF rows uint8 [n, row bytes] of a random [n, k] weight of type `qtype`, values about `size` x N(0, 1)."""
     rng = np.random.default_rng(seed)
     if qtype not in _K_SCALES:
-        w = rng.standard_normal((n, k)).astype(np.float32)
+        w = size * rng.standard_normal((n, k)).astype(np.float32)
         return quants.quantize(w, GGMLQuantizationType[qtype.upper()]).view(np.uint8).reshape(n, -1)
     kind = GGUF_TYPES[qtype]
     blocks = rng.integers(0, 256, (n, k // kind.block_inputs, kind.block_bytes), dtype=np.uint8)
     for offset, (low, high) in _K_SCALES[qtype].items():
-        scale = rng.uniform(low, high, blocks.shape[:2]).astype(np.float16)
+        scale = (size * rng.uniform(low, high, blocks.shape[:2])).astype(np.float16)
         blocks[:, :, offset:offset + 2] = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return blocks.reshape(n, -1)
 

@@ -1,7 +1,8 @@
 """Which linear layers keep their weights quantized in memory, and from where (`--quantization`).
 
 - gguf: a GGUF import's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors (gguf_import.QUANTIZED_FILE,
-  layers/gguf_types.py) go to the layers as they are; a fused layer (qkv, gate/up) is kept quantized when all its pieces share one type. A quantized
+  layers/gguf_types.py) go to the layers as they are; a fused layer (qkv, gate/up) whose pieces differ in type
+  (Q4_K_M's Q6_K v_proj beside Q4_K q/k) keeps each piece in its own (layers/quant_pieces.py). A quantized
   embedding serves its rows from the same blocks (a tied LM head and its embedding share them).
 - int8: the decoder's linear layers quantized per output channel (cpu_quant.quantize_int8); the LM head
   and the embedding stay bf16.
@@ -26,6 +27,7 @@ from safetensors import safe_open
 
 from engine_core.layers import cpu_packing, cpu_quant, linear
 from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.layers.quant_pieces import QuantizedPieces
 from engine_core.weights.gguf_import import QUANTIZED_FILE
 
 logger = logging.getLogger("nvllm")
@@ -77,12 +79,45 @@ def _shard(module, rows: torch.Tensor, qtype: str, shard, out: torch.Tensor) -> 
     return True
 
 
-def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.QuantizedTensor | None:
-    """This rank's rows of the pieces as one quantized weight of the layer's shape; None where a piece is
-    missing, the pieces differ in type or a shard would split a block (that layer is then dequantized)."""
+def _piece_rows(module, rows: int, shard) -> tuple[int, int, int]:
+    """(first checkpoint row, row count, first output row) of this rank's part of one piece of a fused layer,
+    read off the layer's own weight loader run on row numbers."""
+    where = torch.full((module.weight.shape[0], 1), -1.0, dtype=torch.float64)
+    module.weight_loader(where, torch.arange(rows, dtype=torch.float64)[:, None], shard)
+    taken = (where[:, 0] >= 0).nonzero()[:, 0]
+    if not len(taken):
+        return 0, 0, 0
+    offset = int(taken[0])
+    return int(where[offset, 0]), len(taken), offset
+
+
+def _pieces(module, raw: dict, pieces: list[tuple[str, object]]) -> QuantizedPieces | None:
+    """This rank's rows of a fused layer's pieces, each kept in its own type (the file's mix of types stays as it
+    is); None where a piece's type or shape cannot be kept (that layer is then dequantized)."""
+    in_features = module.weight.shape[1]
+    parts = []
+    for name, shard in pieces:
+        rows, qtype = raw[name]
+        kind = GGUF_TYPES.get(qtype)
+        if kind is None or not kind.fits(in_features) or rows.shape[1] != kind.row_bytes(in_features):
+            return None
+        start, count, offset = _piece_rows(module, rows.shape[0], shard)
+        if count:
+            parts.append((offset, cpu_quant.QuantizedTensor(rows[start:start + count].contiguous(), qtype,
+                                                            in_features)))
+    parts.sort(key=lambda part: part[0])
+    return QuantizedPieces([piece for _, piece in parts]) if parts else None
+
+
+def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.QuantizedTensor | QuantizedPieces | None:
+    """This rank's rows of the pieces as one quantized weight of the layer's shape (its pieces apart where they
+    differ in type); None where a piece is missing or a shard would split a block (that layer is then
+    dequantized)."""
     names = [name for name, _ in pieces]
-    if not all(name in raw for name in names) or len({raw[name][1] for name in names}) != 1:
+    if not all(name in raw for name in names):
         return None
+    if len({raw[name][1] for name in names}) != 1:
+        return _pieces(module, raw, pieces)
     qtype = raw[names[0]][1]
     out_features, in_features = module.weight.shape
     if qtype not in GGUF_TYPES or not GGUF_TYPES[qtype].fits(in_features):
