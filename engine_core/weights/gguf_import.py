@@ -34,7 +34,7 @@ from engine_core.layers.gguf_types import GGUF_TYPES
 logger = logging.getLogger("nvllm")
 
 MARKER_FILE = ".nvllm-import.json"  # written last: its presence means the folder is complete
-IMPORT_FORMAT = 2  # bump when the layout of imported folders changes, so old imports are redone
+IMPORT_FORMAT = 3  # bump when the layout of imported folders changes, so old imports are redone
 # the GGUF's quantized tensors as they are (uint8 rows of blocks, HF names, un-permuted like the floats), in
 # safetensors format, with {name: type} in its metadata: weights/quantized.py keeps them quantized in memory.
 # Not *.safetensors, so that HF-folder readers (ours, transformers) do not take it for weights.
