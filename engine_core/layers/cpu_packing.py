@@ -76,6 +76,16 @@ def pack_quantized(weight: cpu_quant.QuantizedTensor | QuantizedPieces, dtype: t
     return None
 
 
+def can_pack_quantized(weight: cpu_quant.QuantizedTensor | QuantizedPieces, dtype: torch.dtype) -> bool:
+    """Whether pack_quantized has a kernel for this weight in a `dtype` engine (asked before the float weights
+    load: a layer that will be kept quantized is never given floats)."""
+    if isinstance(weight, QuantizedPieces):
+        return all(can_pack_quantized(piece, dtype) for piece in weight.pieces)
+    return ((dtype is torch.float32 and cpu_quant_f32.can_pack(weight))
+            or (dtype is torch.bfloat16 and cpu_quant.can_pack(weight))
+            or (dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.can_pack(weight)))
+
+
 def _onednn_bf16_runs() -> bool:
     """oneDNN is built in and its bf16 kernels run on this CPU (torch's own test for the ISA it needs)."""
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -188,4 +198,8 @@ def pack_model(model: torch.nn.Module, dense: bool = True) -> int:
         if rows is not None:
             module.quantized_rows = rows
             module.weight.data = module.weight.data.new_empty(0)  # a tied head's float copy goes too
+    for module in model.modules():  # the packed copies serve now: the GGUF rows they came from can go
+        if getattr(module, "quantized_weight", None) is not None and (
+                getattr(module, "packed_weight", None) is not None or getattr(module, "quantized_rows", None) is not None):
+            module.quantized_weight = None
     return len(layers)

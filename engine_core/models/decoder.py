@@ -135,7 +135,10 @@ class DecoderForCausalLM(nn.Module):
             else:
                 loader(param, tensor.to(param.dtype), shard)
             loaded.add(name)
-        missing = {n for n in params if n not in loaded and not (n == "lm_head.weight" and self.tie_word_embeddings)}
+        # a layer given its GGUF blocks before the load (weights/quantized.py) needs no float weight
+        blocks = {f"{m_name}.weight" for m_name, m in self.named_modules() if getattr(m, "quantized_weight", None) is not None}
+        missing = {n for n in params if n not in loaded and n not in blocks
+                   and not (n == "lm_head.weight" and self.tie_word_embeddings)}
         # fused parameters are loaded through their pieces
         if missing:
             raise ValueError(f"checkpoint lacks tensors for: {sorted(missing)[:5]}")

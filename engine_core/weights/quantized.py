@@ -20,15 +20,13 @@ slice is cut at block boundaries (a layer whose slice would split a block of 32,
 """
 
 import logging
-import os
 
 import torch
-from safetensors import safe_open
 
 from engine_core.layers import cpu_packing, cpu_quant, linear
 from engine_core.layers.gguf_types import GGUF_TYPES
 from engine_core.layers.quant_pieces import QuantizedPieces
-from engine_core.weights.gguf_import import QUANTIZED_FILE
+from engine_core.weights.loader import quantized_tensors
 
 logger = logging.getLogger("nvllm")
 
@@ -41,16 +39,6 @@ def _why_not(device: torch.device, dtype: torch.dtype) -> str | None:
     if not cpu_packing.keeps_quantized(dtype):
         return "the quantized kernels could not be built (no C compiler? the log above says why)"
     return None
-
-
-def _read(folder: str) -> dict[str, tuple[torch.Tensor, str]]:
-    """The folder's kept GGUF tensors by HF name: (uint8 rows, type); the input count is set per layer."""
-    path = os.path.join(folder, QUANTIZED_FILE)
-    if not os.path.exists(path):
-        return {}
-    with safe_open(path, framework="pt", device="cpu") as f:
-        types = f.metadata() or {}
-        return {name: (f.get_tensor(name), types[name]) for name in f.keys() if name in types}
 
 
 def _checkpoint_pieces(model, module_name: str) -> list[tuple[str, object]]:
@@ -97,8 +85,9 @@ def _pieces(module, raw: dict, pieces: list[tuple[str, object]]) -> QuantizedPie
     in_features = module.weight.shape[1]
     parts = []
     for name, shard in pieces:
-        rows, qtype = raw[name]
+        read, qtype = raw[name]
         kind = GGUF_TYPES.get(qtype)
+        rows = read()
         if kind is None or not kind.fits(in_features) or rows.shape[1] != kind.row_bytes(in_features):
             return None
         start, count, offset = _piece_rows(module, rows.shape[0], shard)
@@ -122,9 +111,14 @@ def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.Qu
     out_features, in_features = module.weight.shape
     if qtype not in GGUF_TYPES or not GGUF_TYPES[qtype].fits(in_features):
         return None
-    rows = torch.zeros((out_features, GGUF_TYPES[qtype].row_bytes(in_features)), dtype=torch.uint8)
+    shape = (out_features, GGUF_TYPES[qtype].row_bytes(in_features))
+    if len(pieces) == 1:
+        whole = raw[names[0]][0]()
+        if tuple(whole.shape) == shape:  # one piece, all of it on this rank: the rows as read, no copy
+            return cpu_quant.QuantizedTensor(whole, qtype, in_features)
+    rows = torch.zeros(shape, dtype=torch.uint8)
     for name, shard in pieces:
-        if not _shard(module, raw[name][0], qtype, shard, rows):
+        if not _shard(module, raw[name][0](), qtype, shard, rows):
             return None
     try:
         return cpu_quant.QuantizedTensor(rows, qtype, in_features)
@@ -132,38 +126,69 @@ def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.Qu
         return None
 
 
-def apply(model, folder: str, mode: str, device: torch.device, dtype: torch.dtype) -> str:
-    """Gives the model's packable layers their quantized weights (packed later by cpu_packing.pack_model).
-    Returns what was done, for the load log line."""
-    if mode == "none":
-        return "none"
+def _refusal(folder: str, mode: str, device: torch.device, dtype: torch.dtype, has_blocks: bool) -> str | None:
+    """Why `mode` keeps nothing quantized here (None: it can), raised for an explicit mode, logged for auto."""
     why = _why_not(device, dtype)
-    raw = _read(folder) if why is None and mode in ("auto", "gguf") else {}
-    if mode == "gguf" and why is None and not raw:
+    if why is None and mode == "gguf" and not has_blocks:
         why = f"{folder} has no GGUF tensors of the kept types (quantization gguf takes a GGUF model)"
-    if why is not None:
-        if mode == "auto":
-            logger.debug("weights dequantized: %s", why)
-            return "none"
+    if why is not None and mode != "auto":
         raise ValueError(f"quantization {mode} cannot run here: {why}. Use --quantization none")
-    if not raw and mode == "auto":
-        return "none"
+    if why is not None:
+        logger.debug("weights dequantized: %s", why)
+    return why
+
+
+def _summary(kept: dict[str, int]) -> str:
+    return ", ".join(f"{count} layers {qtype}" for qtype, count in sorted(kept.items())) or "none"
+
+
+def keep_gguf_blocks(model, folder: str, mode: str, device: torch.device,
+                     dtype: torch.dtype) -> tuple[str, frozenset[str]]:
+    """Before the float weights load (`mode` auto or gguf): gives the model's layers and embedding their GGUF
+    blocks where a kernel takes them (packed later by cpu_packing.pack_model). Returns what was done, for the load
+    log line, and the checkpoint tensors no layer then needs as floats: the loader skips them, so a kept tensor is
+    never dequantized nor resident twice."""
+    if mode not in ("auto", "gguf"):
+        return "none", frozenset()
+    raw = quantized_tensors(folder)
+    if _refusal(folder, mode, device, dtype, bool(raw)) is not None or not raw:
+        return "none", frozenset()
     kept: dict[str, int] = {}
+    as_floats: set[str] = set()  # checkpoint tensors a layer that is not kept reads
     for name, module in model.named_modules():
         if not isinstance(module, cpu_packing.PackableWeight):
             continue
-        in_features = module.weight.shape[1]
-        if mode == "int8":
-            weight = (cpu_quant.quantize_int8(module.weight)
-                      if name.rpartition(".")[2] in _INT8_LAYERS and in_features % cpu_quant.BLOCK == 0 else None)
-        else:
-            weight = _joined(module, raw, _checkpoint_pieces(model, name))
-        if weight is not None and weight.shape == tuple(module.weight.shape):
+        pieces = _checkpoint_pieces(model, name)
+        weight = _joined(module, raw, pieces)
+        if (weight is not None and weight.shape == tuple(module.weight.shape)
+                and cpu_packing.can_pack_quantized(weight, dtype)):
             module.quantized_weight = weight
             kept[weight.qtype] = kept.get(weight.qtype, 0) + 1
+        else:
+            as_floats.update(piece for piece, _ in pieces)
     embedding = getattr(model, "embed_tokens", None)
-    if mode != "int8" and embedding is not None and "model.embed_tokens.weight" in raw:
+    if embedding is not None and "model.embed_tokens.weight" in raw:
         lm_head = getattr(model, "lm_head", None)
         shared = getattr(model, "tie_word_embeddings", False) and getattr(lm_head, "quantized_weight", None)
-        embedding.quantized_weight = shared or _joined(embedding, raw, [("model.embed_tokens.weight", None)])
-    return ", ".join(f"{count} layers {qtype}" for qtype, count in sorted(kept.items())) or "none"
+        weight = shared or _joined(embedding, raw, [("model.embed_tokens.weight", None)])
+        if weight is not None and cpu_packing.can_pack_quantized(weight, dtype):
+            embedding.quantized_weight = weight
+        else:
+            as_floats.add("model.embed_tokens.weight")
+    return _summary(kept), frozenset(raw) - as_floats
+
+
+def quantize_int8(model, mode: str, device: torch.device, dtype: torch.dtype) -> str:
+    """After the float weights load (`mode` int8): the decoder's linear layers quantized per output channel.
+    Returns what was done, for the load log line."""
+    if mode != "int8":
+        return "none"
+    _refusal("", mode, device, dtype, True)
+    kept: dict[str, int] = {}
+    for name, module in model.named_modules():
+        in_features = getattr(module, "weight", torch.empty(0, 0)).shape[-1]
+        if (isinstance(module, cpu_packing.PackableWeight) and name.rpartition(".")[2] in _INT8_LAYERS
+                and in_features % cpu_quant.BLOCK == 0):
+            module.quantized_weight = cpu_quant.quantize_int8(module.weight)
+            kept["q8_0"] = kept.get("q8_0", 0) + 1
+    return _summary(kept)
