@@ -171,7 +171,7 @@ def _eos_ids(meta: _Metadata) -> list[int]:
     return ids
 
 
-def _write_tokenizer(gguf_path: str, out_dir: str, meta: _Metadata, max_length: int) -> None:
+def _write_tokenizer(gguf_path: str, out_dir: str, file_template: str | None, max_length: int) -> None:
     """tokenizer.json, tokenizer_config.json (with the chat template), chat_template.jinja,
     special_tokens_map.json, built by transformers from the GGUF's tokenizer metadata."""
     from transformers import AutoTokenizer
@@ -182,7 +182,7 @@ def _write_tokenizer(gguf_path: str, out_dir: str, meta: _Metadata, max_length: 
     except Exception as e:
         raise ValueError(f"could not build a tokenizer from the metadata of {gguf_path}: {type(e).__name__}: {e}") from e
     tokenizer.save_pretrained(out_dir)
-    template = meta.get("tokenizer.chat_template") or getattr(tokenizer, "chat_template", None)
+    template = file_template or getattr(tokenizer, "chat_template", None)
 
     config_path = os.path.join(out_dir, "tokenizer_config.json")
     with open(config_path, encoding="utf-8") as f:
@@ -217,23 +217,34 @@ class _Tensor:
     """One GGUF tensor's way into the import: its HF name, and whether it stays quantized (its blocks, as they
     are, go to QUANTIZED_FILE) or is written as floats."""
 
-    def __init__(self, tensor, name: str, heads: int | None):
-        self.tensor, self.name, self.heads = tensor, name, heads
+    def __init__(self, tensor, name: str, heads: int | None, path: str):
+        self.tensor, self.name, self.heads, self._path = tensor, name, heads, path
         self.type = tensor.tensor_type.name
         self.kept = self.type in KEPT_TYPES
         self.shape = tuple(int(d) for d in reversed(tensor.shape))  # the HF shape of its values
 
     def blocks(self) -> torch.Tensor:
         """The quantized rows uint8 [rows, row bytes], un-permuted where llama.cpp permuted them."""
-        rows = np.array(self.tensor.data, copy=True)  # a copy: the reader's memory map is read-only
+        rows = self._read()
         return torch.from_numpy(unpermute_qk(rows, self.heads) if self.heads else rows)
 
     def values(self) -> torch.Tensor:
         """The dequantized values float32, in the HF shape, un-permuted."""
         from gguf.quants import dequantize
 
-        w = np.array(dequantize(self.tensor.data, self.tensor.tensor_type), dtype=np.float32, copy=True)
+        w = np.array(dequantize(self._read(), self.tensor.tensor_type), dtype=np.float32, copy=False)
         return torch.from_numpy(np.ascontiguousarray(unpermute_qk(w, self.heads) if self.heads else w))
+
+    def _read(self) -> np.ndarray:
+        """The tensor's data as the reader's view has it (dtype, shape), read from the file into memory of its
+        own: not through the reader's memory map, whose pages would stay resident (a 4 GB file, 4 GB)."""
+        view = self.tensor.data
+        data = bytearray(int(self.tensor.n_bytes))
+        with open(self._path, "rb") as f:
+            f.seek(int(self.tensor.data_offset))
+            if f.readinto(data) != len(data):
+                raise ValueError(f"{self._path} is truncated: tensor {self.tensor.name!r} is cut short")
+        return np.frombuffer(data, dtype=view.dtype).reshape(view.shape)
 
 
 def _tensors(reader, arch: str, n_heads: int, n_kv: int) -> list[_Tensor]:
@@ -250,7 +261,7 @@ def _tensors(reader, arch: str, n_heads: int, n_kv: int) -> list[_Tensor]:
         heads = None
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
             heads = n_heads if "q_proj" in name else n_kv
-        out.append(_Tensor(tensor, name, heads))
+        out.append(_Tensor(tensor, name, heads, reader.data.filename))
     return out
 
 
@@ -310,6 +321,19 @@ def _write_weights(tensors: list[_Tensor], out_dir: str, dtype: torch.dtype) -> 
     return len(tensors)
 
 
+def _check_complete(reader, meta: _Metadata, path: str) -> None:
+    """Refuses, before anything is written, a file cut short or without a tokenizer, naming the file."""
+    size = os.path.getsize(path)
+    for tensor in reader.tensors:
+        end = int(tensor.data_offset) + int(tensor.n_bytes)
+        if end > size:
+            raise ValueError(f"{path} is truncated: tensor {tensor.name!r} ends at byte {end}, the file has {size} "
+                             "bytes (an interrupted download? fetch it again)")
+    if meta.get("tokenizer.ggml.tokens") is None or meta.get("tokenizer.ggml.model") is None:
+        raise ValueError(f"{path} has no tokenizer in its metadata (tokenizer.ggml.model / tokenizer.ggml.tokens); "
+                         "nvllm serves a GGUF with its tokenizer")
+
+
 def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) -> str:
     """Convert `gguf_path` into the HF folder `out_dir` and return `out_dir`.
 
@@ -321,12 +345,19 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
     start = time.perf_counter()
     gguf_path = os.path.abspath(gguf_path)
     out_dir = os.path.abspath(out_dir)
-    reader = GGUFReader(gguf_path)
+    try:
+        reader = GGUFReader(gguf_path)
+    except (ValueError, KeyError, IndexError, OSError) as e:  # a bad magic, an unknown type, a header cut short
+        if "cannot reshape array" in str(e):  # gguf-py's words for a tensor that runs past the end of the file
+            raise ValueError(f"{gguf_path} is truncated: its tensors run past the end of the file "
+                             f"({os.path.getsize(gguf_path)} bytes; an interrupted download? fetch it again)") from e
+        raise ValueError(f"{gguf_path} is not a GGUF file nvllm can read: {type(e).__name__}: {e}") from e
     meta = _Metadata(reader)
     arch = meta.get("general.architecture")
     if family_for_gguf(arch) is None:
         raise ValueError(f"GGUF architecture {arch!r} of {gguf_path} is not supported; "
                          f"nvllm imports {', '.join(f.gguf_architecture for f in FAMILIES)} GGUFs")
+    _check_complete(reader, meta, gguf_path)
     tensor_names = {t.name for t in reader.tensors}
     embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
     config = _build_config(meta, arch, tensor_names, int(embed.shape[-1]), torch.float32)
@@ -350,7 +381,9 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
             generation["eos_token_id"] = eos[0] if len(eos) == 1 else eos
         with open(os.path.join(tmp, "generation_config.json"), "w") as f:
             json.dump(generation, f, indent=2)
-        _write_tokenizer(gguf_path, tmp, meta, config["max_position_embeddings"])
+        template = meta.get("tokenizer.chat_template")
+        del reader, meta, tensors, embed  # the tokenizer's own read of the file comes next: one at a time
+        _write_tokenizer(gguf_path, tmp, template, config["max_position_embeddings"])
         with open(os.path.join(tmp, MARKER_FILE), "w") as f:
             json.dump({"format": IMPORT_FORMAT, "source": gguf_path, "architecture": arch, "tensors": count,
                        "dtype": config["torch_dtype"], "seconds": round(time.perf_counter() - start, 2)}, f)
