@@ -28,6 +28,7 @@ class GgufPackedWeight:
     prefix = ""  # the C functions' prefix
     kernel = ""  # the source it runs (cpu_kernels/), for the load log
     load = None  # the kernel library's loader (a table.loader function)
+    in_file_layout: frozenset[str] = frozenset()  # types the kernel reads as the file has them: no packed copy
 
     def __init__(self, weight: QuantizedTensor):
         library = type(self).load()
@@ -37,11 +38,15 @@ class GgufPackedWeight:
         self.qtype = weight.qtype
         self.out_features, self.in_features = weight.shape
         size = getattr(library, f"{self.prefix}_packed_bytes")(self.type_id, self.out_features, self.in_features)
-        self.panels = torch.empty(size, dtype=torch.uint8, device="cpu")
         rows = weight.rows.contiguous()
-        status = getattr(library, f"{self.prefix}_pack")(rows.data_ptr(), rows.shape[1], self.type_id,
-                                                         self.out_features, self.in_features, self.panels.data_ptr())
-        assert status == 0
+        if self.qtype in self.in_file_layout and rows.numel() == size:
+            self.panels = rows.view(-1)  # the rows are the layout: served as they are, never held twice
+        else:
+            self.panels = torch.empty(size, dtype=torch.uint8, device="cpu")
+            status = getattr(library, f"{self.prefix}_pack")(rows.data_ptr(), rows.shape[1], self.type_id,
+                                                             self.out_features, self.in_features,
+                                                             self.panels.data_ptr())
+            assert status == 0
         self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property

@@ -92,8 +92,8 @@ def _pieces(module, raw: dict, pieces: list[tuple[str, object]]) -> QuantizedPie
             return None
         start, count, offset = _piece_rows(module, rows.shape[0], shard)
         if count:
-            parts.append((offset, cpu_quant.QuantizedTensor(rows[start:start + count].contiguous(), qtype,
-                                                            in_features)))
+            mine = rows if count == rows.shape[0] else rows[start:start + count].clone()  # no other rank's rows
+            parts.append((offset, cpu_quant.QuantizedTensor(mine, qtype, in_features)))
     parts.sort(key=lambda part: part[0])
     return QuantizedPieces([piece for _, piece in parts]) if parts else None
 
