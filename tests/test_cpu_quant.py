@@ -4,12 +4,11 @@ quantized integers; large M batch-invariant, the same arithmetic through unpacke
 --no-batch-invariant through bf16 panels), the gated gate/up form, and a row's result independent of
 the other rows and the thread count (at every M when batch-invariant, within a path otherwise)."""
 
-import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, quants
 
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
+from gguf_weights import quantized_weight
 
 pytestmark = pytest.mark.integration
 needs_kernel = pytest.mark.skipif(cpu_quant.load() is None,
@@ -21,11 +20,7 @@ FORMATS = ["q4_0", "q4_1", "q8_0"]
 
 def _quantized(qtype: str, n: int, k: int, seed: int) -> tuple[cpu_quant.QuantizedTensor, torch.Tensor]:
     """A random [n, k] weight quantized by gguf-py, and its dequantized float32 values."""
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
-    kind = GGMLQuantizationType[qtype.upper()]
-    raw = quants.quantize(w, kind)
-    dequantized = torch.from_numpy(quants.dequantize(raw, kind).reshape(n, k).copy())
-    return cpu_quant.QuantizedTensor(torch.from_numpy(raw.view(np.uint8).reshape(n, -1).copy()), qtype, k), dequantized
+    return quantized_weight(qtype, n, k, seed)
 
 
 def _x(m: int, k: int, seed: int) -> torch.Tensor:
@@ -158,5 +153,17 @@ def test_rows_of_are_the_dequantized_rows(qtype):
 def test_bad_shapes_are_refused_with_the_limit():
     with pytest.raises(ValueError, match="q4_1 weight of 48 inputs"):
         cpu_quant.QuantizedTensor(torch.zeros(4, 30, dtype=torch.uint8), "q4_1", 48)
+    with pytest.raises(ValueError, match="q5_k weight of 32 inputs"):  # a K-quant super-block holds 256
+        cpu_quant.QuantizedTensor(torch.zeros(4, 22, dtype=torch.uint8), "q5_k", 32)
     with pytest.raises(ValueError, match="not supported"):
-        cpu_quant.QuantizedTensor(torch.zeros(4, 20, dtype=torch.uint8), "q5_k", 32)
+        cpu_quant.QuantizedTensor(torch.zeros(4, 20, dtype=torch.uint8), "iq4_xs", 32)
+
+
+@pytest.mark.parametrize("qtype", ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_types_only_quant_dot_takes_go_to_it_in_every_engine(qtype, dtype):
+    from engine_core.layers import cpu_packing, cpu_quant_dot
+
+    weight, _ = _quantized(qtype, 8, 256, seed=1)
+    assert not cpu_quant.can_pack(weight)
+    assert isinstance(cpu_packing.pack_quantized(weight, dtype), cpu_quant_dot.QuantDotWeight)

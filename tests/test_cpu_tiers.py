@@ -1,7 +1,7 @@
 """CPU tiers (engine_core/cpu_kernels): the tier read from a CPU's flags, NVLLM_CPU_ISA forcing a lower one
 (and refusing a higher one or a misspelt one), the table naming the kernel each operation gets, and the
 kept-quantized kernels of every tier run for real on each tier this machine has: quant_f32.c (float32) to the
-bit the dense kernel's product of the dequantized weights; quant_dot.c (bf16 below avx512_bf16) against the
+bit the dense kernel's product of the dequantized weights; quant_dot.c (every GGUF type kept, K-quants too) against the
 float64 product of the dequantized weights and the 8-bit-rounded rows; both the same bits on every tier, and a
 row's result independent of the other rows (M = 1..300) and of the thread count."""
 
@@ -24,7 +24,11 @@ FLAGS = {
     "avx512_bf16": AVX512 | {"avx512_vnni", "avx512_bf16"},
     "amx": AVX512 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"},
 }
-FORMATS = ["q4_0", "q4_1", "q8_0"]
+FORMATS = ["q4_0", "q4_1", "q8_0"]  # quant_f32.c's
+# quant_dot.c's types, each with shapes (n, k) of its block size: column tails, a partial group of 8 blocks
+DOT_CASES = [(qtype, n, k) for qtype in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+             for n, k in [(1, 32), (17, 96), (100, 576), (40, 288)]]
+DOT_CASES += [(qtype, n, k) for qtype in ("q4_k", "q5_k", "q6_k") for n, k in [(1, 256), (17, 768), (40, 1536)]]
 
 
 @pytest.mark.parametrize("tier", list(FLAGS))
@@ -99,8 +103,7 @@ def products():
 
 
 @pytest.mark.parametrize("tier", TIERS)
-@pytest.mark.parametrize("qtype", FORMATS)
-@pytest.mark.parametrize("n,k", [(1, 32), (17, 96), (100, 576), (40, 288)])
+@pytest.mark.parametrize("qtype,n,k", DOT_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_quant_dot_is_the_product_of_the_rounded_rows_the_same_on_every_tier(tier, qtype, n, k, dtype, products):
     weight, dequantized = _quantized(qtype, n, k, seed=n + k)
@@ -140,11 +143,11 @@ def test_quant_f32_is_the_dense_kernel_on_the_dequantized_weights_to_the_bit(tie
 
 
 @pytest.mark.parametrize("tier", tier_params("portable", "avx2", "avx512", "own"))
-@pytest.mark.parametrize("qtype", FORMATS)
-@pytest.mark.parametrize("kernel", [cpu_quant_f32.QuantF32Weight, cpu_quant_dot.QuantDotWeight],
-                         ids=["quant_f32", "quant_dot"])
+@pytest.mark.parametrize("qtype,kernel", [(qtype, cpu_quant_f32.QuantF32Weight) for qtype in FORMATS]
+                         + [(qtype, cpu_quant_dot.QuantDotWeight) for qtype in FORMATS + ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]],
+                         ids=lambda v: v if isinstance(v, str) else v.kernel.rpartition("/")[2])
 def test_quantized_rows_do_not_depend_on_the_batch_or_the_threads(tier, qtype, kernel):
-    n, k = 70, 192
+    n, k = 70, 512
     weight, _ = _quantized(qtype, n, k, seed=4)
     x = torch.randn(300, k, generator=torch.Generator().manual_seed(6))
     threads = torch.get_num_threads()

@@ -19,9 +19,8 @@ import pytest
 import torch
 
 from engine_core.layers import cpu_quant
-from engine_core.weights import quantized as quantized_weights
 from engine_core.weights.gguf_import import import_gguf
-from engine_core.weights.loader import load_safetensors_weights
+from engine_core.weights.loader import load_safetensors_weights, quantized_tensors
 
 pytestmark = pytest.mark.unit
 needs_kernels = pytest.mark.skipif(cpu_quant.load() is None, reason="cpu_quant.c does not run on this CPU")
@@ -209,10 +208,11 @@ def test_import_gives_the_exact_values_of_hand_built_blocks(tmp_path, arch):
     for name, (kind, _, values) in expected.items():
         assert got[name].dtype == torch.float32, name
         assert np.array_equal(got[name].numpy(), values), (name, kind)
-    kept = quantized_weights._read(folder)  # what --quantization gguf gives the layers
+    kept = quantized_tensors(folder)  # what --quantization gguf gives the layers
     assert {name: qtype for name, (_, qtype) in kept.items()} == {
         name: kind.lower() for name, (kind, _, _) in expected.items() if kind in ("Q4_0", "Q4_1", "Q8_0")}
-    for name, (rows, qtype) in kept.items():
+    for name, (read, qtype) in kept.items():
+        rows = read()
         assert np.array_equal(rows.numpy(), expected[name][1]), name
         cpu_quant.QuantizedTensor(rows, qtype, expected[name][2].shape[1])  # the shape the kernels accept
 

@@ -147,6 +147,20 @@ def test_draft_model_errors_name_the_field(tiny_models, tmp_path):
                                                                              "num_speculative_tokens": 2})
 
 
+def test_bench_latency_times_real_prefills_never_prefix_cache_hits(loopy_models, tmp_path):
+    """A fresh random prompt per request: nothing of one is in the cache when the next comes."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "latency.json"
+    subprocess.run([sys.executable, "-m", "frontend.cli.main", "bench", "latency", loopy_models["llama"],
+                    "--dtype", "float32", "--input-len", "40", "--output-len", "4", "--num-iters", "3",
+                    "--output-json", str(out)], check=True, timeout=300)
+    result = json.loads(out.read_text())["results"]
+    assert result["input_len"] == 40 and len(result["tpot_ms_each"]) == 3
+    assert result["prefix_cache_hit_tokens"] == 0 and "fresh prompt" in result["ttft_is"]
+
+
 def test_bench_latency_with_speculation_reports_both_engines(loopy_models, tmp_path):
     """README: `nvllm bench latency --prompt copy-edit --speculative-config ...`, scaled down."""
     import json
@@ -158,6 +172,8 @@ def test_bench_latency_with_speculation_reports_both_engines(loopy_models, tmp_p
                     "--speculative-config", json.dumps(NGRAM), "--output-json", str(out)], check=True, timeout=300)
     result = json.loads(out.read_text())["results"]
     assert result["prompt"] == "copy-edit" and result["input_len"] > 100 and len(result["tpot_ms_each"]) == 2
+    # the same text each time: the prefix cache is off, so each time to first token is a real prefill
+    assert result["prefix_cache_hit_tokens"] == 0 and "prefix cache off" in result["ttft_is"]
     spec = result["speculative"]
     assert spec["config"]["num_speculative_tokens"] == 4 and spec["ms_per_output_token_without"] > 0
     assert spec["speedup"] > 0 and 0 <= spec["proposals_kept"] <= 1 and spec["tokens_per_verifying_step"] >= 1

@@ -68,7 +68,7 @@ def test_a_row_parallel_shard_keeps_whole_blocks():
     weight = cpu_quant.quantize_int8(torch.randn(8, 128))
     dequantized = (weight.rows.view(8, 4, 34)[:, :, 2:].contiguous().view(torch.int8).float()
                    * weight.rows.view(8, 4, 34)[:, :, :2].contiguous().view(torch.float16).float()).view(8, 128)
-    raw = {"model.layers.0.mlp.down_proj.weight": (weight.rows, weight.qtype)}
+    raw = {"model.layers.0.mlp.down_proj.weight": (lambda: weight.rows, weight.qtype)}  # (read, type), as loaded
     pieces = [("model.layers.0.mlp.down_proj.weight", None)]
     shard = quantized._joined(RowParallelLinear(128, 8, input_start=32, input_size=64), raw, pieces)
     assert shard is not None and shard.shape == (8, 64)
@@ -77,6 +77,23 @@ def test_a_row_parallel_shard_keeps_whole_blocks():
         packed = cpu_packing.pack_quantized(shard, torch.float32)
         torch.testing.assert_close(packed.matmul(x), x @ dequantized[:, 32:96].T, rtol=1e-5, atol=1e-5)
     assert quantized._joined(RowParallelLinear(128, 8, input_start=16, input_size=64), raw, pieces) is None
+
+
+def test_a_row_parallel_k_quant_shard_keeps_whole_super_blocks():
+    """A K-quant's blocks hold 256 inputs: a rank's slice is cut at super-block boundaries (the rows of the
+    dequantized slice), and one that would split a super-block is refused (that layer is then dequantized)."""
+    from gguf_weights import quantized_weight
+
+    weight, dequantized = quantized_weight("q4_k", 8, 768, seed=3)
+    raw = {"model.layers.0.mlp.down_proj.weight": (lambda: weight.rows, weight.qtype)}
+    pieces = [("model.layers.0.mlp.down_proj.weight", None)]
+    shard = quantized._joined(RowParallelLinear(768, 8, input_start=256, input_size=512), raw, pieces)
+    assert shard is not None and shard.shape == (8, 512)
+    from engine_core.layers import cpu_quant_dot
+    if cpu_quant_dot.load() is not None:
+        rows = cpu_packing.pack_quantized(shard, torch.float32).rows_of(torch.arange(8), torch.float32)
+        assert torch.equal(rows, dequantized[:, 256:])
+    assert quantized._joined(RowParallelLinear(768, 8, input_start=128, input_size=384), raw, pieces) is None
 
 
 # ---- TP=2 equals TP=1 ---------------------------------------------------------------------------

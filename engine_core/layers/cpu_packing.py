@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant, cpu_quant_dot, cpu_quant_f32
+from engine_core.layers.quant_pieces import PiecewiseQuantWeight, QuantizedPieces
 
 logger = logging.getLogger("nvllm")
 
@@ -46,8 +47,9 @@ class OneDnnWeight:
 
 
 PackedWeight = (cpu_gemm.PanelWeight | cpu_gemm_f32.GenericPanelWeight | OneDnnWeight | cpu_quant_dot.QuantDotWeight
-                | cpu_quant_f32.QuantF32Weight)
-QuantizedPack = cpu_quant.QuantPanelWeight | cpu_quant_dot.QuantDotWeight | cpu_quant_f32.QuantF32Weight
+                | cpu_quant_f32.QuantF32Weight | PiecewiseQuantWeight)
+QuantizedPack = (cpu_quant.QuantPanelWeight | cpu_quant_dot.QuantDotWeight | cpu_quant_f32.QuantF32Weight
+                 | PiecewiseQuantWeight)
 
 
 def keeps_quantized(dtype: torch.dtype) -> bool:
@@ -57,10 +59,14 @@ def keeps_quantized(dtype: torch.dtype) -> bool:
             or (dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.load() is not None))
 
 
-def pack_quantized(weight: cpu_quant.QuantizedTensor, dtype: torch.dtype) -> QuantizedPack | None:
+def pack_quantized(weight: cpu_quant.QuantizedTensor | QuantizedPieces, dtype: torch.dtype) -> QuantizedPack | None:
     """A quantized weight packed for the kernel that serves a `dtype` engine, or None where none does:
     float32, quant_f32.c (the dequantized model's results, to the bit); bfloat16, cpu_quant.c's bf16 panels
-    on the avx512_bf16 and amx tiers; else quant_dot.c (8-bit input rows, integer dot products)."""
+    on the avx512_bf16 and amx tiers; else, and for the types only it takes, quant_dot.c (8-bit input rows,
+    integer dot products). A fused weight of pieces of different types packs each piece so."""
+    if isinstance(weight, QuantizedPieces):
+        packs = [pack_quantized(piece, dtype) for piece in weight.pieces]
+        return None if None in packs else PiecewiseQuantWeight(packs)
     if dtype is torch.float32 and cpu_quant_f32.can_pack(weight):
         return cpu_quant_f32.QuantF32Weight(weight)
     if dtype is torch.bfloat16 and cpu_quant.can_pack(weight):
@@ -68,6 +74,16 @@ def pack_quantized(weight: cpu_quant.QuantizedTensor, dtype: torch.dtype) -> Qua
     if dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.can_pack(weight):
         return cpu_quant_dot.QuantDotWeight(weight)
     return None
+
+
+def can_pack_quantized(weight: cpu_quant.QuantizedTensor | QuantizedPieces, dtype: torch.dtype) -> bool:
+    """Whether pack_quantized has a kernel for this weight in a `dtype` engine (asked before the float weights
+    load: a layer that will be kept quantized is never given floats)."""
+    if isinstance(weight, QuantizedPieces):
+        return all(can_pack_quantized(piece, dtype) for piece in weight.pieces)
+    return ((dtype is torch.float32 and cpu_quant_f32.can_pack(weight))
+            or (dtype is torch.bfloat16 and cpu_quant.can_pack(weight))
+            or (dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.can_pack(weight)))
 
 
 def _onednn_bf16_runs() -> bool:
@@ -129,7 +145,7 @@ class PackableWeight:
     that instead, and keeps it quantized."""
 
     packed_weight: PackedWeight | None = None
-    quantized_weight: cpu_quant.QuantizedTensor | None = None
+    quantized_weight: cpu_quant.QuantizedTensor | QuantizedPieces | None = None
     keeps_weight = False  # True where another layer reads the weight too (a tied LM head's embedding)
 
     def pack_weight(self, dense: bool = True) -> None:
@@ -182,4 +198,8 @@ def pack_model(model: torch.nn.Module, dense: bool = True) -> int:
         if rows is not None:
             module.quantized_rows = rows
             module.weight.data = module.weight.data.new_empty(0)  # a tied head's float copy goes too
+    for module in model.modules():  # the packed copies serve now: the GGUF rows they came from can go
+        if getattr(module, "quantized_weight", None) is not None and (
+                getattr(module, "packed_weight", None) is not None or getattr(module, "quantized_rows", None) is not None):
+            module.quantized_weight = None
     return len(layers)

@@ -14,11 +14,9 @@ import torch
 from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.layers import cpu_gemm
+from engine_core.layers.gguf_types import GGUF_TYPES
 
-BLOCK = 32  # inputs per quantized block
-
-# GGUF type ids (ggml.h) of the formats the kernels take -> (bytes per block, packed format in cpu_quant.c)
-GGUF_TYPES = {"q4_0": (2, 18, 0), "q4_1": (3, 20, 0), "q8_0": (8, 34, 1)}
+BLOCK = 32  # inputs per quantized block of the Q4/Q5/Q8 types (a K-quant's super-block holds 256)
 
 @table.loader("cpu_quant")
 def load(library):
@@ -39,12 +37,13 @@ def load(library):
 
 
 class QuantizedTensor:
-    """A weight [N, K] as GGUF rows: `rows` uint8 [N, K / 32 * block bytes] of type `qtype`."""
+    """A weight [N, K] as GGUF rows: `rows` uint8 [N, K / block inputs * block bytes] of type `qtype`."""
 
     def __init__(self, rows: torch.Tensor, qtype: str, in_features: int):
         if qtype not in GGUF_TYPES:
             raise ValueError(f"quantization type {qtype!r} not supported (supported: {', '.join(GGUF_TYPES)})")
-        if in_features % BLOCK or rows.shape[1] != in_features // BLOCK * GGUF_TYPES[qtype][1]:
+        kind = GGUF_TYPES[qtype]
+        if not kind.fits(in_features) or rows.shape[1] != kind.row_bytes(in_features):
             raise ValueError(f"a {qtype} weight of {in_features} inputs cannot have rows of {rows.shape[1]} bytes")
         self.rows, self.qtype, self.in_features = rows, qtype, in_features
         self.shape = (rows.shape[0], in_features)
@@ -64,7 +63,8 @@ def quantize_int8(weight: torch.Tensor) -> QuantizedTensor:
 
 
 def can_pack(weight) -> bool:
-    return isinstance(weight, QuantizedTensor) and load() is not None
+    return (isinstance(weight, QuantizedTensor) and GGUF_TYPES[weight.qtype].cpu_quant_format is not None
+            and load() is not None)
 
 
 class QuantPanelWeight(cpu_gemm.PanelWeight):
@@ -76,7 +76,7 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
     def __init__(self, weight: QuantizedTensor):
         library = load()
         assert library is not None
-        type_id, _, self.format = GGUF_TYPES[weight.qtype]
+        type_id, self.format = GGUF_TYPES[weight.qtype].type_id, GGUF_TYPES[weight.qtype].cpu_quant_format
         self.qtype = weight.qtype
         self.out_features, self.in_features = weight.shape
         size = library.quant_packed_bytes(self.format, self.out_features, self.in_features)

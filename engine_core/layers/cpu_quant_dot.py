@@ -1,5 +1,5 @@
-"""Linear layers whose GGUF Q4_0 / Q4_1 / Q8_0 weights stay quantized on every CPU tier (quant_dot.c),
-in float32 and bfloat16 engines, through ctypes.
+"""Linear layers whose GGUF weights (every kept type, layers/gguf_types.py) stay quantized on every CPU tier
+(quant_dot.c), in float32 and bfloat16 engines, through ctypes.
 
 Each row of the input is quantized to 8 bits per block of 32 and meets the weight's integers in integer
 dot products (llama.cpp's way; vpmaddubsw on AVX2, vpdpbusd with AVX512-VNNI, plain C on the portable
@@ -39,6 +39,7 @@ class QuantDotWeight(GgufPackedWeight):
     prefix = "quant_dot"
     kernel = "linear/quant_dot.c"
     load = staticmethod(load)
+    in_file_layout = frozenset({"q5_0", "q5_1", "q4_k", "q5_k", "q6_k"})  # quant_dot_pack copies them as they are
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] (float32 or bfloat16) @ W^T (+ bias, added in float32) -> [..., N] in x's dtype."""

@@ -14,6 +14,7 @@ import torch
 from engine_core.cpu_kernels import table
 from engine_core.layers.cpu_quant import QuantizedTensor
 from engine_core.layers.gguf_packed import GgufPackedWeight, declare_packing
+from engine_core.layers.gguf_types import GGUF_TYPES
 
 _ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 
@@ -28,7 +29,8 @@ def load(library):
 
 
 def can_pack(weight) -> bool:
-    return isinstance(weight, QuantizedTensor) and load() is not None
+    return (isinstance(weight, QuantizedTensor) and GGUF_TYPES[weight.qtype].exact_f32_kernel
+            and load() is not None)
 
 
 class QuantF32Weight(GgufPackedWeight):

@@ -18,7 +18,10 @@ class VocabParallelEmbedding(nn.Module):
         self.per_rank = (vocab_size + tp_size() - 1) // tp_size()
         self.start = tp_rank() * self.per_rank
         self.end = min(self.start + self.per_rank, vocab_size)
-        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden_size), requires_grad=False)
+        # empty, not zeros: a weight kept quantized is never loaded, and its pages are never touched (a 150k-token
+        # vocabulary is hundreds of MB); the last rank's padding rows past the vocabulary are zeroed
+        self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size), requires_grad=False)
+        self.weight.data[self.end - self.start:].zero_()
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
@@ -41,7 +44,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(cpu_packing.PackableWeight, VocabParallelEmbedding):
-    keeps_weight = True  # a tied head shares its weight with the embedding, which still reads it
+    keeps_weight = True  # a tied head shares its weight with the embedding, which still reads it (the model
+    # sets False for an untied head: its float copy goes once packed)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Full-vocabulary logits on rank 0 (None on other ranks)."""

@@ -5,7 +5,8 @@ import ctypes
 
 import torch
 
-from engine_core.layers.cpu_quant import GGUF_TYPES, QuantizedTensor
+from engine_core.layers.cpu_quant import QuantizedTensor
+from engine_core.layers.gguf_types import GGUF_TYPES
 
 _ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 
@@ -22,25 +23,30 @@ def declare_packing(library, prefix: str, rows_out: list) -> None:
 
 
 class GgufPackedWeight:
-    """A quantized weight [N, K] (GGUF Q4_0 / Q4_1 / Q8_0 rows) in a kernel's packed layout."""
+    """A quantized weight [N, K] (GGUF rows of a gguf_types type) in a kernel's packed layout."""
 
     prefix = ""  # the C functions' prefix
     kernel = ""  # the source it runs (cpu_kernels/), for the load log
     load = None  # the kernel library's loader (a table.loader function)
+    in_file_layout: frozenset[str] = frozenset()  # types the kernel reads as the file has them: no packed copy
 
     def __init__(self, weight: QuantizedTensor):
         library = type(self).load()
         assert library is not None
         self._library = library
-        self.type_id = GGUF_TYPES[weight.qtype][0]
+        self.type_id = GGUF_TYPES[weight.qtype].type_id
         self.qtype = weight.qtype
         self.out_features, self.in_features = weight.shape
         size = getattr(library, f"{self.prefix}_packed_bytes")(self.type_id, self.out_features, self.in_features)
-        self.panels = torch.empty(size, dtype=torch.uint8, device="cpu")
         rows = weight.rows.contiguous()
-        status = getattr(library, f"{self.prefix}_pack")(rows.data_ptr(), rows.shape[1], self.type_id,
-                                                         self.out_features, self.in_features, self.panels.data_ptr())
-        assert status == 0
+        if self.qtype in self.in_file_layout and rows.numel() == size:
+            self.panels = rows.view(-1)  # the rows are the layout: served as they are, never held twice
+        else:
+            self.panels = torch.empty(size, dtype=torch.uint8, device="cpu")
+            status = getattr(library, f"{self.prefix}_pack")(rows.data_ptr(), rows.shape[1], self.type_id,
+                                                             self.out_features, self.in_features,
+                                                             self.panels.data_ptr())
+            assert status == 0
         self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property

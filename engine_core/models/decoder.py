@@ -92,6 +92,7 @@ class DecoderForCausalLM(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.tie_word_embeddings = spec.tie_word_embeddings
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
+        self.lm_head.keeps_weight = spec.tie_word_embeddings
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -135,7 +136,11 @@ class DecoderForCausalLM(nn.Module):
             else:
                 loader(param, tensor.to(param.dtype), shard)
             loaded.add(name)
-        missing = {n for n in params if n not in loaded and not (n == "lm_head.weight" and self.tie_word_embeddings)}
+        # a layer given its GGUF blocks before the load (weights/quantized.py) needs no float weight
+        blocks = {f"{m_name}.weight" for m_name, m in self.named_modules()
+                  if getattr(m, "quantized_weight", None) is not None}
+        missing = {n for n in params if n not in loaded and n not in blocks
+                   and not (n == "lm_head.weight" and self.tie_word_embeddings)}
         # fused parameters are loaded through their pieces
         if missing:
             raise ValueError(f"checkpoint lacks tensors for: {sorted(missing)[:5]}")

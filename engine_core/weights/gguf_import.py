@@ -1,25 +1,25 @@
-"""Import a GGUF file once into an HF folder (config.json + model.safetensors + tokenizer files).
+"""Import a GGUF file once into an HF-style folder (config.json, tokenizer files and the weights), cached, so a
+later start reads it directly. Supported GGUF architectures: llama (SmolLM2, Llama, Mistral-as-llama), qwen2 and
+qwen3.
 
-The engine only loads HF folders; a GGUF is dequantized here one time and the result cached, so a later
-start reads plain safetensors. Supported GGUF architectures: llama (SmolLM2, Llama, Mistral-as-llama),
-qwen2 and qwen3.
+Weights: the tensors of the types the quantized kernels take (layers/gguf_types.py: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+Q4_K, Q5_K, Q6_K) are written as the file has them, blocks untouched (QUANTIZED_FILE, safetensors format, {name:
+type} in its metadata); weights/quantized.py keeps them quantized in memory, and weights/loader.py dequantizes them
+where a layer needs floats (`--quantization none`). Every other tensor (norms, biases, types no kernel takes) is
+dequantized once and written to model.safetensors: float32, which keeps the import exact (every dequantized
+value is exactly a float32, most are not a bfloat16), or bfloat16 where float32 would exceed FLOAT32_LIMIT_BYTES.
+Both files are written one tensor at a time (weights/safetensors_stream.py): a multi-GB file imports holding one
+tensor in memory, and what is not kept is logged by type with what it costs.
 
 llama.cpp's converter permutes the rows of the llama q/k projections so that each head's rotary pairs
 are interleaved (GPT-J style) instead of split in halves (NeoX style, what HF uses). For the llama
-architecture we undo that here, so the weights equal what transformers loads from the same GGUF.
-Qwen2/Qwen3 GGUFs are converted without the permutation and are copied as they are.
-
-dtype: float32 by default, which keeps the import exact (every dequantized Q4/Q8/F16 value is exactly a
-float32; most are not a bfloat16). SmolLM2-135M is 0.54 GB in float32 (0.27 GB in bfloat16), a fair price
-for exactness; the model code casts to its compute dtype at load. Models whose float32 copy would exceed
-FLOAT32_LIMIT_BYTES are written in bfloat16 instead, to halve the disk and load time.
-
-The Q4_0 / Q4_1 / Q8_0 tensors are also written as they are (QUANTIZED_FILE): weights/quantized.py keeps
-them quantized in memory where the CPU kernels run.
+architecture we undo that here (whole rows of blocks move), so the weights equal what transformers loads from the
+same GGUF. Qwen2/Qwen3 GGUFs are converted without the permutation and are copied as they are.
 """
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -29,16 +29,15 @@ import numpy as np
 import torch
 
 from engine_core.families.catalog import FAMILIES, family_for_gguf
+from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.weights.loader import QUANTIZED_FILE
+from engine_core.weights.safetensors_stream import write_streamed
 
 logger = logging.getLogger("nvllm")
 
 MARKER_FILE = ".nvllm-import.json"  # written last: its presence means the folder is complete
-IMPORT_FORMAT = 2  # bump when the layout of imported folders changes, so old imports are redone
-# the GGUF's quantized tensors as they are (uint8 rows of blocks, HF names, un-permuted like the floats), in
-# safetensors format, with {name: type} in its metadata: weights/quantized.py keeps them quantized in memory.
-# Not *.safetensors, so that HF-folder readers (ours, transformers) do not take it for weights.
-QUANTIZED_FILE = "weights.quantized"
-KEPT_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # the types cpu_quant.c takes
+IMPORT_FORMAT = 4  # bump when the layout of imported folders changes, so old imports are redone
+KEPT_TYPES = {name.upper(): name for name in GGUF_TYPES}  # the types the quantized kernels take
 FLOAT32_LIMIT_BYTES = 8 << 30
 SHARD_BYTES = 4 << 30
 
@@ -172,7 +171,7 @@ def _eos_ids(meta: _Metadata) -> list[int]:
     return ids
 
 
-def _write_tokenizer(gguf_path: str, out_dir: str, meta: _Metadata, max_length: int) -> None:
+def _write_tokenizer(gguf_path: str, out_dir: str, file_template: str | None, max_length: int) -> None:
     """tokenizer.json, tokenizer_config.json (with the chat template), chat_template.jinja,
     special_tokens_map.json, built by transformers from the GGUF's tokenizer metadata."""
     from transformers import AutoTokenizer
@@ -183,7 +182,7 @@ def _write_tokenizer(gguf_path: str, out_dir: str, meta: _Metadata, max_length: 
     except Exception as e:
         raise ValueError(f"could not build a tokenizer from the metadata of {gguf_path}: {type(e).__name__}: {e}") from e
     tokenizer.save_pretrained(out_dir)
-    template = meta.get("tokenizer.chat_template") or getattr(tokenizer, "chat_template", None)
+    template = file_template or getattr(tokenizer, "chat_template", None)
 
     config_path = os.path.join(out_dir, "tokenizer_config.json")
     with open(config_path, encoding="utf-8") as f:
@@ -211,18 +210,46 @@ def _write_tokenizer(gguf_path: str, out_dir: str, meta: _Metadata, max_length: 
         json.dump(special, f, indent=2, ensure_ascii=False)
 
 
-def _write_weights(reader, arch: str, n_heads: int, n_kv: int, out_dir: str, dtype: torch.dtype) -> int:
-    """Dequantize, rename and (llama) un-permute every tensor; write shards of at most SHARD_BYTES.
-    Returns the number of tensors written."""
-    from gguf.quants import dequantize
-    from safetensors.torch import save_file
+_FLOAT_TYPES = {"F32", "F16", "BF16"}
 
+
+class _Tensor:
+    """One GGUF tensor's way into the import: its HF name, and whether it stays quantized (its blocks, as they
+    are, go to QUANTIZED_FILE) or is written as floats."""
+
+    def __init__(self, tensor, name: str, heads: int | None, path: str):
+        self.tensor, self.name, self.heads, self._path = tensor, name, heads, path
+        self.type = tensor.tensor_type.name
+        self.kept = self.type in KEPT_TYPES
+        self.shape = tuple(int(d) for d in reversed(tensor.shape))  # the HF shape of its values
+
+    def blocks(self) -> torch.Tensor:
+        """The quantized rows uint8 [rows, row bytes], un-permuted where llama.cpp permuted them."""
+        rows = self._read()
+        return torch.from_numpy(unpermute_qk(rows, self.heads) if self.heads else rows)
+
+    def values(self) -> torch.Tensor:
+        """The dequantized values float32, in the HF shape, un-permuted."""
+        from gguf.quants import dequantize
+
+        w = np.array(dequantize(self._read(), self.tensor.tensor_type), dtype=np.float32, copy=False)
+        return torch.from_numpy(np.ascontiguousarray(unpermute_qk(w, self.heads) if self.heads else w))
+
+    def _read(self) -> np.ndarray:
+        """The tensor's data as the reader's view has it (dtype, shape), read from the file into memory of its
+        own: not through the reader's memory map, whose pages would stay resident (a 4 GB file, 4 GB)."""
+        view = self.tensor.data
+        data = bytearray(int(self.tensor.n_bytes))
+        with open(self._path, "rb") as f:
+            f.seek(int(self.tensor.data_offset))
+            if f.readinto(data) != len(data):
+                raise ValueError(f"{self._path} is truncated: tensor {self.tensor.name!r} is cut short")
+        return np.frombuffer(data, dtype=view.dtype).reshape(view.shape)
+
+
+def _tensors(reader, arch: str, n_heads: int, n_kv: int) -> list[_Tensor]:
     permuted = family_for_gguf(arch).gguf_qk_permuted
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    shard_bytes = 0
-    count = 0
-    kept: dict[str, torch.Tensor] = {}
-    kept_types: dict[str, str] = {}
+    out = []
     for tensor in reader.tensors:
         if tensor.name in _SKIPPED:
             logger.warning("GGUF import: skipping %s (llama.cpp-only tensor)", tensor.name)
@@ -231,41 +258,80 @@ def _write_weights(reader, arch: str, n_heads: int, n_kv: int, out_dir: str, dty
         if name is None:
             raise ValueError(f"GGUF tensor {tensor.name!r} of architecture {arch!r} has no HF Llama/Qwen name; "
                              "this GGUF is not supported")
-        # a copy: F32/F16 tensors may come back as views of the read-only memory map
-        w = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32, copy=True)
-        raw = np.array(tensor.data, copy=True) if tensor.tensor_type.name in KEPT_TYPES else None
-        heads = n_heads if name.endswith(("q_proj.weight", "q_proj.bias")) else n_kv
+        heads = None
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
-            w = unpermute_qk(w, heads)
-            raw = None if raw is None else unpermute_qk(raw, heads)  # whole rows of blocks move
-        if raw is not None:
-            kept[name] = torch.from_numpy(np.ascontiguousarray(raw))
-            kept_types[name] = KEPT_TYPES[tensor.tensor_type.name]
-        t = torch.from_numpy(np.ascontiguousarray(w)).to(dtype)
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and shard_bytes + nbytes > SHARD_BYTES:
-            shards.append({})
-            shard_bytes = 0
-        shards[-1][name] = t
-        shard_bytes += nbytes
-        count += 1
+            heads = n_heads if "q_proj" in name else n_kv
+        out.append(_Tensor(tensor, name, heads, reader.data.filename))
+    return out
 
+
+def _log_types(path: str, tensors: list[_Tensor], dtype: torch.dtype) -> None:
+    """What stays quantized, and what is dequantized that a kernel could have kept (with what it costs)."""
+    kept = [t for t in tensors if t.kept]
+    kept_bytes = sum(int(t.tensor.n_bytes) for t in kept)
+    counts: dict[str, int] = {}
+    for t in kept:
+        counts[t.type] = counts.get(t.type, 0) + 1
+    logger.info("GGUF import of %s: %d tensors kept quantized as the file has them (%s; %.1f MB)",
+                os.path.basename(path), len(kept), ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none",
+                kept_bytes / 1e6)
+    lost: dict[str, list[_Tensor]] = {}
+    for t in tensors:
+        if not t.kept and t.type not in _FLOAT_TYPES:
+            lost.setdefault(t.type, []).append(t)
+    size = torch.empty(0, dtype=dtype).element_size()
+    for kind, group in sorted(lost.items()):
+        file_bytes = sum(int(t.tensor.n_bytes) for t in group)
+        values = sum(math.prod(t.shape) for t in group)
+        logger.warning("GGUF import of %s: %d %s tensors dequantized (no kernel keeps %s; it keeps %s): %.1f MB in "
+                       "the file become %.1f MB of %s, read on every decode step", os.path.basename(path), len(group),
+                       kind, kind, ", ".join(KEPT_TYPES), file_bytes / 1e6, values * size / 1e6,
+                       str(dtype).removeprefix("torch."))
+
+
+def _write_weights(tensors: list[_Tensor], out_dir: str, dtype: torch.dtype) -> int:
+    """Writes the kept tensors' blocks (QUANTIZED_FILE) and every other tensor dequantized in `dtype` (shards of
+    at most SHARD_BYTES), one tensor at a time: never more than one in memory. Returns the number written."""
+    kept = [t for t in tensors if t.kept]
     if kept:
-        save_file(kept, os.path.join(out_dir, QUANTIZED_FILE), metadata=kept_types)
-    if len(shards) == 1:
-        save_file(shards[0], os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-        return count
-    weight_map = {}
-    total = 0
-    for i, shard in enumerate(shards):
-        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, os.path.join(out_dir, file), metadata={"format": "pt"})
-        for name, t in shard.items():
-            weight_map[name] = file
-            total += t.numel() * t.element_size()
-    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-    return count
+        write_streamed(os.path.join(out_dir, QUANTIZED_FILE),
+                       [(t.name, torch.uint8, tuple(int(d) for d in t.tensor.data.shape), t.blocks) for t in kept],
+                       metadata={t.name: KEPT_TYPES[t.type] for t in kept})
+    floats = [t for t in tensors if not t.kept]
+    size = torch.empty(0, dtype=dtype).element_size()
+    shards: list[list[_Tensor]] = [[]]
+    shard_bytes = 0
+    for t in floats:
+        nbytes = math.prod(t.shape) * size
+        if shards[-1] and shard_bytes + nbytes > SHARD_BYTES:
+            shards.append([])
+            shard_bytes = 0
+        shards[-1].append(t)
+        shard_bytes += nbytes
+    files = (["model.safetensors"] if len(shards) == 1
+             else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    for file, shard in zip(files, shards):
+        write_streamed(os.path.join(out_dir, file), [(t.name, dtype, t.shape, t.values) for t in shard],
+                       metadata={"format": "pt"})
+    if len(shards) > 1:
+        weight_map = {t.name: file for file, shard in zip(files, shards) for t in shard}
+        total = sum(math.prod(t.shape) * size for t in floats)
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return len(tensors)
+
+
+def _check_complete(reader, meta: _Metadata, path: str) -> None:
+    """Refuses, before anything is written, a file cut short or without a tokenizer, naming the file."""
+    size = os.path.getsize(path)
+    for tensor in reader.tensors:
+        end = int(tensor.data_offset) + int(tensor.n_bytes)
+        if end > size:
+            raise ValueError(f"{path} is truncated: tensor {tensor.name!r} ends at byte {end}, the file has {size} "
+                             "bytes (an interrupted download? fetch it again)")
+    if meta.get("tokenizer.ggml.tokens") is None or meta.get("tokenizer.ggml.model") is None:
+        raise ValueError(f"{path} has no tokenizer in its metadata (tokenizer.ggml.model / tokenizer.ggml.tokens); "
+                         "nvllm serves a GGUF with its tokenizer")
 
 
 def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) -> str:
@@ -279,24 +345,34 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
     start = time.perf_counter()
     gguf_path = os.path.abspath(gguf_path)
     out_dir = os.path.abspath(out_dir)
-    reader = GGUFReader(gguf_path)
+    try:
+        reader = GGUFReader(gguf_path)
+    except (ValueError, KeyError, IndexError, OSError) as e:  # a bad magic, an unknown type, a header cut short
+        if "cannot reshape array" in str(e):  # gguf-py's words for a tensor that runs past the end of the file
+            raise ValueError(f"{gguf_path} is truncated: its tensors run past the end of the file "
+                             f"({os.path.getsize(gguf_path)} bytes; an interrupted download? fetch it again)") from e
+        raise ValueError(f"{gguf_path} is not a GGUF file nvllm can read: {type(e).__name__}: {e}") from e
     meta = _Metadata(reader)
     arch = meta.get("general.architecture")
     if family_for_gguf(arch) is None:
         raise ValueError(f"GGUF architecture {arch!r} of {gguf_path} is not supported; "
                          f"nvllm imports {', '.join(f.gguf_architecture for f in FAMILIES)} GGUFs")
+    _check_complete(reader, meta, gguf_path)
     tensor_names = {t.name for t in reader.tensors}
-    if dtype is None:
-        n_params = sum(int(np.prod(t.shape)) for t in reader.tensors)
-        dtype = torch.float32 if n_params * 4 <= FLOAT32_LIMIT_BYTES else torch.bfloat16
     embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    config = _build_config(meta, arch, tensor_names, int(embed.shape[-1]), dtype)
+    config = _build_config(meta, arch, tensor_names, int(embed.shape[-1]), torch.float32)
+    tensors = _tensors(reader, arch, config["num_attention_heads"], config["num_key_value_heads"])
+    if dtype is None:  # the floats written: what is not kept quantized
+        n_params = sum(math.prod(t.shape) for t in tensors if not t.kept)
+        dtype = torch.float32 if n_params * 4 <= FLOAT32_LIMIT_BYTES else torch.bfloat16
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    _log_types(gguf_path, tensors, dtype)
 
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
     try:
-        count = _write_weights(reader, arch, config["num_attention_heads"], config["num_key_value_heads"], tmp, dtype)
+        count = _write_weights(tensors, tmp, dtype)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=2)
         generation = {k: config[k] for k in ("bos_token_id", "pad_token_id") if k in config}
@@ -305,7 +381,9 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
             generation["eos_token_id"] = eos[0] if len(eos) == 1 else eos
         with open(os.path.join(tmp, "generation_config.json"), "w") as f:
             json.dump(generation, f, indent=2)
-        _write_tokenizer(gguf_path, tmp, meta, config["max_position_embeddings"])
+        template = meta.get("tokenizer.chat_template")
+        del reader, meta, tensors, embed  # the tokenizer's own read of the file comes next: one at a time
+        _write_tokenizer(gguf_path, tmp, template, config["max_position_embeddings"])
         with open(os.path.join(tmp, MARKER_FILE), "w") as f:
             json.dump({"format": IMPORT_FORMAT, "source": gguf_path, "architecture": arch, "tensors": count,
                        "dtype": config["torch_dtype"], "seconds": round(time.perf_counter() - start, 2)}, f)

@@ -1,7 +1,8 @@
 """Which linear layers keep their weights quantized in memory, and from where (`--quantization`).
 
-- gguf: a GGUF import's Q4_0 / Q4_1 / Q8_0 tensors (gguf_import.QUANTIZED_FILE) go to the layers as they
-  are; a fused layer (qkv, gate/up) is kept quantized when all its pieces share one type. A quantized
+- gguf: a GGUF import's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors (gguf_import.QUANTIZED_FILE,
+  layers/gguf_types.py) go to the layers as they are; a fused layer (qkv, gate/up) whose pieces differ in type
+  (Q4_K_M's Q6_K v_proj beside Q4_K q/k) keeps each piece in its own (layers/quant_pieces.py). A quantized
   embedding serves its rows from the same blocks (a tied LM head and its embedding share them).
 - int8: the decoder's linear layers quantized per output channel (cpu_quant.quantize_int8); the LM head
   and the embedding stay bf16.
@@ -9,22 +10,23 @@
 - auto: gguf where the model has such tensors and the kernels run, else none.
 
 The kernels run on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized:
-cpu_quant.c for bf16 on the avx512_bf16 and amx tiers, quant_dot.c elsewhere). Elsewhere auto means none,
+quant_f32.c for float32 and cpu_quant.c for bf16 on the avx512_bf16 and amx tiers where they take the type,
+quant_dot.c for the rest). Elsewhere auto means none,
 and an explicit gguf / int8 is an error that says why.
 
 With tensor parallelism each rank keeps its own shard quantized: the layer's weight loader picks the rows
 of column-parallel layers from the GGUF rows as it picks dense ones, and a row-parallel layer's input
-slice is cut at block boundaries (a layer whose slice would split a block of 32 is dequantized).
+slice is cut at block boundaries (a layer whose slice would split a block of 32, or a K-quant's 256, is dequantized).
 """
 
 import logging
-import os
 
 import torch
-from safetensors import safe_open
 
 from engine_core.layers import cpu_packing, cpu_quant, linear
-from engine_core.weights.gguf_import import QUANTIZED_FILE
+from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.layers.quant_pieces import QuantizedPieces
+from engine_core.weights.loader import quantized_tensors
 
 logger = logging.getLogger("nvllm")
 
@@ -37,16 +39,6 @@ def _why_not(device: torch.device, dtype: torch.dtype) -> str | None:
     if not cpu_packing.keeps_quantized(dtype):
         return "the quantized kernels could not be built (no C compiler? the log above says why)"
     return None
-
-
-def _read(folder: str) -> dict[str, tuple[torch.Tensor, str]]:
-    """The folder's kept GGUF tensors by HF name: (uint8 rows, type); the input count is set per layer."""
-    path = os.path.join(folder, QUANTIZED_FILE)
-    if not os.path.exists(path):
-        return {}
-    with safe_open(path, framework="pt", device="cpu") as f:
-        types = f.metadata() or {}
-        return {name: (f.get_tensor(name), types[name]) for name in f.keys() if name in types}
 
 
 def _checkpoint_pieces(model, module_name: str) -> list[tuple[str, object]]:
@@ -62,13 +54,12 @@ def _checkpoint_pieces(model, module_name: str) -> list[tuple[str, object]]:
 def _shard(module, rows: torch.Tensor, qtype: str, shard, out: torch.Tensor) -> bool:
     """Copies this rank's part of one checkpoint piece's GGUF rows into `out` (the layer's rows, uint8),
     as the layer's weight loader does for a dense tensor. False where a row-parallel slice splits a block."""
-    block_bytes = cpu_quant.GGUF_TYPES[qtype][1]
+    kind = GGUF_TYPES[qtype]
     if isinstance(module, linear.RowParallelLinear):
         start, size = module.in_start, module.in_per_rank
-        end_byte = (start + size) // cpu_quant.BLOCK * block_bytes
-        if start % cpu_quant.BLOCK or size % cpu_quant.BLOCK or rows.shape[1] < end_byte:
+        if start % kind.block_inputs or size % kind.block_inputs or rows.shape[1] < kind.row_bytes(start + size):
             return False
-        out.copy_(rows.narrow(1, start // cpu_quant.BLOCK * block_bytes, size // cpu_quant.BLOCK * block_bytes))
+        out.copy_(rows.narrow(1, kind.row_bytes(start), kind.row_bytes(size)))
         return True
     if rows.shape[1] != out.shape[1]:
         return False
@@ -76,20 +67,58 @@ def _shard(module, rows: torch.Tensor, qtype: str, shard, out: torch.Tensor) -> 
     return True
 
 
-def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.QuantizedTensor | None:
-    """This rank's rows of the pieces as one quantized weight of the layer's shape; None where a piece is
-    missing, the pieces differ in type or a shard would split a block (that layer is then dequantized)."""
+def _piece_rows(module, rows: int, shard) -> tuple[int, int, int]:
+    """(first checkpoint row, row count, first output row) of this rank's part of one piece of a fused layer,
+    read off the layer's own weight loader run on row numbers."""
+    where = torch.full((module.weight.shape[0], 1), -1.0, dtype=torch.float64)
+    module.weight_loader(where, torch.arange(rows, dtype=torch.float64)[:, None], shard)
+    taken = (where[:, 0] >= 0).nonzero()[:, 0]
+    if not len(taken):
+        return 0, 0, 0
+    offset = int(taken[0])
+    return int(where[offset, 0]), len(taken), offset
+
+
+def _pieces(module, raw: dict, pieces: list[tuple[str, object]]) -> QuantizedPieces | None:
+    """This rank's rows of a fused layer's pieces, each kept in its own type (the file's mix of types stays as it
+    is); None where a piece's type or shape cannot be kept (that layer is then dequantized)."""
+    in_features = module.weight.shape[1]
+    parts = []
+    for name, shard in pieces:
+        read, qtype = raw[name]
+        kind = GGUF_TYPES.get(qtype)
+        rows = read()
+        if kind is None or not kind.fits(in_features) or rows.shape[1] != kind.row_bytes(in_features):
+            return None
+        start, count, offset = _piece_rows(module, rows.shape[0], shard)
+        if count:
+            mine = rows if count == rows.shape[0] else rows[start:start + count].clone()  # no other rank's rows
+            parts.append((offset, cpu_quant.QuantizedTensor(mine, qtype, in_features)))
+    parts.sort(key=lambda part: part[0])
+    return QuantizedPieces([piece for _, piece in parts]) if parts else None
+
+
+def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.QuantizedTensor | QuantizedPieces | None:
+    """This rank's rows of the pieces as one quantized weight of the layer's shape (its pieces apart where they
+    differ in type); None where a piece is missing or a shard would split a block (that layer is then
+    dequantized)."""
     names = [name for name, _ in pieces]
-    if not all(name in raw for name in names) or len({raw[name][1] for name in names}) != 1:
+    if not all(name in raw for name in names):
         return None
+    if len({raw[name][1] for name in names}) != 1:
+        return _pieces(module, raw, pieces)
     qtype = raw[names[0]][1]
     out_features, in_features = module.weight.shape
-    if in_features % cpu_quant.BLOCK or qtype not in cpu_quant.GGUF_TYPES:
+    if qtype not in GGUF_TYPES or not GGUF_TYPES[qtype].fits(in_features):
         return None
-    rows = torch.zeros((out_features, in_features // cpu_quant.BLOCK * cpu_quant.GGUF_TYPES[qtype][1]),
-                       dtype=torch.uint8)
+    shape = (out_features, GGUF_TYPES[qtype].row_bytes(in_features))
+    if len(pieces) == 1:
+        whole = raw[names[0]][0]()
+        if tuple(whole.shape) == shape:  # one piece, all of it on this rank: the rows as read, no copy
+            return cpu_quant.QuantizedTensor(whole, qtype, in_features)
+    rows = torch.zeros(shape, dtype=torch.uint8)
     for name, shard in pieces:
-        if not _shard(module, raw[name][0], qtype, shard, rows):
+        if not _shard(module, raw[name][0](), qtype, shard, rows):
             return None
     try:
         return cpu_quant.QuantizedTensor(rows, qtype, in_features)
@@ -97,38 +126,69 @@ def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.Qu
         return None
 
 
-def apply(model, folder: str, mode: str, device: torch.device, dtype: torch.dtype) -> str:
-    """Gives the model's packable layers their quantized weights (packed later by cpu_packing.pack_model).
-    Returns what was done, for the load log line."""
-    if mode == "none":
-        return "none"
+def _refusal(folder: str, mode: str, device: torch.device, dtype: torch.dtype, has_blocks: bool) -> str | None:
+    """Why `mode` keeps nothing quantized here (None: it can), raised for an explicit mode, logged for auto."""
     why = _why_not(device, dtype)
-    raw = _read(folder) if why is None and mode in ("auto", "gguf") else {}
-    if mode == "gguf" and why is None and not raw:
-        why = f"{folder} has no GGUF Q4_0 / Q4_1 / Q8_0 tensors (quantization gguf takes a GGUF model)"
-    if why is not None:
-        if mode == "auto":
-            logger.debug("weights dequantized: %s", why)
-            return "none"
+    if why is None and mode == "gguf" and not has_blocks:
+        why = f"{folder} has no GGUF tensors of the kept types (quantization gguf takes a GGUF model)"
+    if why is not None and mode != "auto":
         raise ValueError(f"quantization {mode} cannot run here: {why}. Use --quantization none")
-    if not raw and mode == "auto":
-        return "none"
+    if why is not None:
+        logger.debug("weights dequantized: %s", why)
+    return why
+
+
+def _summary(kept: dict[str, int]) -> str:
+    return ", ".join(f"{count} layers {qtype}" for qtype, count in sorted(kept.items())) or "none"
+
+
+def keep_gguf_blocks(model, folder: str, mode: str, device: torch.device,
+                     dtype: torch.dtype) -> tuple[str, frozenset[str]]:
+    """Before the float weights load (`mode` auto or gguf): gives the model's layers and embedding their GGUF
+    blocks where a kernel takes them (packed later by cpu_packing.pack_model). Returns what was done, for the load
+    log line, and the checkpoint tensors no layer then needs as floats: the loader skips them, so a kept tensor is
+    never dequantized nor resident twice."""
+    if mode not in ("auto", "gguf"):
+        return "none", frozenset()
+    raw = quantized_tensors(folder)
+    if _refusal(folder, mode, device, dtype, bool(raw)) is not None or not raw:
+        return "none", frozenset()
     kept: dict[str, int] = {}
+    as_floats: set[str] = set()  # checkpoint tensors a layer that is not kept reads
     for name, module in model.named_modules():
         if not isinstance(module, cpu_packing.PackableWeight):
             continue
-        in_features = module.weight.shape[1]
-        if mode == "int8":
-            weight = (cpu_quant.quantize_int8(module.weight)
-                      if name.rpartition(".")[2] in _INT8_LAYERS and in_features % cpu_quant.BLOCK == 0 else None)
-        else:
-            weight = _joined(module, raw, _checkpoint_pieces(model, name))
-        if weight is not None and weight.shape == tuple(module.weight.shape):
+        pieces = _checkpoint_pieces(model, name)
+        weight = _joined(module, raw, pieces)
+        if (weight is not None and weight.shape == tuple(module.weight.shape)
+                and cpu_packing.can_pack_quantized(weight, dtype)):
             module.quantized_weight = weight
             kept[weight.qtype] = kept.get(weight.qtype, 0) + 1
+        else:
+            as_floats.update(piece for piece, _ in pieces)
     embedding = getattr(model, "embed_tokens", None)
-    if mode != "int8" and embedding is not None and "model.embed_tokens.weight" in raw:
+    if embedding is not None and "model.embed_tokens.weight" in raw:
         lm_head = getattr(model, "lm_head", None)
         shared = getattr(model, "tie_word_embeddings", False) and getattr(lm_head, "quantized_weight", None)
-        embedding.quantized_weight = shared or _joined(embedding, raw, [("model.embed_tokens.weight", None)])
-    return ", ".join(f"{count} layers {qtype}" for qtype, count in sorted(kept.items())) or "none"
+        weight = shared or _joined(embedding, raw, [("model.embed_tokens.weight", None)])
+        if weight is not None and cpu_packing.can_pack_quantized(weight, dtype):
+            embedding.quantized_weight = weight
+        else:
+            as_floats.add("model.embed_tokens.weight")
+    return _summary(kept), frozenset(raw) - as_floats
+
+
+def quantize_int8(model, mode: str, device: torch.device, dtype: torch.dtype) -> str:
+    """After the float weights load (`mode` int8): the decoder's linear layers quantized per output channel.
+    Returns what was done, for the load log line."""
+    if mode != "int8":
+        return "none"
+    _refusal("", mode, device, dtype, True)
+    kept: dict[str, int] = {}
+    for name, module in model.named_modules():
+        in_features = getattr(module, "weight", torch.empty(0, 0)).shape[-1]
+        if (isinstance(module, cpu_packing.PackableWeight) and name.rpartition(".")[2] in _INT8_LAYERS
+                and in_features % cpu_quant.BLOCK == 0):
+            module.quantized_weight = cpu_quant.quantize_int8(module.weight)
+            kept["q8_0"] = kept.get("q8_0", 0) + 1
+    return _summary(kept)

@@ -60,9 +60,13 @@ class ModelRunner:
                 self.model = model_class(spec)(spec)
         finally:
             torch.set_default_dtype(previous)
-        self.model.load_weights(load_safetensors_weights(config.model.path))
+        # layers kept quantized get their GGUF blocks first, so their float copies are never read nor made
+        self.quantization, as_blocks = quantized.keep_gguf_blocks(self.model, config.model.path, config.quantization,
+                                                                  device, dtype)
+        self.model.load_weights(load_safetensors_weights(config.model.path, skip=as_blocks))
         self.model.eval()
-        self.quantization = quantized.apply(self.model, config.model.path, config.quantization, device, dtype)
+        if config.quantization == "int8":
+            self.quantization = quantized.quantize_int8(self.model, config.quantization, device, dtype)
         dense = cpu_packing.can_pack(device, dtype)
         if dense or self.quantization != "none":
             cpu_packing.pack_model(self.model, dense)

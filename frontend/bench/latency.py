@@ -1,15 +1,17 @@
 """`nvllm bench latency`: time per output token for one request at a time, what one chatting user feels.
 
-One request of `--input-len` random prompt tokens (seeded) asks for `--output-len` tokens, EOS ignored,
-greedy, streamed token by token through AsyncLLM (engine core in its own process, as `nvllm serve` runs
-it), `--num-iters` times after one warm-up. Per request: time to first token, and ms per output token
-after it (the last token's time minus the first's, over the tokens between). Medians are printed with
+One request of `--input-len` random prompt tokens asks for `--output-len` tokens, EOS ignored, greedy, streamed
+token by token through AsyncLLM (engine core in its own process, as `nvllm serve` runs it), `--num-iters` times
+after one warm-up. Each request's prompt is drawn afresh (seeded), so its time to first token is a real prefill,
+never a prefix-cache hit. Per request: time to first token, and ms per output token after it (the last token's
+time minus the first's, over the tokens between). Medians are printed with
 the weight-streaming bound of this model on this machine, measured in the same run
 (engine_core/bench/weight_stream.py, in a child: the frontend does not import torch), and how far above it
 the engine runs.
 
 `--prompt copy-edit` sends a fixed text instead, which the answer repeats with an edit (the case prompt
-lookup is made for). With `--speculative-config`, a second engine without it takes the same requests in
+lookup is made for); the same text every time, so the engines run with the prefix cache off, and the time to
+first token is again a real prefill. With `--speculative-config`, a second engine without it takes the same requests in
 turn with the first, and the ratio of ms per output token is printed with the share of proposals kept.
 """
 
@@ -48,11 +50,12 @@ COPY_EDIT_TEXT = (
 COPY_EDIT_PROMPT = f"Original email:\n{COPY_EDIT_TEXT}\n\nThe same email, with Thursday changed to Friday:\n"
 
 
-def _prompt(args) -> tuple[str | None, list[int] | None]:
-    """(text, token ids): one of them."""
+def _prompt(args, iteration: int) -> tuple[str | None, list[int] | None]:
+    """(text, token ids) of one request: one of them. Random prompts differ from one request to the next (a
+    repeated prompt would find its blocks in the prefix cache, and its time to first token would be no prefill)."""
     if args.prompt == "copy-edit":
         return COPY_EDIT_PROMPT, None
-    rng = random.Random(args.bench_seed)
+    rng = random.Random(args.bench_seed * 1_000_003 + iteration)
     return None, [rng.randrange(100, 10000) for _ in range(args.input_len)]
 
 
@@ -66,11 +69,11 @@ async def _measure(engines_args: list, args) -> tuple[list[list[tuple[float, flo
     try:
         for engine_args in engines_args:
             engines.append(await AsyncLLM.create(engine_args))
-        text, token_ids = _prompt(args)
         params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True,
                                 output_kind=RequestOutputKind.DELTA)
         runs, prompt_len = [[] for _ in engines], 0
         for i in range(args.num_iters + 1):
+            text, token_ids = _prompt(args, i)
             for engine, engine_runs in zip(engines, runs):
                 start = time.perf_counter()
                 times = []
@@ -91,6 +94,8 @@ def run_latency(args) -> int:
 
     bound = weight_stream_bound(args)
     engine_args = engine_args_from(args)
+    if args.prompt == "copy-edit":  # one text every time: its second request would be a prefix-cache hit
+        engine_args.enable_prefix_caching = False
     spec = engine_args.speculative_config
     if spec is not None and engine_args.cpu_threads is None:
         # each core would see the other's turn as a busy neighbour and shrink its pool for the next second
@@ -100,7 +105,10 @@ def run_latency(args) -> int:
     ttft = statistics.median(r[0] for r in runs[0]) * 1e3
     tpot = statistics.median(r[1] for r in runs[0]) * 1e3
     result = {"prompt": args.prompt, "input_len": prompt_len, "output_len": args.output_len,
-              "iterations": args.num_iters, "ttft_ms": round(ttft, 2), "ms_per_output_token": round(tpot, 3),
+              "iterations": args.num_iters, "ttft_ms": round(ttft, 2),
+              "ttft_is": "a real prefill: a fresh prompt per request" if args.prompt == "random"
+              else "a real prefill: the prefix cache off",
+              "prefix_cache_hit_tokens": stats[0].totals.prefix_cache_hits, "ms_per_output_token": round(tpot, 3),
               "output_tokens_per_s": round(1e3 / tpot, 1), "tpot_ms_each": [round(r[1] * 1e3, 3) for r in runs[0]],
               "weight_stream": bound}
     print(f"one request, {prompt_len} prompt ({args.prompt}) + {args.output_len} output tokens, "
@@ -143,6 +151,6 @@ def register(kinds, formatter) -> None:
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens (random prompt)")
     p.add_argument("--output-len", type=int, default=128, help="output tokens")
     p.add_argument("--num-iters", type=int, default=5, help="timed requests (after one warm-up)")
-    p.add_argument("--bench-seed", type=int, default=0, help="seed of the random prompt")
+    p.add_argument("--bench-seed", type=int, default=0, help="seed of the random prompts (one per request)")
     p.add_argument("--output-json", default=None, help="also write the figures here")
     p.set_defaults(func=run_latency)

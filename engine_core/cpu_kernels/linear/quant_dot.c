@@ -1,4 +1,5 @@
-/* Linear layers whose weights stay quantized (GGUF Q4_0, Q4_1, Q8_0), for every CPU tier:
+/* Linear layers whose weights stay quantized (GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), for every
+ * CPU tier:
  * out[M, N] = x[M, K] @ W[N, K]^T (+ bias), x and out in float32 or bfloat16.
  *
  * The way llama.cpp multiplies on CPUs without bf16 dot products: each row of x is quantized to 8 bits
@@ -8,8 +9,11 @@
  *     sum_k (d_w q_w + m_w)(d_x q_x) = d_w d_x * sum_k q_w q_x + m_w * (d_x sum_k q_x).
  * The result is the dot product of the dequantized weights with the row rounded to 8 bits per block,
  * summed in fp32: about 0.3% of a row's magnitude from the dense product (the tests bound it).
- * AVX2: vpmaddubsw + vpmaddwd (unsigned 4-bit or |q8| times signed 8-bit: no int16 saturation is
- * possible); AVX512-VNNI: vpdpbusd, the same integers. Portable C: the same integers in plain loops.
+ * The other types are the same sum with their own d_w, m_w and integers (gguf_blocks.h): Q5_x and the
+ * K-quants' unsigned 5- and 4-bit integers take the offset term; Q6_K's signed ones, like Q8_0's, do not,
+ * and its d_w changes halfway through a block (lanes 0-3 take the first scale, lanes 4-7 the second).
+ * AVX2: vpmaddubsw + vpmaddwd (unsigned 4- or 5-bit, or |q| of a signed type, times signed 8-bit: no int16
+ * saturation is possible); AVX512-VNNI: vpdpbusd, the same integers. Portable C: the same integers in plain loops.
  *
  * One arithmetic on every tier, so every tier gives the same bits: the integer sum of a block is taken
  * in 8 lanes of 4 inputs each (lane l: inputs 4l..4l+3), each lane converted to fp32 and added to that
@@ -20,11 +24,12 @@
  * A row's result depends on that row alone, whatever M, the tile it falls in or the thread: batch
  * invariant.
  *
- * Packed layout (quant_dot_pack), one column (output) after another, each a run of groups of 8 blocks:
- *   d[8] fp16, Q4_1 only: m[8] fp16, then the blocks' integers: Q4 16 bytes per block (GGUF's order:
- *   byte j holds input j in its low nibble and input j + 16 in its high one), Q8 32 signed bytes.
+ * Packed layout (quant_dot_pack), one column (output) after another, each a run of groups of 8 blocks.
+ * Q4_0, Q4_1, Q8_0: d[8] fp16, Q4_1 only: m[8] fp16, then the blocks' integers: Q4 16 bytes per block (GGUF's
+ * order: byte j holds input j in its low nibble and input j + 16 in its high one), Q8 32 signed bytes.
  * A last group of fewer blocks keeps 8 scale slots (zeros past its end) and only its blocks' integers.
  * Q4_1 and Q8_0 take as many bytes as in the GGUF file; Q4_0 as many (its m is -8 d, never stored).
+ * Q5_0, Q5_1 and the K-quants: the file's rows as they are (a group is 8 blocks, or one super-block).
  */
 #include <math.h>
 #include <stdint.h>
@@ -35,10 +40,8 @@
 #endif
 
 #include "../bf16_scalar.h"
+#include "gguf_blocks.h"
 
-enum { GGUF_Q4_0 = 2, GGUF_Q4_1 = 3, GGUF_Q8_0 = 8 };
-#define QBLOCK 32
-#define GROUP 8     /* blocks per group: one vector of 8 scales */
 #define LANES 8     /* int32 / fp32 lanes of a block's dot product */
 #define MR 4        /* rows per register tile */
 #define NR 4        /* columns per register tile of one row; 2 from two rows on */
@@ -48,22 +51,23 @@ enum { GGUF_Q4_0 = 2, GGUF_Q4_1 = 3, GGUF_Q8_0 = 8 };
 #define QUANT_DOT_PARALLEL_MIN_WORK (1L << 16) /* M * N * K below this: one thread */
 #endif
 
-static inline int has_offset(int type) { return type == GGUF_Q4_1; }
-static inline long block_ints(int type) { return type == GGUF_Q8_0 ? 32 : 16; }
-static inline long gguf_block_bytes(int type) { return type == GGUF_Q4_0 ? 18 : type == GGUF_Q4_1 ? 20 : 34; }
-static inline long header_bytes(int type) { return (has_offset(type) ? 2 : 1) * GROUP * 2; }
-
 /* bytes of one packed column of K inputs, and of a whole weight */
 static long column_bytes(int type, long K) {
-    const long blocks = K / QBLOCK, groups = (blocks + GROUP - 1) / GROUP;
-    return groups * header_bytes(type) + blocks * block_ints(type);
+    const long blocks = K / QBLOCK, full = blocks / GROUP, rest = blocks % GROUP;
+    return full * group_bytes(type, GROUP) + (rest ? group_bytes(type, rest) : 0);
 }
 
 long quant_dot_packed_bytes(int type, long N, long K) { return N * column_bytes(type, K); }
 
-/* GGUF rows of a [N, K] weight (row_bytes apart) -> packed columns. Returns 0, or -1 for another type. */
+/* GGUF rows of a [N, K] weight (row_bytes apart) -> packed columns. Returns 0, or -1 for another type (or
+ * a K-quant whose K is not a multiple of its 256-input super-block). */
 int quant_dot_pack(const uint8_t *rows, long row_bytes, int type, long N, long K, uint8_t *packed) {
-    if (type != GGUF_Q4_0 && type != GGUF_Q4_1 && type != GGUF_Q8_0) return -1;
+    if (!known_type(type) || (is_k_quant(type) && K % (GROUP * QBLOCK))) return -1;
+    if (as_in_file(type)) {
+        const long col = column_bytes(type, K);
+        for (long n = 0; n < N; n++) memcpy(packed + n * col, rows + n * row_bytes, col);
+        return 0;
+    }
     const long blocks = K / QBLOCK, col = column_bytes(type, K), ints = block_ints(type), gb = gguf_block_bytes(type);
     const long skip = type == GGUF_Q4_1 ? 4 : 2; /* the integers' offset in a GGUF block */
     for (long n = 0; n < N; n++) {
@@ -144,16 +148,56 @@ static int quantize(const void *x, int x_bf16, long M, long K, long x_stride, Qu
 typedef __m256 lanes;
 static inline lanes lanes_zero(void) { return _mm256_setzero_ps(); }
 
-static inline __m256i weight_ints(const uint8_t *p, int q8) {
-    if (q8) return _mm256_loadu_si256((const __m256i *)p);
+/* 16 bytes' nibbles in input order: low nibbles, then high ones (Q4_0, Q4_1, Q5_x's low bits) */
+static inline __m256i split_nibbles(const uint8_t *p) {
     /* the 16 bytes in both halves (one load), the high half shifted down a nibble, both masked */
     const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(15));
 }
 
-/* lane l: sum of w[4l + t] x[4l + t], t < 4 (w unsigned nibbles, or signed bytes for q8) */
-static inline __m256i block_dot(__m256i w, __m256i x, int q8) {
-    if (q8) { /* |w| times x with w's sign: unsigned by signed */
+/* 32 bytes' low (shift 0) or high (shift 4) nibbles, or bit pairs (shift 0, 2, 4, 6; mask 3) and bits (mask 1) */
+static inline __m256i bits_at(const uint8_t *p, int shift, int mask) {
+    const __m256i v = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)p), _mm_cvtsi32_si128(shift));
+    return _mm256_and_si256(v, _mm256_set1_epi8((char)mask));
+}
+
+/* bit k of the 32 bits at p as byte k: 16 where set, else 0 (Q5_0 / Q5_1's fifth bits) */
+static inline __m256i fifth_bits(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i byte_of = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                             3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), byte_of), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* block b's 32 integers of the group at g, in input order (gguf_blocks.h's block_integers, 32 at once) */
+static inline __m256i weight_ints(const uint8_t *g, long b, const int type) {
+    switch (type) {
+    case GGUF_Q8_0: return _mm256_loadu_si256((const __m256i *)(g + header_bytes(type) + b * 32));
+    case GGUF_Q4_0:
+    case GGUF_Q4_1: return split_nibbles(g + header_bytes(type) + b * 16);
+    case GGUF_Q5_0:
+    case GGUF_Q5_1: {
+        const uint8_t *qh = g + b * gguf_block_bytes(type) + (type == GGUF_Q5_1 ? 4 : 2);
+        return _mm256_or_si256(split_nibbles(qh + 4), fifth_bits(qh));
+    }
+    case GGUF_Q4_K: return bits_at(g + 16 + 32 * (b / 2), 4 * (int)(b % 2), 15);
+    case GGUF_Q5_K:
+        return _mm256_or_si256(bits_at(g + 48 + 32 * (b / 2), 4 * (int)(b % 2), 15),
+                               _mm256_slli_epi16(bits_at(g + 16, (int)b, 1), 4));
+    default: { /* Q6_K */
+        const __m256i low = bits_at(g + 64 * (b / 4) + 32 * (b % 2), 4 * (int)((b / 2) % 2), 15);
+        const __m256i high = _mm256_slli_epi16(bits_at(g + 128 + 32 * (b / 4), 2 * (int)(b % 4), 3), 4);
+        return _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+    }
+    }
+}
+
+/* lane l: sum of w[4l + t] x[4l + t], t < 4 (w unsigned, or signed bytes where `signed_w`) */
+static inline __m256i block_dot(__m256i w, __m256i x, int signed_w) {
+    if (signed_w) { /* |w| times x with w's sign: unsigned by signed */
         x = _mm256_sign_epi8(x, w);
         w = _mm256_sign_epi8(w, w);
     }
@@ -166,6 +210,12 @@ static inline __m256i block_dot(__m256i w, __m256i x, int q8) {
 
 static inline lanes add_scaled(lanes acc, __m256i sums, const float *scale) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_broadcast_ss(scale), acc);
+}
+
+/* lanes 0-3 scaled by *lo, 4-7 by *hi (Q6_K) */
+static inline lanes add_scaled_halves(lanes acc, __m256i sums, const float *lo, const float *hi) {
+    const __m256 scale = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(*lo)), _mm_set1_ps(*hi), 1);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
 }
 
 static inline lanes add_products(lanes acc, const float *m, const float *s) {
@@ -182,15 +232,12 @@ static inline float lanes_total(lanes v) {
 typedef struct { float v[LANES]; } lanes;
 static inline lanes lanes_zero(void) { lanes z = {{0}}; return z; }
 
-static inline lanes add_block(lanes acc, const uint8_t *w, const int8_t *x, int q8, const float *scale) {
+/* lanes 0-3 scaled by *lo, 4-7 by *hi (the same but for Q6_K) */
+static inline lanes add_block(lanes acc, const int8_t *w, const int8_t *x, const float *lo, const float *hi) {
     for (int l = 0; l < LANES; l++) {
         int32_t sum = 0;
-        for (int t = 0; t < 4; t++) {
-            const int k = 4 * l + t;
-            const int wk = q8 ? (int8_t)w[k] : k < 16 ? w[k] & 15 : w[k - 16] >> 4;
-            sum += wk * x[k];
-        }
-        acc.v[l] = fmaf((float)sum, *scale, acc.v[l]);
+        for (int t = 0; t < 4; t++) sum += w[4 * l + t] * x[4 * l + t];
+        acc.v[l] = fmaf((float)sum, l < 4 ? *lo : *hi, acc.v[l]);
     }
     return acc;
 }
@@ -222,18 +269,22 @@ static inline void store(float total, const float *bias, long n, void *out, int 
 static inline __attribute__((always_inline)) void tile(const Quantized *a, long row, const uint8_t *w, long col_bytes,
                                                        const int type, const float *bias, long n0, void *out, int out_bf16,
                                                        long out_stride, const int mr, const int nr) {
-    const int q8 = type == GGUF_Q8_0, offset = has_offset(type);
-    const long blocks = a->blocks, ints = block_ints(type), header = header_bytes(type), K = blocks * QBLOCK;
+    const int signed_w = is_signed(type), offset = has_offset(type), halves = split_scales(type);
+    const long blocks = a->blocks, K = blocks * QBLOCK;
     lanes acc[MR][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc[i][j] = lanes_zero();
     long at = 0; /* byte offset of the group within a column */
     for (long g = 0; g * GROUP < blocks; g++) {
         const long count = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
-        float scale[MR][NR][GROUP], m[NR][GROUP];
+        const long bytes = group_bytes(type, count);
+        float scale[MR][NR][GROUP], scale_hi[MR][NR][GROUP], m[NR][GROUP];
         for (int j = 0; j < nr; j++) {
             const uint16_t *head = (const uint16_t *)(w + j * col_bytes + at);
-            float dw[GROUP];
+            float dw[GROUP], dw_hi[GROUP];
+            if (as_in_file(type)) {
+                file_group_scales(type, w + j * col_bytes + at, count, dw, dw_hi, m[j]);
+            } else {
 #if defined(__AVX2__) /* F16C: the same exact conversion, 8 at once */
             _mm256_storeu_ps(dw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head)));
             if (offset) _mm256_storeu_ps(m[j], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + GROUP))));
@@ -242,40 +293,48 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             if (offset)
                 for (int b = 0; b < GROUP; b++) m[j][b] = fp16_to_float(head[GROUP + b]);
 #endif
-            if (!offset)
-                for (int b = 0; b < GROUP; b++) m[j][b] = -8.0f * dw[b];
+                if (!offset)
+                    for (int b = 0; b < GROUP; b++) m[j][b] = type == GGUF_Q4_0 ? -8.0f * dw[b] : 0.0f;
+            }
             for (int i = 0; i < mr; i++) {
                 const float *dx = a->d + (row + i) * a->slots + g * GROUP;
                 for (int b = 0; b < GROUP; b++) scale[i][j][b] = dw[b] * dx[b];
+                if (halves)
+                    for (int b = 0; b < GROUP; b++) scale_hi[i][j][b] = dw_hi[b] * dx[b];
             }
         }
-        const uint8_t *ints0 = w + at + header;
 #if defined(__AVX2__)
         for (int j = 0; j < nr; j++) /* the tile's weights a few groups ahead: they stream from memory */
-            for (long ahead = 0; ahead < header + count * ints; ahead += 64)
+            for (long ahead = 0; ahead < bytes; ahead += 64)
                 _mm_prefetch((const char *)(w + j * col_bytes + at + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
 #endif
         for (long b = 0; b < count; b++) {
             const long k = (g * GROUP + b) * QBLOCK;
 #if defined(__AVX2__)
             __m256i wq[NR];
-            for (int j = 0; j < nr; j++) wq[j] = weight_ints(ints0 + j * col_bytes + b * ints, q8);
+            for (int j = 0; j < nr; j++) wq[j] = weight_ints(w + j * col_bytes + at, b, type);
             for (int i = 0; i < mr; i++) {
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + k));
-                for (int j = 0; j < nr; j++) acc[i][j] = add_scaled(acc[i][j], block_dot(wq[j], xq, q8), &scale[i][j][b]);
+                for (int j = 0; j < nr; j++) {
+                    const __m256i sums = block_dot(wq[j], xq, signed_w);
+                    acc[i][j] = halves ? add_scaled_halves(acc[i][j], sums, &scale[i][j][b], &scale_hi[i][j][b])
+                                       : add_scaled(acc[i][j], sums, &scale[i][j][b]);
+                }
             }
 #else
+            int8_t wq[NR][QBLOCK];
+            for (int j = 0; j < nr; j++) block_integers(type, w + j * col_bytes + at, b, wq[j]);
             for (int i = 0; i < mr; i++)
                 for (int j = 0; j < nr; j++)
-                    acc[i][j] = add_block(acc[i][j], ints0 + j * col_bytes + b * ints, a->q + (row + i) * K + k, q8,
-                                          &scale[i][j][b]);
+                    acc[i][j] = add_block(acc[i][j], wq[j], a->q + (row + i) * K + k, &scale[i][j][b],
+                                          halves ? &scale_hi[i][j][b] : &scale[i][j][b]);
 #endif
         }
-        if (!q8)
+        if (!signed_w)
             for (int i = 0; i < mr; i++)
                 for (int j = 0; j < nr; j++)
                     acc[i][j] = add_products(acc[i][j], m[j], a->s + (row + i) * a->slots + g * GROUP);
-        at += header + count * ints;
+        at += bytes;
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++)
@@ -332,12 +391,13 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
             extern int omp_get_thread_num(void), omp_get_num_threads(void);
             const long t = omp_get_thread_num(), n = omp_get_num_threads();
             const long begin = N * t / n, end = N * (t + 1) / n;
-            if (type == GGUF_Q4_0)
-                columns(&a, M, packed, GGUF_Q4_0, col, bias, out, out_bf16, out_stride, begin, end);
-            else if (type == GGUF_Q4_1)
-                columns(&a, M, packed, GGUF_Q4_1, col, bias, out, out_bf16, out_stride, begin, end);
-            else
-                columns(&a, M, packed, GGUF_Q8_0, col, bias, out, out_bf16, out_stride, begin, end);
+            switch (type) { /* one copy of the tiles per type */
+#define TYPE_CASE(T) case T: columns(&a, M, packed, T, col, bias, out, out_bf16, out_stride, begin, end); break;
+                TYPE_CASE(GGUF_Q4_0) TYPE_CASE(GGUF_Q4_1) TYPE_CASE(GGUF_Q5_0) TYPE_CASE(GGUF_Q5_1)
+                TYPE_CASE(GGUF_Q4_K) TYPE_CASE(GGUF_Q5_K) TYPE_CASE(GGUF_Q6_K)
+#undef TYPE_CASE
+            default: columns(&a, M, packed, GGUF_Q8_0, col, bias, out, out_bf16, out_stride, begin, end); break;
+            }
         }
     } else {
         status = -1;
@@ -356,27 +416,22 @@ int quant_dot_linear_bf16(const bf16 *x, long M, long K, long x_stride, const ui
     return quant_dot_linear(x, 1, M, K, x_stride, packed, type, N, bias, out, 1, out_stride, num_threads);
 }
 
-/* columns ids of W dequantized (an embedding lookup): out[r] = d q + m of column ids[r], K values each, in
- * float32 or bf16 (d q is exact in fp32, + m rounds once: gguf-py's dequantized values) */
+/* columns ids of W dequantized (an embedding lookup): out[r] = the values of column ids[r], K of them, in
+ * float32 or bf16: gguf-py's dequantized values (gguf_blocks.h's block_value) */
 void quant_dot_rows(const uint8_t *packed, int type, long K, const int64_t *ids, long count, void *out, int out_bf16) {
-    const long blocks = K / QBLOCK, col = column_bytes(type, K), ints = block_ints(type), header = header_bytes(type);
+    const long blocks = K / QBLOCK, col = column_bytes(type, K);
     for (long r = 0; r < count; r++) {
         const uint8_t *w = packed + ids[r] * col;
         long at = 0;
         for (long g = 0; g * GROUP < blocks; g++) {
             const long n = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
-            const uint16_t *head = (const uint16_t *)(w + at);
+            float lo[GROUP], hi[GROUP], m[GROUP];
+            group_scales(type, w + at, n, lo, hi, m);
             for (long b = 0; b < n; b++) {
-                const float d = fp16_to_float(head[b]);
-                const uint8_t *q = w + at + header + b * ints;
+                int8_t q[QBLOCK];
+                block_integers(type, w + at, b, q);
                 for (int k = 0; k < QBLOCK; k++) {
-                    float v;
-                    if (type == GGUF_Q8_0)
-                        v = d * (float)(int8_t)q[k];
-                    else if (type == GGUF_Q4_1)
-                        v = d * (float)(k < 16 ? q[k] & 15 : q[k - 16] >> 4) + fp16_to_float(head[GROUP + b]);
-                    else
-                        v = d * (float)((k < 16 ? q[k] & 15 : q[k - 16] >> 4) - 8);
+                    const float v = block_value(type, lo[b], hi[b], m[b], k, q[k]);
                     const long i = r * K + (g * GROUP + b) * QBLOCK + k;
                     if (out_bf16)
                         ((bf16 *)out)[i] = float_to_bf16(v);
@@ -384,7 +439,7 @@ void quant_dot_rows(const uint8_t *packed, int type, long K, const int64_t *ids,
                         ((float *)out)[i] = v;
                 }
             }
-            at += header + n * ints;
+            at += group_bytes(type, n);
         }
     }
 }
