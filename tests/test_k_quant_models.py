@@ -92,7 +92,7 @@ def _first_token_logprobs(path: str, quantization: str, dtype: str):
 @pytest.mark.skipif(cpu_quant_dot.load() is None, reason="no C compiler: quant_dot.c is not built")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_k_quant_mix_stays_quantized_and_answers_as_the_dequantized_model(k_quant_gguf, dtype):
-    what, layers, kept = _first_token_logprobs(k_quant_gguf, "auto", dtype)
+    what, layers, kept = _first_token_logprobs(k_quant_gguf, "gguf", dtype)
     # each layer keeps its file's types, a fused one whose pieces differ (q, k Q4_K; v Q6_K) piece by piece
     assert what == ("2 layers q4_k, 1 layers q4_k+q6_k, 1 layers q5_0, 1 layers q5_1, 1 layers q5_k+q5_0, "
                     "1 layers q6_k, 2 layers q8_0"), what
@@ -108,3 +108,18 @@ def test_a_k_quant_mix_stays_quantized_and_answers_as_the_dequantized_model(k_qu
     assert len(diffs) >= 6 * 15
     assert sum(diffs) / len(diffs) < 0.15 and max(diffs) < 0.75, (sum(diffs) / len(diffs), max(diffs))
     assert sum(max(a, key=a.get) == max(b, key=b.get) for a, b in zip(kept, dense)) >= 4  # the same first token
+
+
+@pytest.mark.skipif(cpu_quant_dot.load() is None, reason="no C compiler: quant_dot.c is not built")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_auto_keeps_what_decodes_faster_kept_and_dequantizes_the_rest(k_quant_gguf, dtype):
+    """float32 engines keep every type (a dense weight is 4 bytes); bf16 engines where cpu_gemm.c's bf16 panels
+    run keep only cpu_quant.c's types (quant_dot.c reads K-quants slower than those panels read bf16)."""
+    from engine_core.layers import cpu_gemm
+
+    what, layers, _ = _first_token_logprobs(k_quant_gguf, "auto", dtype)
+    if dtype == "bfloat16" and cpu_gemm.load() is not None:
+        assert what == "2 layers q8_0", what  # layer 1's down_proj and the tied head; the K-quants as bf16
+        assert layers["layers.0.mlp.gate_up_proj"] is not cpu_quant_dot.QuantDotWeight
+    else:
+        assert what.count("layers") == 7, what

@@ -7,7 +7,9 @@
 - int8: the decoder's linear layers quantized per output channel (cpu_quant.quantize_int8); the LM head
   and the embedding stay bf16.
 - none: everything dequantized (the path compared with transformers).
-- auto: gguf where the model has such tensors and the kernels run, else none.
+- auto: as gguf, for the layers whose kernel decodes faster than their dequantized copy would
+  (cpu_packing.kept_is_faster: in bf16 engines on the avx512_bf16 and amx tiers, cpu_quant.c's types only);
+  the others dequantized.
 
 The kernels run on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized:
 quant_f32.c for float32 and cpu_quant.c for bf16 on the avx512_bf16 and amx tiers where they take the type,
@@ -153,6 +155,10 @@ def keep_gguf_blocks(model, folder: str, mode: str, device: torch.device,
     raw = quantized_tensors(folder)
     if _refusal(folder, mode, device, dtype, bool(raw)) is not None or not raw:
         return "none", frozenset()
+    def keeps(weight) -> bool:  # auto: where the kernel beats the dequantized layer; gguf: wherever one runs
+        check = cpu_packing.kept_is_faster if mode == "auto" else cpu_packing.can_pack_quantized
+        return check(weight, dtype)
+
     kept: dict[str, int] = {}
     as_floats: set[str] = set()  # checkpoint tensors a layer that is not kept reads
     for name, module in model.named_modules():
@@ -160,8 +166,7 @@ def keep_gguf_blocks(model, folder: str, mode: str, device: torch.device,
             continue
         pieces = _checkpoint_pieces(model, name)
         weight = _joined(module, raw, pieces)
-        if (weight is not None and weight.shape == tuple(module.weight.shape)
-                and cpu_packing.can_pack_quantized(weight, dtype)):
+        if weight is not None and weight.shape == tuple(module.weight.shape) and keeps(weight):
             module.quantized_weight = weight
             kept[weight.qtype] = kept.get(weight.qtype, 0) + 1
         else:
@@ -171,7 +176,7 @@ def keep_gguf_blocks(model, folder: str, mode: str, device: torch.device,
         lm_head = getattr(model, "lm_head", None)
         shared = getattr(model, "tie_word_embeddings", False) and getattr(lm_head, "quantized_weight", None)
         weight = shared or _joined(embedding, raw, [("model.embed_tokens.weight", None)])
-        if weight is not None and cpu_packing.can_pack_quantized(weight, dtype):
+        if weight is not None and keeps(weight):
             embedding.quantized_weight = weight
         else:
             as_floats.add("model.embed_tokens.weight")
