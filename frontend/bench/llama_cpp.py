@@ -67,7 +67,7 @@ def run_llama_cpp(args) -> int:
               f"({ours['ms_per_output_token']:.1f} ms)", flush=True)
 
     def median(side: str, key: str) -> float:
-        return statistics.median(r[side][key] for r in rounds)
+        return round(statistics.median(r[side][key] for r in rounds), 2)
 
     summary = {"llama_cpp_pp_tok_s": median("llama_cpp", "pp_tok_s"),
                "llama_cpp_tg_tok_s": median("llama_cpp", "tg_tok_s"),

@@ -195,6 +195,21 @@ static inline __m256i weight_ints(const uint8_t *g, long b, const int type) {
     }
 }
 
+/* Q5_0 / Q5_1's scales d (and offsets m) of a group, 8 at once: the halves gathered from the blocks and
+ * converted by F16C, exactly as fp16_to_float does one at a time (Q5_0's m = -16 d is exact too) */
+static inline void q5_group_scales(int type, const uint8_t *g, long count, float *d, float *m) {
+    const long bytes = gguf_block_bytes(type);
+    uint16_t dh[GROUP] = {0}, mh[GROUP] = {0};
+    for (long b = 0; b < count; b++) {
+        memcpy(&dh[b], g + b * bytes, 2);
+        if (type == GGUF_Q5_1) memcpy(&mh[b], g + b * bytes + 2, 2);
+    }
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+    _mm256_storeu_ps(d, dv);
+    _mm256_storeu_ps(m, type == GGUF_Q5_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh))
+                                          : _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f)));
+}
+
 /* lane l: sum of w[4l + t] x[4l + t], t < 4 (w unsigned, or signed bytes where `signed_w`) */
 static inline __m256i block_dot(__m256i w, __m256i x, int signed_w) {
     if (signed_w) { /* |w| times x with w's sign: unsigned by signed */
@@ -283,15 +298,21 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             const uint16_t *head = (const uint16_t *)(w + j * col_bytes + at);
             float dw[GROUP], dw_hi[GROUP];
             if (as_in_file(type)) {
-                file_group_scales(type, w + j * col_bytes + at, count, dw, dw_hi, m[j]);
+#if defined(__AVX2__)
+                if (type == GGUF_Q5_0 || type == GGUF_Q5_1)
+                    q5_group_scales(type, w + j * col_bytes + at, count, dw, m[j]);
+                else
+#endif
+                    file_group_scales(type, w + j * col_bytes + at, count, dw, dw_hi, m[j]);
             } else {
 #if defined(__AVX2__) /* F16C: the same exact conversion, 8 at once */
-            _mm256_storeu_ps(dw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head)));
-            if (offset) _mm256_storeu_ps(m[j], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + GROUP))));
+                _mm256_storeu_ps(dw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head)));
+                if (offset)
+                    _mm256_storeu_ps(m[j], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + GROUP))));
 #else
-            for (int b = 0; b < GROUP; b++) dw[b] = fp16_to_float(head[b]);
-            if (offset)
-                for (int b = 0; b < GROUP; b++) m[j][b] = fp16_to_float(head[GROUP + b]);
+                for (int b = 0; b < GROUP; b++) dw[b] = fp16_to_float(head[b]);
+                if (offset)
+                    for (int b = 0; b < GROUP; b++) m[j][b] = fp16_to_float(head[GROUP + b]);
 #endif
                 if (!offset)
                     for (int b = 0; b < GROUP; b++) m[j][b] = type == GGUF_Q4_0 ? -8.0f * dw[b] : 0.0f;
