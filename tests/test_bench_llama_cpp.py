@@ -33,7 +33,8 @@ def test_rounds_alternate_the_two_engines_on_one_file(tmp_path):
     out = tmp_path / "vs.json"
     subprocess.run([sys.executable, "-m", "frontend.cli.main", "bench", "llama-cpp", gguf, "--llama-bench",
                     str(stand_in), "--llama-bench-args", "--repack 0", "--input-len", "32", "--output-len", "6",
-                    "--num-iters", "2", "--rounds", "2", "--threads", "1", "--max-model-len", "256", "--output-json", str(out)], check=True, timeout=600)
+                    "--num-iters", "2", "--rounds", "2", "--threads", "1", "--max-model-len", "256",
+                    "--output-json", str(out)], check=True, timeout=600)
     calls = [json.loads(line) for line in (tmp_path / "llama-bench.calls").read_text().splitlines()]
     assert len(calls) == 2 and all(c[:2] == ["-m", gguf] for c in calls)
     assert calls[0][2:] == ["-p", "32", "-n", "6", "-t", "1", "-r", "3", "-o", "json", "--repack", "0"]

@@ -144,7 +144,8 @@ def test_quant_f32_is_the_dense_kernel_on_the_dequantized_weights_to_the_bit(tie
 
 @pytest.mark.parametrize("tier", tier_params("portable", "avx2", "avx512", "own"))
 @pytest.mark.parametrize("qtype,kernel", [(qtype, cpu_quant_f32.QuantF32Weight) for qtype in FORMATS]
-                         + [(qtype, cpu_quant_dot.QuantDotWeight) for qtype in FORMATS + ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]],
+                         + [(qtype, cpu_quant_dot.QuantDotWeight)
+                            for qtype in FORMATS + ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]],
                          ids=lambda v: v if isinstance(v, str) else v.kernel.rpartition("/")[2])
 def test_quantized_rows_do_not_depend_on_the_batch_or_the_threads(tier, qtype, kernel):
     n, k = 70, 512

@@ -212,7 +212,7 @@ def pack_model(model: torch.nn.Module, dense: bool = True) -> int:
             module.quantized_rows = rows
             module.weight.data = module.weight.data.new_empty(0)  # a tied head's float copy goes too
     for module in model.modules():  # the packed copies serve now: the GGUF rows they came from can go
-        if getattr(module, "quantized_weight", None) is not None and (
-                getattr(module, "packed_weight", None) is not None or getattr(module, "quantized_rows", None) is not None):
+        served = any(getattr(module, name, None) is not None for name in ("packed_weight", "quantized_rows"))
+        if getattr(module, "quantized_weight", None) is not None and served:
             module.quantized_weight = None
     return len(layers)

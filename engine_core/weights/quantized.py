@@ -11,14 +11,15 @@
   (cpu_packing.kept_is_faster: in bf16 engines on the avx512_bf16 and amx tiers, cpu_quant.c's types only);
   the others dequantized.
 
-The kernels run on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized:
-quant_f32.c for float32 and cpu_quant.c for bf16 on the avx512_bf16 and amx tiers where they take the type,
-quant_dot.c for the rest). Elsewhere auto means none,
-and an explicit gguf / int8 is an error that says why.
+The kernels run on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized: quant_f32.c
+for float32 and cpu_quant.c for bf16 on the avx512_bf16 and amx tiers where they take the type, quant_dot.c for
+the rest); off the CPU, or without a C compiler, auto means none and an explicit gguf / int8 is an error that
+says why.
 
 With tensor parallelism each rank keeps its own shard quantized: the layer's weight loader picks the rows
 of column-parallel layers from the GGUF rows as it picks dense ones, and a row-parallel layer's input
-slice is cut at block boundaries (a layer whose slice would split a block of 32, or a K-quant's 256, is dequantized).
+slice is cut at block boundaries (a layer whose slice would split a block of 32, or a K-quant's super-block
+of 256, is dequantized).
 """
 
 import logging
@@ -114,13 +115,12 @@ def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.Qu
     if qtype not in GGUF_TYPES or not GGUF_TYPES[qtype].fits(in_features):
         return None
     shape = (out_features, GGUF_TYPES[qtype].row_bytes(in_features))
-    if len(pieces) == 1:
-        whole = raw[names[0]][0]()
-        if tuple(whole.shape) == shape:  # one piece, all of it on this rank: the rows as read, no copy
-            return cpu_quant.QuantizedTensor(whole, qtype, in_features)
+    read = {name: raw[name][0]() for name in names}
+    if len(pieces) == 1 and tuple(read[names[0]].shape) == shape:  # all of one piece on this rank: no copy
+        return cpu_quant.QuantizedTensor(read[names[0]], qtype, in_features)
     rows = torch.zeros(shape, dtype=torch.uint8)
     for name, shard in pieces:
-        if not _shard(module, raw[name][0](), qtype, shard, rows):
+        if not _shard(module, read.pop(name), qtype, shard, rows):
             return None
     try:
         return cpu_quant.QuantizedTensor(rows, qtype, in_features)

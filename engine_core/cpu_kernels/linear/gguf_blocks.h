@@ -117,7 +117,9 @@ static inline void group_scales(int type, const uint8_t *g, long count, float *l
     }
     for (int b = 0; b < GROUP; b++) {
         lo[b] = hi[b] = fp16_to_float(read_u16(g + 2 * b));
-        m[b] = type == GGUF_Q4_1 ? fp16_to_float(read_u16(g + 2 * (GROUP + b))) : type == GGUF_Q4_0 ? -8.0f * lo[b] : 0.0f;
+        m[b] = type == GGUF_Q4_1   ? fp16_to_float(read_u16(g + 2 * (GROUP + b)))
+               : type == GGUF_Q4_0 ? -8.0f * lo[b]
+                                   : 0.0f;
     }
 }
 
