@@ -10,6 +10,7 @@ import os
 import pytest
 
 from common.sampling_params import SamplingParams
+from test_quantized_weights import identical_but_for_near_ties
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,15 +51,5 @@ def test_the_kept_file_answers_as_the_dequantized_file_but_for_near_ties(real_mo
     assert "q4_k" in what and "q6_k" in what and "q5_0+q8_0" in what, what  # every layer kept, pieces too
     what, dense = _answers(real_model, "none")
     assert what == "none"
-    identical = 0
-    for a, b in zip(kept, dense):
-        first = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
-        if first is None:
-            identical += 1
-            continue
-        for out in (a, b):
-            top = sorted(out.logprobs[first].values(), key=lambda lp: -lp.logprob)
-            assert {a.token_ids[first], b.token_ids[first]} <= set(out.logprobs[first]), (first, top)
-            assert top[0].logprob - top[1].logprob <= NEAR_TIE, (first, top)
-    assert identical >= len(PROMPTS) // 2, identical
+    assert identical_but_for_near_ties(kept, dense, NEAR_TIE) >= len(PROMPTS) // 2
     assert os.path.getsize(real_model) == 491400064
