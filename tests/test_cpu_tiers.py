@@ -84,9 +84,10 @@ def test_the_table_names_the_kernel_of_each_operation(tier):
                 else "decoder loop: decoder/cpu_decoder_f32.c (-DDECODER_BF16)") in bf16
 
 
-def _rounded_rows(x: torch.Tensor) -> torch.Tensor:
-    """x with each block of 32 rounded as quant_dot.c rounds it: d = max|x| / 127, rint(x / d) * d (float64)."""
-    blocks = x.double().view(x.shape[0], -1, 32)
+def _rounded_rows(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x with each block of `block` inputs rounded as quant_dot.c rounds it: d = max|x| / 127, rint(x / d) * d
+    (float64). 32 inputs, or a K-quant's 256."""
+    blocks = x.double().view(x.shape[0], -1, block)
     d = (blocks.abs().amax(-1, keepdim=True).float() / 127).double()
     inverse = torch.where(d > 0, (1 / d.float()).double(), 0)
     q = torch.round((blocks.float() * inverse.float()).double())
@@ -115,11 +116,12 @@ def test_quant_dot_is_the_product_of_the_rounded_rows_the_same_on_every_tier(tie
         rows = packed.rows_of(torch.arange(n), torch.float32)
     assert got.dtype is dtype
     assert torch.equal(rows, dequantized)  # gguf-py's values exactly
-    exact = _rounded_rows(x.float()) @ dequantized.double().T + bias.double()
-    scale = _rounded_rows(x.float()).abs() @ dequantized.double().abs().T + bias.double().abs()
+    rounded = _rounded_rows(x.float(), 256 if qtype.endswith("_k") else 32)
+    exact = rounded @ dequantized.double().T + bias.double()
+    scale = rounded.abs() @ dequantized.double().abs().T + bias.double().abs()
     rounding = 2**-8 if dtype is torch.bfloat16 else 0
     assert torch.all((got.double() - exact).abs() <= exact.abs() * rounding + scale * 2**-16), (tier, qtype)
-    # against the unrounded rows: what rounding each row to 8 bits per block costs
+    # against the unrounded rows: what rounding each row to 8 bits per block (or super-block) costs
     dense = x.double() @ dequantized.double().T + bias.double()
     assert ((got.double() - dense).abs().max() / dense.abs().max()).item() < 0.02
     for earlier, value in products.items():

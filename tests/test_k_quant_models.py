@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
+from cpu_tier_helpers import forced_tier, tier_params
 from engine_core.layers import cpu_quant_dot
 from engine_core.layers.quant_pieces import PiecewiseQuantWeight
 from gguf_weights import gguf_rows
@@ -101,8 +102,8 @@ def test_a_k_quant_mix_stays_quantized_and_answers_as_the_dequantized_model(k_qu
     assert layers["layers.0.self_attn.qkv_proj"] is PiecewiseQuantWeight
     what, _, dense = _first_token_logprobs(k_quant_gguf, "none", dtype)
     assert what == "none"
-    # quant_dot.c rounds each activation row to 8 bits per block of 32 (llama.cpp's numerics): logprobs move by
-    # a few hundredths (measured: mean 0.08, largest 0.46 over 6 prompts x 20 tokens, 2 random layers); a piece in
+    # quant_dot.c rounds each activation row to 8 bits per block of 32, per 256 for K-quants (llama.cpp's numerics):
+    # logprobs move by a few hundredths (measured: mean 0.08, largest 0.46 over 6 prompts x 20 tokens, 2 random layers); a piece in
     # the wrong place or a misread block would move them by units
     diffs = [abs(a[t] - b[t]) for a, b in zip(kept, dense) for t in a if t in b]
     assert len(diffs) >= 6 * 15
@@ -123,3 +124,45 @@ def test_auto_keeps_what_decodes_faster_kept_and_dequantizes_the_rest(k_quant_gg
         assert layers["layers.0.mlp.gate_up_proj"] is not cpu_quant_dot.QuantDotWeight
     else:
         assert what.count("layers") == 7, what
+
+
+def _c_loop_and_modules(path: str, dtype: str):
+    """The C decoder loop the engine picked for the kept mix, and the greedy tokens and logprobs of chunked
+    prompts (prefix-cache hits among them) with it and with the modules."""
+    from frontend.llm import LLM
+
+    llm = LLM(path, multiprocess=False, dtype=dtype, quantization="gguf", kv_cache_memory="16MiB",
+              max_model_len=256, max_num_batched_tokens=16)
+    try:
+        model = llm.client.core.executor.runner.model
+        loop = model.cpu_decoder
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+        prompts = [p * 4 for p in PROMPTS] + [PROMPTS[0] * 4 + PROMPTS[1] * 4]
+
+        def run():
+            return [(o.outputs[0].token_ids, o.outputs[0].logprobs)
+                    for o in llm.generate(prompts, params, use_tqdm=False)]
+        with_loop = run()
+        llm.reset_prefix_cache()
+        model.cpu_decoder = None
+        return loop, with_loop, run()
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.skipif(cpu_quant_dot.load() is None, reason="no C compiler: quant_dot.c is not built")
+@pytest.mark.parametrize("tier,dtype", [pytest.param(p.values[0], dtype, marks=p.marks, id=f"{p.values[0]}-{dtype}")
+                                        for p in tier_params("own", "avx2") for dtype in ("float32", "bfloat16")])
+def test_the_c_decoder_loops_run_the_kept_mix_as_the_modules_do(k_quant_gguf, tier, dtype):
+    """Kept K-quant layers and fused layers of mixed types (pieces) run in the one-call C loops, bit for bit as the
+    modules run them, in float32 and bf16, on the machine's tier and on AVX2."""
+    from engine_core.models import cpu_decoder, cpu_decoder_f32
+
+    with forced_tier(tier):
+        loop, with_loop, with_modules = _c_loop_and_modules(k_quant_gguf, dtype)
+        if dtype == "float32":
+            expected = cpu_decoder_f32.CpuDecoderF32
+        else:  # cpu_decoder.c where its kernels run (avx512_bf16 and up)
+            expected = cpu_decoder.CpuDecoder if cpu_decoder.load() is not None else cpu_decoder_f32.CpuDecoderBF16Generic
+    assert type(loop) is expected, (type(loop), expected)
+    assert with_loop == with_modules

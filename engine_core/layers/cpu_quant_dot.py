@@ -1,7 +1,8 @@
 """Linear layers whose GGUF weights (every kept type, layers/gguf_types.py) stay quantized on every CPU tier
 (quant_dot.c), in float32 and bfloat16 engines, through ctypes.
 
-Each row of the input is quantized to 8 bits per block of 32 and meets the weight's integers in integer
+Each row of the input is quantized to 8 bits per block of 32 (per super-block of 256 for the K-quants, whose
+integer sub-block scales then stay inside the integer sums) and meets the weight's integers in integer
 dot products (llama.cpp's way; vpmaddubsw on AVX2, vpdpbusd with AVX512-VNNI, plain C on the portable
 tier), so a decode step reads 4.5-8.5 bits per weight and does a few integer ops per 32 of them. Every
 tier gives the same bits, and a row's result depends on that row alone. Where cpu_quant.c runs

@@ -18,23 +18,46 @@ from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.layers.forward_context import get_forward_context
-from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
+from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant, cpu_quant_dot
+from engine_core.layers.quant_pieces import PiecewiseQuantWeight
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 
 _LINEARS = ("qkv", "o", "gate_up", "down")
+MAX_PIECES, KIND_DOT = 3, 100  # decoder/linear_pieces.h
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("w", _ptr * MAX_PIECES), ("kind", _long * MAX_PIECES), ("rows", _long * MAX_PIECES),
+                ("pieces", _long)]
+
+
+def pieces_of(packed) -> list:
+    """The packed weights a linear layer's C loop runs, in output order: its pieces, or the weight itself."""
+    return packed.packs if isinstance(packed, PiecewiseQuantWeight) else [packed]
+
+
+def linear_struct(packed, kind_of) -> _Linear:
+    """The C view of one linear layer's weights; `kind_of(pack)` is the loop's code for the kernel of a piece."""
+    packs = pieces_of(packed)
+    if len(packs) > MAX_PIECES:
+        raise ValueError(f"a fused layer of {len(packs)} pieces (the C loops take at most {MAX_PIECES})")
+    struct = _Linear(pieces=len(packs))
+    for p, pack in enumerate(packs):
+        struct.w[p], struct.kind[p], struct.rows[p] = pack.panels.data_ptr(), kind_of(pack), pack.out_features
+    return struct
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = ([(name, _ptr) for name in ("input_norm", "post_norm", "q_norm", "k_norm", *_LINEARS, "qkv_bias",
-                                           "gate_up_bias", "k_cache", "v_cache")]
-                + [(f"{name}_format", _long) for name in _LINEARS])
+    _fields_ = ([(name, _ptr) for name in ("input_norm", "post_norm", "q_norm", "k_norm")]
+                + [(name, _Linear) for name in _LINEARS]
+                + [(name, _ptr) for name in ("qkv_bias", "gate_up_bias", "k_cache", "v_cache")])
 
 
 class _Model(ctypes.Structure):
-    _fields_ = ([(name, _ptr) for name in ("linear", "gated", "quant_linear", "quant_gated", "norm", "rotary",
-                                           "decode", "chunk", "silu_table", "cos", "sin")]
+    _fields_ = ([(name, _ptr) for name in ("linear", "gated", "quant_linear", "quant_gated", "dot", "silu", "norm",
+                                           "rotary", "decode", "chunk", "silu_table", "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
                                               "head_dim", "intermediate", "block_size")]
                 + [(name, _float) for name in ("eps", "qk_eps", "scale")]
@@ -46,7 +69,7 @@ class _Step(ctypes.Structure):
                  ("num_decodes", _long), ("table_row", _long), ("block_tables", _ptr), ("seq_lens", _ptr),
                  ("query_start_loc", _ptr)]
                 + [(name, _ptr) for name in ("residual", "x", "normed", "qkv", "attn", "act", "q_normed",
-                                             "k_normed")]
+                                             "k_normed", "gate_up")]
                 + [("threads", ctypes.c_int), ("every_row_alike", ctypes.c_int)])
 
 
@@ -72,11 +95,26 @@ def _why_not(model) -> str | None:
     heads, kv_heads, head_dim = first.num_heads, first.num_kv_heads, first.head_dim
     if head_dim % 32 or head_dim > 256 or heads % kv_heads or heads // kv_heads > 8 or not first.attn.scale > 0:
         return "an attention shape the kernels do not take"
-    plain = (cpu_gemm.PanelWeight, cpu_quant.QuantPanelWeight)
-    gated = (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight)
+    plain = (cpu_gemm.PanelWeight, cpu_quant.QuantPanelWeight) + (
+        (cpu_quant_dot.QuantDotWeight,) if cpu_quant_dot.load() is not None and cpu_ops.load() is not None else ())
+
+    def takes(packed, also=()) -> bool:
+        return all(type(pack) in plain + also for pack in pieces_of(packed))
     return layers_issue(model, torch.bfloat16, lambda attn, mlp: (
-        type(attn.qkv_proj.packed_weight) in plain and type(attn.o_proj.packed_weight) in plain
-        and type(mlp.down_proj.packed_weight) in plain and type(mlp.gate_up_proj.packed_weight) in gated))
+        takes(attn.qkv_proj.packed_weight) and takes(attn.o_proj.packed_weight) and takes(mlp.down_proj.packed_weight)
+        and takes(mlp.gate_up_proj.packed_weight, (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight))))
+
+
+def _kind(packed) -> int:
+    """The bf16 loop's code for the kernel of a packed weight: -1 cpu_gemm.c's panels, a cpu_quant.c format, or
+    KIND_DOT + the GGUF type quant_dot.c reads."""
+    if isinstance(packed, cpu_quant_dot.QuantDotWeight):
+        return KIND_DOT + packed.type_id
+    return getattr(packed, "format", -1)
+
+
+def _fused_gate_up(packed) -> bool:
+    return isinstance(packed, (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight))
 
 
 # The ModelSpec values (families/spec.py) the C loops implement, bf16 and float32 alike; a model with any other
@@ -131,6 +169,8 @@ class CpuDecoder:
     def __init__(self, model):
         self.model = model
         first = model.layers[0]
+        # a gate/up that is not a fused gated kernel writes gate | up to a scratch buffer first
+        self.gate_up_scratch = not all(_fused_gate_up(layer.mlp.gate_up_proj.packed_weight) for layer in model.layers)
         self.heads, self.kv_heads = first.self_attn.num_heads, first.self_attn.num_kv_heads
         self.head_dim = first.self_attn.head_dim
         self.intermediate = first.mlp.gate_up_proj.packed_weight.out_features // 2  # gate | up
@@ -152,36 +192,30 @@ class CpuDecoder:
 
     def _build(self) -> _Model:
         """The C view of the model: weights, norms, caches (rebuilt when the caches are rebound)."""
-        layers = []
+        layers, self._biases = [], []
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv_bias = attn.qkv_proj.bias
-            gate_up_bias = mlp.gate_up_proj.bias
             packed = {"qkv": attn.qkv_proj.packed_weight, "o": attn.o_proj.packed_weight,
                       "gate_up": mlp.gate_up_proj.packed_weight, "down": mlp.down_proj.packed_weight}
-            formats = {f"{name}_format": getattr(weight, "format", -1) for name, weight in packed.items()}
             layers.append(_Layer(
-                **formats,
+                **{name: linear_struct(weight, _kind) for name, weight in packed.items()},
                 input_norm=layer.input_layernorm.weight.data_ptr(),
                 post_norm=layer.post_attention_layernorm.weight.data_ptr(),
                 q_norm=attn.q_norm.weight.data_ptr() if self.qk_norm else None,
                 k_norm=attn.k_norm.weight.data_ptr() if self.qk_norm else None,
-                qkv=attn.qkv_proj.packed_weight.panels.data_ptr(), o=attn.o_proj.packed_weight.panels.data_ptr(),
-                gate_up=mlp.gate_up_proj.packed_weight.panels.data_ptr(),
-                down=mlp.down_proj.packed_weight.panels.data_ptr(),
-                qkv_bias=None if qkv_bias is None else attn.qkv_proj.packed_weight.float_bias(qkv_bias).data_ptr(),
-                gate_up_bias=(None if gate_up_bias is None
-                              else mlp.gate_up_proj.packed_weight.float_bias(gate_up_bias).data_ptr()),
+                qkv_bias=self._bias(attn.qkv_proj), gate_up_bias=self._bias(mlp.gate_up_proj),
                 k_cache=attn.attn.k_cache.data_ptr(), v_cache=attn.attn.v_cache.data_ptr()))
         self._layers = (_Layer * len(layers))(*layers)  # kept alive: the struct points into it
         first = self.model.layers[0]
         gemm, ops, attention, quant = cpu_gemm.load(), cpu_ops.load(), cpu_decode_kernel.load(), cpu_quant.load()
+        dot = cpu_quant_dot.load()
         rotary = first.self_attn.rotary
         self._tables = (cpu_ops.silu_table(), rotary.cos, rotary.sin)
         return _Model(
             linear=address(gemm, "linear_bf16"), gated=address(gemm, "linear_silu_mul_bf16"),
             quant_linear=quant and address(quant, "quant_linear_bf16"),
             quant_gated=quant and address(quant, "quant_linear_silu_mul_bf16"),
+            dot=dot and address(dot, "quant_dot_linear_bf16"), silu=address(ops, "silu_and_mul_bf16"),
             norm=address(ops, "rms_norm_bf16"), rotary=address(ops, "rotary_bf16"),
             decode=address(attention, "paged_decode_attention"), chunk=address(attention, "paged_attention"),
             silu_table=self._tables[0].data_ptr(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(),
@@ -190,6 +224,16 @@ class CpuDecoder:
             head_dim=self.head_dim, intermediate=self.intermediate, block_size=first.self_attn.attn.k_cache.shape[1],
             eps=first.input_layernorm.eps, qk_eps=first.self_attn.q_norm.eps if self.qk_norm else 0.0,
             scale=first.self_attn.attn.scale, layers=self._layers)
+
+    def _bias(self, linear):
+        """A linear layer's bias in float32, in its packed order (its pieces': the output order), or None."""
+        if linear.bias is None:
+            return None
+        packed = linear.packed_weight
+        bias = (linear.bias.float().contiguous() if isinstance(packed, PiecewiseQuantWeight)
+                else packed.float_bias(linear.bias))
+        self._biases.append(bias)  # kept alive: the struct points into it
+        return bias.data_ptr()
 
     def run(self, embeddings: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(the last layer's output, the residual stream) for the step's tokens, the residual being
@@ -208,6 +252,8 @@ class CpuDecoder:
         widths += [q_size, kv_size] if self.qk_norm else []
         x, normed, qkv, attn, act, *qk = (torch.empty((tokens, w), dtype=self.dtype, device="cpu") for w in widths)
         q_normed, k_normed = qk if qk else (None, None)
+        gate_up = (torch.empty((tokens, 2 * self.intermediate), dtype=self.dtype, device="cpu")
+                   if self.gate_up_scratch and self.act_widths == 1 else None)
         positions = positions.contiguous()
         step = _Step(
             tokens=tokens, positions=positions.data_ptr(), slot_mapping=meta.slot_mapping.data_ptr(),
@@ -216,7 +262,8 @@ class CpuDecoder:
             query_start_loc=meta.query_start_loc.data_ptr(), residual=embeddings.data_ptr(), x=x.data_ptr(),
             normed=normed.data_ptr(), qkv=qkv.data_ptr(), attn=attn.data_ptr(), act=act.data_ptr(),
             q_normed=None if q_normed is None else q_normed.data_ptr(),
-            k_normed=None if k_normed is None else k_normed.data_ptr(), threads=torch.get_num_threads(),
+            k_normed=None if k_normed is None else k_normed.data_ptr(),
+            gate_up=None if gate_up is None else gate_up.data_ptr(), threads=torch.get_num_threads(),
             every_row_alike=int(batch_invariant()))
         status = self._entry()(ctypes.byref(self._struct), ctypes.byref(step))
         if status == -1:

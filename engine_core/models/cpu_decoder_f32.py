@@ -18,14 +18,15 @@ from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_dot, cpu_quant_f32
-from engine_core.models.cpu_decoder import _LINEARS, CpuDecoder, _Layer, _Step, address, layers_issue
+from engine_core.models.cpu_decoder import (KIND_DOT, CpuDecoder, _Layer, _Step, address, layers_issue, linear_struct,
+                                            pieces_of)
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 
 class _Model(ctypes.Structure):
-    _fields_ = ([(name, _ptr) for name in ("dense", "dense_bf16w", "quant", "norm", "rotary", "silu", "attention",
-                                           "cos", "sin")]
+    _fields_ = ([(name, _ptr) for name in ("dense", "dense_bf16w", "quant", "dot", "norm", "rotary", "silu",
+                                           "attention", "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
                                               "head_dim", "intermediate", "block_size")]
                 + [(name, _float) for name in ("eps", "qk_eps", "scale")]
@@ -46,7 +47,7 @@ def load_bf16(library):
     return library
 
 
-_PACKED = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_f32.QuantF32Weight)
+_PACKED = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_f32.QuantF32Weight, cpu_quant_dot.QuantDotWeight)
 
 
 def _why_not(model, dtype: torch.dtype, libraries: tuple, packed_types: tuple) -> str | None:
@@ -59,20 +60,22 @@ def _why_not(model, dtype: torch.dtype, libraries: tuple, packed_types: tuple) -
     if None in libraries:
         return "a kernel library is missing"
     return layers_issue(model, dtype, lambda attn, mlp: all(
-        isinstance(m.packed_weight, packed_types) and getattr(m.packed_weight, "dtype", dtype) is dtype
-        for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)))
+        isinstance(pack, packed_types) and getattr(pack, "dtype", dtype) is dtype
+        for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj) for pack in pieces_of(m.packed_weight)))
 
 
 def why_not(model) -> str | None:
     """Why the C loop cannot run this float32 model's layers exactly as its modules would; None if it can."""
-    return _why_not(model, torch.float32, (load(), cpu_gemm_f32.load(), cpu_quant_f32.load(), cpu_ops.load_f32(),
-                                           cpu_generic_attention.load()), _PACKED)
+    return _why_not(model, torch.float32, (load(), cpu_gemm_f32.load(), cpu_quant_f32.load(), cpu_quant_dot.load(),
+                                           cpu_ops.load_f32(), cpu_generic_attention.load()), _PACKED)
 
 
-def _type(packed) -> int:
-    """-1 for cpu_gemm_f32's panels in the engine's dtype, -2 for bf16-stored ones in a float32 engine, else the
-    GGUF type the quantized kernel reads."""
-    if isinstance(packed, (cpu_quant_f32.QuantF32Weight, cpu_quant_dot.QuantDotWeight)):
+def _kind(packed) -> int:
+    """-1 for cpu_gemm_f32's panels in the engine's dtype, -2 for bf16-stored ones in a float32 engine, the GGUF
+    type quant_f32.c reads, or KIND_DOT + the one quant_dot.c reads."""
+    if isinstance(packed, cpu_quant_dot.QuantDotWeight):
+        return KIND_DOT + packed.type_id
+    if isinstance(packed, cpu_quant_f32.QuantF32Weight):
         return packed.type_id
     return -2 if packed.storage is not packed.dtype else -1
 
@@ -97,22 +100,20 @@ class CpuDecoderF32(CpuDecoder):
         """The addresses of the kernels the loop calls (the _Model fields of that name)."""
         gemm, ops = cpu_gemm_f32.load(), cpu_ops.load_f32()
         return dict(dense=address(gemm, "linear_f32"), dense_bf16w=address(gemm, "linear_f32_bf16w"),
-                    quant=address(cpu_quant_f32.load(), "quant_f32_linear"), norm=address(ops, "rms_norm_f32"),
+                    quant=address(cpu_quant_f32.load(), "quant_f32_linear"),
+                    dot=address(cpu_quant_dot.load(), "quant_dot_linear_f32"), norm=address(ops, "rms_norm_f32"),
                     rotary=address(ops, "rotary_f32"), silu=address(ops, "silu_and_mul_f32"),
                     attention=address(cpu_generic_attention.load(), "generic_paged_attention"))
 
     def _build(self) -> _Model:
-        layers = []
+        layers, self._biases = [], []
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             packed = {"qkv": attn.qkv_proj.packed_weight, "o": attn.o_proj.packed_weight,
                       "gate_up": mlp.gate_up_proj.packed_weight, "down": mlp.down_proj.packed_weight}
-            biases = {"qkv": attn.qkv_proj.bias, "gate_up": mlp.gate_up_proj.bias}
             layers.append(_Layer(
-                **{f"{name}_format": _type(weight) for name, weight in packed.items()},
-                **{name: packed[name].panels.data_ptr() for name in _LINEARS},
-                **{f"{name}_bias": None if bias is None else packed[name].float_bias(bias).data_ptr()
-                   for name, bias in biases.items()},
+                **{name: linear_struct(weight, _kind) for name, weight in packed.items()},
+                qkv_bias=self._bias(attn.qkv_proj), gate_up_bias=self._bias(mlp.gate_up_proj),
                 input_norm=layer.input_layernorm.weight.data_ptr(),
                 post_norm=layer.post_attention_layernorm.weight.data_ptr(),
                 q_norm=attn.q_norm.weight.data_ptr() if self.qk_norm else None,
@@ -156,6 +157,7 @@ class CpuDecoderBF16Generic(CpuDecoderF32):
     def _kernels(self) -> dict[str, int]:
         ops = cpu_ops.load()
         return dict(dense=address(cpu_gemm_f32.load(), "linear_bf16_generic"), dense_bf16w=None,
-                    quant=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"), norm=address(ops, "rms_norm_bf16"),
+                    quant=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"),
+                    dot=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"), norm=address(ops, "rms_norm_bf16"),
                     rotary=address(ops, "rotary_bf16"), silu=address(ops, "silu_and_mul_bf16"),
                     attention=address(cpu_generic_attention.load(), "generic_paged_attention"))

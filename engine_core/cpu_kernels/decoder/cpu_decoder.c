@@ -4,7 +4,7 @@
  * ctypes calls: ~0.25 ms of host work per layer, 15-20% of a batched decode step. This file runs the
  * same kernels, in the same order, on the same buffers, from one loop: the results are the Python
  * path's bit for bit (tested). It holds no arithmetic of its own: every kernel is a function of the
- * other kernel libraries (cpu_gemm.c, cpu_ops.c, cpu_decode.c), passed in as a pointer.
+ * other kernel libraries (cpu_gemm.c, cpu_quant.c, quant_dot.c, cpu_ops.c, cpu_decode.c), passed in as a pointer.
  *
  * One layer, as models/decoder.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k
  * RMSNorm (Qwen3) and rotary, the new keys and values written to the paged cache, attention (the
@@ -13,6 +13,8 @@
  */
 #include <stdint.h>
 #include <string.h>
+
+#include "linear_pieces.h"
 
 typedef uint16_t bf16;
 
@@ -25,6 +27,9 @@ typedef int (*QuantLinearFn)(const bf16 *x, long M, long K, long x_stride, const
 typedef int (*QuantGatedFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int format, long I,
                             const float *bias, bf16 *out, long out_stride, const bf16 *silu, int every_row_alike,
                             int threads);
+typedef int (*DotFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int type, long N,
+                     const float *bias, bf16 *out, long out_stride, int threads);
+typedef int (*SiluFn)(const bf16 *x, long xs0, bf16 *out, long os0, long rows, long n, int threads);
 typedef int (*NormFn)(const bf16 *x, long xs0, long xs1, bf16 *residual, long rs0, long rs1, bf16 *out, long os0,
                       long os1, const bf16 *weight, long n0, long n1, long n, float eps, int threads);
 typedef int (*RotaryFn)(bf16 *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
@@ -40,10 +45,11 @@ typedef int (*ChunkFn)(const bf16 *q, long q_row, const bf16 *k_cache, const bf1
 
 typedef struct {
     const bf16 *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL without per-head norms */
-    const void *qkv, *o, *gate_up, *down;                  /* packed panels (gate_up: gated order) */
+    /* kinds: -1: bf16 panels; f >= 0: cpu_quant.c's format f; KIND_DOT + t: quant_dot.c's GGUF type t. A gate_up of
+     * one piece of the first two kinds is a fused gated kernel (gated order), else gate | up then SiLU-and-mul */
+    Linear qkv, o, gate_up, down;
     const float *qkv_bias, *gate_up_bias;                 /* fp32 in packed order, or NULL */
     bf16 *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
-    long qkv_format, o_format, gate_up_format, down_format; /* -1: bf16 panels; else cpu_quant.c's format */
 } Layer;
 
 typedef struct {
@@ -51,6 +57,8 @@ typedef struct {
     GatedFn gated;
     QuantLinearFn quant_linear; /* cpu_quant.c's, for layers whose weights are kept quantized */
     QuantGatedFn quant_gated;
+    DotFn dot;   /* quant_dot.c's quant_dot_linear_bf16 */
+    SiluFn silu; /* cpu_ops.c's silu_and_mul_bf16, after a gate_up that is not a fused gated kernel */
     NormFn norm;
     RotaryFn rotary;
     DecodeFn decode;
@@ -65,23 +73,37 @@ typedef struct {
 #define DECODER_ELEM bf16
 #include "decoder_step.h"
 
-/* a linear layer through the kernel its weights need; 0, or nonzero when a kernel ran out of memory */
-static int linear(const Model *m, const Step *s, const bf16 *x, long M, long K, const void *w, long format, long N,
-                  const float *bias, bf16 *out) {
-    if (format < 0) {
-        m->linear(x, M, K, K, w, N, bias, out, N, s->threads);
-        return 0;
+/* a linear layer through the kernels its pieces need, each into its columns of out [M, sum rows] (row stride
+ * out_stride); 0, or nonzero when a kernel ran out of memory */
+static int linear(const Model *m, const Step *s, const bf16 *x, long M, long K, const Linear *l, const float *bias,
+                  bf16 *out, long out_stride) {
+    long at = 0;
+    for (long p = 0; p < l->pieces; at += l->rows[p], p++) {
+        const long kind = l->kind[p], N = l->rows[p];
+        const float *b = bias ? bias + at : NULL;
+        if (kind < 0)
+            m->linear(x, M, K, K, l->w[p], N, b, out + at, out_stride, s->threads);
+        else if (kind >= KIND_DOT ? m->dot(x, M, K, K, l->w[p], (int)(kind - KIND_DOT), N, b, out + at, out_stride,
+                                           s->threads)
+                                  : m->quant_linear(x, M, K, K, l->w[p], (int)kind, N, b, out + at, out_stride,
+                                                    s->every_row_alike, s->threads))
+            return -1;
     }
-    return m->quant_linear(x, M, K, K, w, (int)format, N, bias, out, N, s->every_row_alike, s->threads);
+    return 0;
 }
 
-static int gated(const Model *m, const Step *s, const bf16 *x, long M, long K, const void *w, long format, long I,
+/* silu(gate) * up [M, I] into out: the fused gated kernels, or gate | up into the step's scratch, then SiLU-and-mul */
+static int gated(const Model *m, const Step *s, const bf16 *x, long M, long K, const Linear *l, long I,
                  const float *bias, bf16 *out) {
-    if (format < 0) {
-        m->gated(x, M, K, K, w, I, bias, out, I, m->silu_table, s->threads);
+    const long kind = l->kind[0];
+    if (l->pieces == 1 && kind < 0) {
+        m->gated(x, M, K, K, l->w[0], I, bias, out, I, m->silu_table, s->threads);
         return 0;
     }
-    return m->quant_gated(x, M, K, K, w, (int)format, I, bias, out, I, m->silu_table, s->every_row_alike, s->threads);
+    if (l->pieces == 1 && kind < KIND_DOT)
+        return m->quant_gated(x, M, K, K, l->w[0], (int)kind, I, bias, out, I, m->silu_table, s->every_row_alike,
+                              s->threads);
+    return linear(m, s, x, M, K, l, bias, s->gate_up, 2 * I) || m->silu(s->gate_up, 2 * I, out, I, M, I, s->threads);
 }
 
 /* The decoder layers for one step. 0 when done; -1 when a kernel declined its input (a position past
@@ -101,7 +123,7 @@ int decoder_layers_bf16(const Model *m, const Step *s) {
         if (li == 0 ? m->norm(s->residual, H, 0, NULL, 0, 0, s->normed, H, 0, l->input_norm, T, 1, H, m->eps, th)
                     : m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->input_norm, T, 1, H, m->eps, th))
             return failed;
-        if (linear(m, s, normed, T, H, l->qkv, l->qkv_format, qkv_width, l->qkv_bias, s->qkv)) return failed;
+        if (linear(m, s, normed, T, H, &l->qkv, l->qkv_bias, s->qkv, qkv_width)) return failed;
         const bf16 *q, *k, *v = s->qkv + q_size + kv_size;
         long q_row, k_row;
         if (rotated_queries_and_keys(m, s, l, &q, &q_row, &k, &k_row)) return failed;
@@ -116,10 +138,10 @@ int decoder_layers_bf16(const Model *m, const Step *s) {
                      s->seq_lens + nd, s->query_start_loc + nd, s->attn, q_size, (int)(s->num_seqs - nd),
                      (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, th))
             return failed;
-        if (linear(m, s, s->attn, T, q_size, l->o, l->o_format, H, NULL, s->x) ||
+        if (linear(m, s, s->attn, T, q_size, &l->o, NULL, s->x, H) ||
             m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
-            gated(m, s, s->x, T, H, l->gate_up, l->gate_up_format, I, l->gate_up_bias, s->act) ||
-            linear(m, s, s->act, T, I, l->down, l->down_format, H, NULL, s->x))
+            gated(m, s, s->x, T, H, &l->gate_up, I, l->gate_up_bias, s->act) ||
+            linear(m, s, s->act, T, I, &l->down, NULL, s->x, H))
             return -2;
     }
     return 0;

@@ -5,8 +5,9 @@
  * spends ~0.25 ms of host work per layer on module calls, views and ctypes calls, more than a decode
  * step's matmuls of a small quantized model. This file runs the same kernels in the same order on the
  * same values, so the results are the module path's bit for bit (tested); it holds no arithmetic of its
- * own. The kernels come in as pointers: linear layers from cpu_gemm_f32.c (dense panels, fp32 or bf16) or quant_f32.c
- * (GGUF blocks), norm / rotary / SiLU-and-mul from cpu_ops_f32.c, attention from cpu_generic_attention.c
+ * own. The kernels come in as pointers: linear layers from cpu_gemm_f32.c (dense panels, fp32 or bf16), quant_f32.c
+ * (GGUF Q4_0 / Q4_1 / Q8_0 blocks at their exact values) or quant_dot.c (any kept GGUF type, 8-bit input rows;
+ * a fused layer may be pieces of several types: linear_pieces.h), norm / rotary / SiLU-and-mul from cpu_ops_f32.c, attention from cpu_generic_attention.c
  * (one call for decodes and chunks alike: the batch-invariant path, the only one this loop serves).
  *
  * One layer, as models/decoder.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k RMSNorm
@@ -20,6 +21,8 @@
  */
 #include <stdint.h>
 #include <string.h>
+
+#include "linear_pieces.h"
 
 #ifdef DECODER_BF16
 typedef uint16_t elem;
@@ -47,15 +50,15 @@ typedef int (*AttentionFn)(const void *q, long q_row, const void *k_cache, const
 
 typedef struct {
     const elem *input_norm, *post_norm, *q_norm, *k_norm;  /* q_norm, k_norm: NULL without per-head norms */
-    const void *qkv, *o, *gate_up, *down;                   /* packed weights */
+    Linear qkv, o, gate_up, down; /* kinds: -1, -2: cpu_gemm_f32's fp32, bf16 panels; t: quant_f32.c's GGUF type t;
+                                   * KIND_DOT + t: quant_dot.c's (the bf16 build: quant_dot.c's either way) */
     const float *qkv_bias, *gate_up_bias;                  /* fp32, or NULL */
     elem *k_cache, *v_cache;                               /* [blocks, block_size, kv_heads, head_dim] */
-    long qkv_type, o_type, gate_up_type, down_type; /* -1, -2: cpu_gemm_f32's fp32, bf16 panels; else a GGUF type */
 } Layer;
 
 typedef struct {
     DenseFn dense, dense_bf16w; /* linear_f32, linear_f32_bf16w (bf16: linear_bf16_generic, unused) */
-    QuantFn quant;
+    QuantFn quant, dot; /* quant_f32_linear, quant_dot_linear_f32 (bf16: quant_dot_linear_bf16, both) */
     NormFn norm;
     RotaryFn rotary;
     SiluFn silu;
@@ -69,13 +72,25 @@ typedef struct {
 #define DECODER_ELEM elem
 #include "decoder_step.h"
 
-static int linear(const Model *m, const Step *s, const elem *x, long M, long K, long x_stride, const void *w,
-                  long type, long N, const float *bias, elem *out, long out_stride) {
-    if (type < 0) {
-        (type == -1 ? m->dense : m->dense_bf16w)(x, M, K, x_stride, w, N, bias, out, out_stride, s->threads);
+static int piece(const Model *m, const Step *s, const elem *x, long M, long K, long x_stride, const void *w,
+                 long kind, long N, const float *bias, elem *out, long out_stride) {
+    if (kind < 0) {
+        (kind == -1 ? m->dense : m->dense_bf16w)(x, M, K, x_stride, w, N, bias, out, out_stride, s->threads);
         return 0;
     }
-    return m->quant(x, M, K, x_stride, w, (int)type, N, bias, out, out_stride, s->threads);
+    if (kind >= KIND_DOT) return m->dot(x, M, K, x_stride, w, (int)(kind - KIND_DOT), N, bias, out, out_stride, s->threads);
+    return m->quant(x, M, K, x_stride, w, (int)kind, N, bias, out, out_stride, s->threads);
+}
+
+/* the pieces side by side: piece p writes its rows[p] columns after the earlier pieces' */
+static int linear(const Model *m, const Step *s, const elem *x, long M, long K, long x_stride, const Linear *l,
+                  const float *bias, elem *out, long out_stride) {
+    long at = 0;
+    for (long p = 0; p < l->pieces; at += l->rows[p], p++)
+        if (piece(m, s, x, M, K, x_stride, l->w[p], l->kind[p], l->rows[p], bias ? bias + at : NULL, out + at,
+                  out_stride))
+            return -1;
+    return 0;
 }
 
 /* 0 when done; -1 when a kernel declined in layer 0 (nothing but scratch and the new tokens' own cache slots
@@ -90,7 +105,7 @@ int DECODER_ENTRY(const Model *m, const Step *s) {
         if (li == 0 ? m->norm(s->residual, H, 0, NULL, 0, 0, s->normed, H, 0, l->input_norm, T, 1, H, m->eps, th)
                     : m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->input_norm, T, 1, H, m->eps, th))
             return failed;
-        if (linear(m, s, normed, T, H, H, l->qkv, l->qkv_type, qkv_width, l->qkv_bias, s->qkv, qkv_width))
+        if (linear(m, s, normed, T, H, H, &l->qkv, l->qkv_bias, s->qkv, qkv_width))
             return failed;
         const elem *q, *k, *v = s->qkv + q_size + kv_size;
         long q_row, k_row;
@@ -100,11 +115,11 @@ int DECODER_ENTRY(const Model *m, const Step *s) {
                          s->query_start_loc, s->attn, q_size, (int)s->num_seqs, (int)m->num_heads,
                          (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, ATTENTION_BF16, (int)th))
             return failed;
-        if (linear(m, s, s->attn, T, q_size, q_size, l->o, l->o_type, H, NULL, s->x, H) ||
+        if (linear(m, s, s->attn, T, q_size, q_size, &l->o, NULL, s->x, H) ||
             m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
-            linear(m, s, s->x, T, H, H, l->gate_up, l->gate_up_type, 2 * I, l->gate_up_bias, s->act, 2 * I) ||
+            linear(m, s, s->x, T, H, H, &l->gate_up, l->gate_up_bias, s->act, 2 * I) ||
             m->silu(s->act, 2 * I, s->act, 2 * I, T, I, (int)th) ||
-            linear(m, s, s->act, T, I, 2 * I, l->down, l->down_type, H, NULL, s->x, H))
+            linear(m, s, s->act, T, I, 2 * I, &l->down, NULL, s->x, H))
             return -2;
     }
     return 0;

@@ -13,6 +13,7 @@ typedef struct {
     /* buffers, rows contiguous: residual [T, hidden] holds the embeddings on entry and the residual stream on
      * return; x [T, hidden] the last layer's output on return; the rest are scratch */
     DECODER_ELEM *residual, *x, *normed, *qkv, *attn, *act, *q_normed, *k_normed; /* q/k_normed: with q_norm only */
+    DECODER_ELEM *gate_up; /* [T, 2 x intermediate], where a layer's gate/up is not a fused gated kernel; else NULL */
     int threads;
     int every_row_alike; /* batch-invariant: the kernels that have two arithmetics take the one for every M */
 } Step;

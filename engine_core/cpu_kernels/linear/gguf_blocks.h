@@ -34,8 +34,6 @@ static inline int is_k_quant(int type) { return type == GGUF_Q4_K || type == GGU
 static inline int as_in_file(int type) { return type == GGUF_Q5_0 || type == GGUF_Q5_1 || is_k_quant(type); }
 /* signed integers and no offset */
 static inline int is_signed(int type) { return type == GGUF_Q8_0 || type == GGUF_Q6_K; }
-/* the scale changes halfway through a block (Q6_K: one per 16 inputs) */
-static inline int split_scales(int type) { return type == GGUF_Q6_K; }
 
 /* bytes of one GGUF block: 32 inputs, or 256 for the K-quants */
 static inline long gguf_block_bytes(int type) {

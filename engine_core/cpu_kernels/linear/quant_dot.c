@@ -9,6 +9,8 @@
  *     sum_k (d_w q_w + m_w)(d_x q_x) = d_w d_x * sum_k q_w q_x + m_w * (d_x sum_k q_x).
  * The result is the dot product of the dequantized weights with the row rounded to 8 bits per block,
  * summed in fp32: about 0.3% of a row's magnitude from the dense product (the tests bound it).
+ * The K-quants (Q4_K, Q5_K, Q6_K) round each row per 256 inputs instead and keep their sub-block scales in the
+ * integers: k_quant_tile.h. What follows is the arithmetic of the per-32 types, and the dequantized values of all.
  * The other types are the same sum with their own d_w, m_w and integers (gguf_blocks.h): Q5_x and the
  * K-quants' unsigned 5- and 4-bit integers take the offset term; Q6_K's signed ones, like Q8_0's, do not,
  * and its d_w changes halfway through a block (lanes 0-3 take the first scale, lanes 4-7 the second).
@@ -96,49 +98,58 @@ int quant_dot_pack(const uint8_t *rows, long row_bytes, int type, long N, long K
 /* ---- the inputs, 8 bits per block ------------------------------------------------------------------ */
 
 typedef struct {
-    int8_t *q;      /* [M][blocks * 32] */
-    float *d, *s;   /* [M][groups * 8]: d_x, and d_x * sum q_x (zeros past the last block) */
-    long blocks, slots;
+    int8_t *q;       /* [M][K] */
+    float *d, *s;    /* [M][slots]: d_x per block of `block` inputs, and d_x * sum q_x (per 32 only) */
+    int16_t *bsums;  /* [M][K / 16]: sum q_x per 16 inputs (K-quants only) */
+    long blocks, slots, block;
 } Quantized;
 
 static float input(const void *x, int x_bf16, long i) {
     return x_bf16 ? bf16_to_float(((const bf16 *)x)[i]) : ((const float *)x)[i];
 }
 
-static void quantize_row(const void *x, int x_bf16, long K, int8_t *q, float *d, float *s) {
-    const long blocks = K / QBLOCK;
-    for (long b = 0; b < blocks; b++) {
-        float v[QBLOCK], amax = 0.0f;
-        for (int k = 0; k < QBLOCK; k++) {
-            v[k] = input(x, x_bf16, b * QBLOCK + k);
-            const float a = fabsf(v[k]);
+/* one row rounded to 8 bits per `block` inputs (32, or a K-quant's 256) */
+static void quantize_row(const void *x, int x_bf16, long K, long block, int8_t *q, float *d, float *s, int16_t *bsums) {
+    for (long b = 0; b < K / block; b++) {
+        float amax = 0.0f;
+        for (long k = b * block; k < (b + 1) * block; k++) {
+            const float a = fabsf(input(x, x_bf16, k));
             amax = a > amax ? a : amax;
         }
         const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
         int sum = 0;
-        for (int k = 0; k < QBLOCK; k++) {
-            const float r = rintf(v[k] * inverse);
+        for (long k = b * block; k < (b + 1) * block; k++) {
+            const float r = rintf(input(x, x_bf16, k) * inverse);
             const int qk = r >= -127.0f && r <= 127.0f ? (int)r : (r > 0.0f ? 127 : -127); /* NaN: -127 */
-            q[b * QBLOCK + k] = (int8_t)qk;
+            q[k] = (int8_t)qk;
             sum += qk;
         }
         d[b] = scale;
-        s[b] = scale * (float)sum;
+        if (s) s[b] = scale * (float)sum;
     }
+    if (bsums)
+        for (long t = 0; t < K / 16; t++) {
+            int sum = 0;
+            for (int k = 0; k < 16; k++) sum += q[16 * t + k];
+            bsums[t] = (int16_t)sum;
+        }
 }
 
-static int quantize(const void *x, int x_bf16, long M, long K, long x_stride, Quantized *out, int threads) {
+static int quantize(const void *x, int x_bf16, long M, long K, long x_stride, int k_quant, Quantized *out, int threads) {
     out->blocks = K / QBLOCK;
-    out->slots = (out->blocks + GROUP - 1) / GROUP * GROUP;
+    out->block = k_quant ? GROUP * QBLOCK : QBLOCK;
+    out->slots = k_quant ? K / out->block : (out->blocks + GROUP - 1) / GROUP * GROUP;
     out->q = malloc(M * K);
     out->d = calloc(M * out->slots, sizeof(float));
-    out->s = calloc(M * out->slots, sizeof(float));
-    if (!out->q || !out->d || !out->s) return -1;
+    out->s = k_quant ? NULL : calloc(M * out->slots, sizeof(float));
+    out->bsums = k_quant ? malloc(M * (K / 16) * sizeof(int16_t)) : NULL;
+    if (!out->q || !out->d || (k_quant ? !out->bsums : !out->s)) return -1;
     const size_t elem = x_bf16 ? 2 : 4;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (long i = 0; i < M; i++)
-        quantize_row((const char *)x + i * x_stride * elem, x_bf16, K, out->q + i * K, out->d + i * out->slots,
-                     out->s + i * out->slots);
+        quantize_row((const char *)x + i * x_stride * elem, x_bf16, K, out->block, out->q + i * K,
+                     out->d + i * out->slots, k_quant ? NULL : out->s + i * out->slots,
+                     k_quant ? out->bsums + i * (K / 16) : NULL);
     return 0;
 }
 
@@ -172,25 +183,16 @@ static inline __m256i fifth_bits(const uint8_t *p) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
 }
 
-/* block b's 32 integers of the group at g, in input order (gguf_blocks.h's block_integers, 32 at once) */
+/* block b's 32 integers of the group at g, in input order (gguf_blocks.h's block_integers, 32 at once); the
+ * per-32 types (the K-quants: k_quant_tile.h) */
 static inline __m256i weight_ints(const uint8_t *g, long b, const int type) {
     switch (type) {
     case GGUF_Q8_0: return _mm256_loadu_si256((const __m256i *)(g + header_bytes(type) + b * 32));
     case GGUF_Q4_0:
     case GGUF_Q4_1: return split_nibbles(g + header_bytes(type) + b * 16);
-    case GGUF_Q5_0:
-    case GGUF_Q5_1: {
+    default: { /* Q5_0, Q5_1 */
         const uint8_t *qh = g + b * gguf_block_bytes(type) + (type == GGUF_Q5_1 ? 4 : 2);
         return _mm256_or_si256(split_nibbles(qh + 4), fifth_bits(qh));
-    }
-    case GGUF_Q4_K: return bits_at(g + 16 + 32 * (b / 2), 4 * (int)(b % 2), 15);
-    case GGUF_Q5_K:
-        return _mm256_or_si256(bits_at(g + 48 + 32 * (b / 2), 4 * (int)(b % 2), 15),
-                               _mm256_slli_epi16(bits_at(g + 16, (int)b, 1), 4));
-    default: { /* Q6_K */
-        const __m256i low = bits_at(g + 64 * (b / 4) + 32 * (b % 2), 4 * (int)((b / 2) % 2), 15);
-        const __m256i high = _mm256_slli_epi16(bits_at(g + 128 + 32 * (b / 4), 2 * (int)(b % 4), 3), 4);
-        return _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
     }
     }
 }
@@ -227,12 +229,6 @@ static inline lanes add_scaled(lanes acc, __m256i sums, const float *scale) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_broadcast_ss(scale), acc);
 }
 
-/* lanes 0-3 scaled by *lo, 4-7 by *hi (Q6_K) */
-static inline lanes add_scaled_halves(lanes acc, __m256i sums, const float *lo, const float *hi) {
-    const __m256 scale = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(*lo)), _mm_set1_ps(*hi), 1);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc);
-}
-
 static inline lanes add_products(lanes acc, const float *m, const float *s) {
     return _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_loadu_ps(s), acc);
 }
@@ -247,12 +243,11 @@ static inline float lanes_total(lanes v) {
 typedef struct { float v[LANES]; } lanes;
 static inline lanes lanes_zero(void) { lanes z = {{0}}; return z; }
 
-/* lanes 0-3 scaled by *lo, 4-7 by *hi (the same but for Q6_K) */
-static inline lanes add_block(lanes acc, const int8_t *w, const int8_t *x, const float *lo, const float *hi) {
+static inline lanes add_block(lanes acc, const int8_t *w, const int8_t *x, const float *scale) {
     for (int l = 0; l < LANES; l++) {
         int32_t sum = 0;
         for (int t = 0; t < 4; t++) sum += w[4 * l + t] * x[4 * l + t];
-        acc.v[l] = fmaf((float)sum, l < 4 ? *lo : *hi, acc.v[l]);
+        acc.v[l] = fmaf((float)sum, *scale, acc.v[l]);
     }
     return acc;
 }
@@ -280,11 +275,13 @@ static inline void store(float total, const float *bias, long n, void *out, int 
         ((float *)out)[at] = total;
 }
 
-/* rows [0, mr) x columns [0, nr) over all of K; mr, nr compile-time where inlined */
+#include "k_quant_tile.h"
+
+/* rows [0, mr) x columns [0, nr) over all of K, for the per-32 types; mr, nr compile-time where inlined */
 static inline __attribute__((always_inline)) void tile(const Quantized *a, long row, const uint8_t *w, long col_bytes,
                                                        const int type, const float *bias, long n0, void *out, int out_bf16,
                                                        long out_stride, const int mr, const int nr) {
-    const int signed_w = is_signed(type), offset = has_offset(type), halves = split_scales(type);
+    const int signed_w = is_signed(type), offset = has_offset(type);
     const long blocks = a->blocks, K = blocks * QBLOCK;
     lanes acc[MR][NR];
     for (int i = 0; i < mr; i++)
@@ -293,17 +290,17 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
     for (long g = 0; g * GROUP < blocks; g++) {
         const long count = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
         const long bytes = group_bytes(type, count);
-        float scale[MR][NR][GROUP], scale_hi[MR][NR][GROUP], m[NR][GROUP];
+        float scale[MR][NR][GROUP], m[NR][GROUP];
         for (int j = 0; j < nr; j++) {
             const uint16_t *head = (const uint16_t *)(w + j * col_bytes + at);
-            float dw[GROUP], dw_hi[GROUP];
-            if (as_in_file(type)) {
+            float dw[GROUP];
+            if (as_in_file(type)) { /* Q5_0, Q5_1 */
 #if defined(__AVX2__)
-                if (type == GGUF_Q5_0 || type == GGUF_Q5_1)
-                    q5_group_scales(type, w + j * col_bytes + at, count, dw, m[j]);
-                else
+                q5_group_scales(type, w + j * col_bytes + at, count, dw, m[j]);
+#else
+                float unused[GROUP];
+                file_group_scales(type, w + j * col_bytes + at, count, dw, unused, m[j]);
 #endif
-                    file_group_scales(type, w + j * col_bytes + at, count, dw, dw_hi, m[j]);
             } else {
 #if defined(__AVX2__) /* F16C: the same exact conversion, 8 at once */
                 _mm256_storeu_ps(dw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head)));
@@ -320,8 +317,6 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             for (int i = 0; i < mr; i++) {
                 const float *dx = a->d + (row + i) * a->slots + g * GROUP;
                 for (int b = 0; b < GROUP; b++) scale[i][j][b] = dw[b] * dx[b];
-                if (halves)
-                    for (int b = 0; b < GROUP; b++) scale_hi[i][j][b] = dw_hi[b] * dx[b];
             }
         }
 #if defined(__AVX2__)
@@ -338,8 +333,7 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + k));
                 for (int j = 0; j < nr; j++) {
                     const __m256i sums = block_dot(wq[j], xq, signed_w);
-                    acc[i][j] = halves ? add_scaled_halves(acc[i][j], sums, &scale[i][j][b], &scale_hi[i][j][b])
-                                       : add_scaled(acc[i][j], sums, &scale[i][j][b]);
+                    acc[i][j] = add_scaled(acc[i][j], sums, &scale[i][j][b]);
                 }
             }
 #else
@@ -347,8 +341,7 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             for (int j = 0; j < nr; j++) block_integers(type, w + j * col_bytes + at, b, wq[j]);
             for (int i = 0; i < mr; i++)
                 for (int j = 0; j < nr; j++)
-                    acc[i][j] = add_block(acc[i][j], wq[j], a->q + (row + i) * K + k, &scale[i][j][b],
-                                          halves ? &scale_hi[i][j][b] : &scale[i][j][b]);
+                    acc[i][j] = add_block(acc[i][j], wq[j], a->q + (row + i) * K + k, &scale[i][j][b]);
 #endif
         }
         if (!signed_w)
@@ -362,7 +355,9 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             store(lanes_total(acc[i][j]), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
 }
 
-#define TILE(MRV, NRV) tile(a, m, w, col, type, bias, n, out, out_bf16, out_stride, MRV, NRV)
+#define TILE(MRV, NRV)                                                                   \
+    if (is_k_quant(type)) k_tile(a, m, w, col, type, bias, n, out, out_bf16, out_stride, MRV, NRV); \
+    else tile(a, m, w, col, type, bias, n, out, out_bf16, out_stride, MRV, NRV)
 #define TILE_NR(MRV)              \
     switch (nr) {                 \
     case 1: TILE(MRV, 1); break;  \
@@ -379,7 +374,7 @@ static inline __attribute__((always_inline)) void columns(const Quantized *a, lo
                                                           int out_bf16, long out_stride, long n_begin, long n_end) {
     for (long m0 = 0; m0 < M; m0 += ROW_CHUNK) {
         const long m_end = M - m0 < ROW_CHUNK ? M : m0 + ROW_CHUNK;
-        const int width = m_end - m0 == 1 ? NR : 2;
+        const int width = m_end - m0 == 1 ? NR : is_k_quant(type) ? K_NR : 2;
         for (long n = n_begin; n < n_end; n += width) {
             const int nr = n_end - n < width ? (int)(n_end - n) : width;
             const uint8_t *w = packed + n * col;
@@ -405,7 +400,7 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
     const int threads = num_threads < 2 || M * N * K < QUANT_DOT_PARALLEL_MIN_WORK || N < 2 ? 1 : num_threads;
     Quantized a = {0};
     int status = 0;
-    if (quantize(x, x_bf16, M, K, x_stride, &a, M > 1 ? threads : 1) == 0) {
+    if (quantize(x, x_bf16, M, K, x_stride, is_k_quant(type), &a, M > 1 ? threads : 1) == 0) {
         const long col = column_bytes(type, K);
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
@@ -426,15 +421,21 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
     free(a.q);
     free(a.d);
     free(a.s);
+    free(a.bsums);
     return status;
 }
 
 
-/* quant_dot_linear with bf16 inputs and outputs, in the argument order of quant_f32_linear: the quantized
- * linear of the bf16 decoder loop below avx512_bf16 (decoder/cpu_decoder_f32.c built for bf16) */
+/* quant_dot_linear with bf16 (or float32) inputs and outputs, in the argument order of quant_f32_linear: the
+ * quantized linears of the decoder loops (decoder/cpu_decoder_f32.c, built for float32 or bf16; cpu_decoder.c) */
 int quant_dot_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int type, long N,
                           const float *bias, bf16 *out, long out_stride, int num_threads) {
     return quant_dot_linear(x, 1, M, K, x_stride, packed, type, N, bias, out, 1, out_stride, num_threads);
+}
+
+int quant_dot_linear_f32(const float *x, long M, long K, long x_stride, const uint8_t *packed, int type, long N,
+                         const float *bias, float *out, long out_stride, int num_threads) {
+    return quant_dot_linear(x, 0, M, K, x_stride, packed, type, N, bias, out, 0, out_stride, num_threads);
 }
 
 /* columns ids of W dequantized (an embedding lookup): out[r] = the values of column ids[r], K of them, in

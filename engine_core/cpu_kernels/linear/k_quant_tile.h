@@ -1,0 +1,276 @@
+/* quant_dot.c's tile for the K-quants (Q4_K, Q5_K, Q6_K): a whole 256-input super-block in integers.
+ *
+ * The input row is rounded to 8 bits per 256 inputs (one d_x per super-block, as llama.cpp's q8_K), so the
+ * super-block's integer sub-block scales (Q4_K / Q5_K: 6-bit sc per 32 inputs; Q6_K: int8 per 16) multiply
+ * the integer dot products inside int32 lanes, and floating point is touched once per super-block:
+ *     Q4_K / Q5_K: sum = d d_x * sum_b sc_b sum_k q q_x  -  dmin d_x * sum_b mn_b (sum_k q_x over block b)
+ *     Q6_K:        sum = d d_x * (sum_s sc_s sum_k q q_x  -  32 sum_s sc_s (sum_k q_x over 16-input group s))
+ * with q the weight's unsigned integers (Q6_K's 6-bit q before its -32). Lane l (of 8) of a super-block holds
+ * sum_b sc_b (q q_x summed over inputs 4l..4l+3 of block b), Q6_K's correction -32 (sc_2l bs_2l + sc_2l+1 bs_2l+1)
+ * (bs: the 16-input sums of q_x) in lane l too: every tier forms the same integers in the same lanes
+ * (AVX2: vpmaddubsw then vpmaddwd by the scale; AVX512: two blocks per 512-bit register, its halves added at the
+ * end of the super-block, vpdpwssd where VNNI is; portable: plain loops) and none can overflow (|lane| < 2^26).
+ * Each lane is then converted to fp32 and fused into its running sum by d d_x; the Q4_K / Q5_K min term of
+ * block l, mn_l (sum of q_x over block l), likewise into lane l of a second sum by dmin d_x. Result: each sum's
+ * lanes added in quant_dot.c's fixed tree, the second subtracted from the first, plus the bias.
+ *
+ * Included by quant_dot.c after its lanes, Quantized and store definitions.
+ */
+#ifndef NVLLM_K_QUANT_TILE_H
+#define NVLLM_K_QUANT_TILE_H
+
+#define SUPER (GROUP * QBLOCK) /* 256 inputs */
+
+/* a super-block's scales as integers: sc per block (Q4_K / Q5_K, slots 0-7) or per 16 inputs (Q6_K, 0-15);
+ * mn2: Q4_K / Q5_K's mins, each twice (the pair of 16-input sums of its block meets it) */
+typedef struct {
+    int16_t sc[2 * GROUP], mn2[2 * GROUP];
+    float d, dmin;
+} KScales;
+
+static inline void k_scales(const int type, const uint8_t *g, KScales *k) {
+    if (type == GGUF_Q6_K) {
+#if defined(__AVX2__)
+        _mm256_storeu_si256((__m256i *)k->sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 192))));
+#else
+        for (int t = 0; t < 2 * GROUP; t++) k->sc[t] = ((const int8_t *)(g + 192))[t];
+#endif
+        k->d = fp16_to_float(read_u16(g + 208));
+        k->dmin = 0.0f;
+        return;
+    }
+    /* 12 bytes as three words: a = sc[0..3] | hi bits of sc[4..7], b = mn[0..3] | hi of mn[4..7], c = low of 4..7 */
+    uint32_t a, b, c;
+    memcpy(&a, g + 4, 4);
+    memcpy(&b, g + 8, 4);
+    memcpy(&c, g + 12, 4);
+    const uint32_t sc_lo = a & 0x3f3f3f3fu, mn_lo = b & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4;
+    const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 6) & 0x03030303u) << 4;
+#if defined(__AVX2__)
+    const __m128i bytes = _mm_set_epi32((int)mn_hi, (int)mn_lo, (int)sc_hi, (int)sc_lo); /* sc[0..7], mn[0..7] */
+    _mm_storeu_si128((__m128i *)k->sc, _mm_cvtepu8_epi16(bytes));
+    const __m128i mins = _mm_srli_si128(bytes, 8);
+    _mm256_storeu_si256((__m256i *)k->mn2, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)));
+#else
+    for (int t = 0; t < 4; t++) {
+        k->sc[t] = (int16_t)((sc_lo >> (8 * t)) & 255), k->sc[t + 4] = (int16_t)((sc_hi >> (8 * t)) & 255);
+        k->mn2[2 * t] = k->mn2[2 * t + 1] = (int16_t)((mn_lo >> (8 * t)) & 255);
+        k->mn2[2 * t + 8] = k->mn2[2 * t + 9] = (int16_t)((mn_hi >> (8 * t)) & 255);
+    }
+#endif
+    k->d = fp16_to_float(read_u16(g));
+    k->dmin = fp16_to_float(read_u16(g + 2));
+}
+
+#if defined(__AVX2__)
+typedef __m256i k_sums;
+static inline k_sums k_sums_zero(void) { return _mm256_setzero_si256(); }
+
+/* block b's 32 unsigned integers (Q6_K: 0..63, before its -32) */
+static inline __m256i k_weight_ints(const uint8_t *g, int b, const int type) {
+    if (type == GGUF_Q4_K) return bits_at(g + 16 + 32 * (b / 2), 4 * (b % 2), 15);
+    if (type == GGUF_Q5_K)
+        return _mm256_or_si256(bits_at(g + 48 + 32 * (b / 2), 4 * (b % 2), 15), _mm256_slli_epi16(bits_at(g + 16, b, 1), 4));
+    const __m256i low = bits_at(g + 64 * (b / 4) + 32 * (b % 2), 4 * ((b / 2) % 2), 15);
+    return _mm256_or_si256(low, _mm256_slli_epi16(bits_at(g + 128 + 32 * (b / 4), 2 * (b % 4), 3), 4));
+}
+
+/* the int16 scale of each pair of inputs of block b: sc_b, or Q6_K's sc[2b] (inputs 0-15), sc[2b+1] */
+static inline __m256i k_block_scale(const KScales *k, int b, const int type) {
+    if (type == GGUF_Q6_K)
+        return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(k->sc[2 * b])),
+                                       _mm_set1_epi16(k->sc[2 * b + 1]), 1);
+    return _mm256_set1_epi16(k->sc[b]);
+}
+
+/* lanes += scale * (the 4-input sums of w x) */
+static inline k_sums k_add_dot(k_sums sums, __m256i w, __m256i x, __m256i scale) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(sums, _mm256_maddubs_epi16(w, x), scale);
+#else
+    return _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scale));
+#endif
+}
+
+/* Q6_K: lane l -= 32 (sc_2l bs_2l + sc_2l+1 bs_2l+1) */
+static inline k_sums k_q6_correct(k_sums sums, const KScales *k, const int16_t *bs) {
+    const __m256i products = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)k->sc),
+                                               _mm256_loadu_si256((const __m256i *)bs));
+    return _mm256_sub_epi32(sums, _mm256_slli_epi32(products, 5));
+}
+
+/* Q4_K / Q5_K: lane l = mn_l (bs_2l + bs_2l+1), the min term of block l */
+static inline k_sums k_min_lanes(const KScales *k, const int16_t *bs) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)k->mn2), _mm256_loadu_si256((const __m256i *)bs));
+}
+
+static inline lanes k_add_scaled(lanes acc, k_sums sums, float scale) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), acc);
+}
+#else
+typedef struct { int32_t v[LANES]; } k_sums;
+static inline k_sums k_sums_zero(void) { k_sums z = {{0}}; return z; }
+
+static inline void k_weight_ints(const uint8_t *g, int b, const int type, int8_t q[QBLOCK]) {
+    block_integers(type, g, b, q);
+    if (type == GGUF_Q6_K)
+        for (int t = 0; t < QBLOCK; t++) q[t] = (int8_t)(q[t] + 32);
+}
+
+static inline k_sums k_add_dot(k_sums sums, const int8_t *w, const int8_t *x, const KScales *k, int b, const int type) {
+    for (int l = 0; l < LANES; l++) {
+        int32_t dot = 0;
+        for (int t = 0; t < 4; t++) dot += w[4 * l + t] * x[4 * l + t];
+        sums.v[l] += dot * (type == GGUF_Q6_K ? k->sc[2 * b + l / 4] : k->sc[b]);
+    }
+    return sums;
+}
+
+static inline k_sums k_q6_correct(k_sums sums, const KScales *k, const int16_t *bs) {
+    for (int l = 0; l < LANES; l++) sums.v[l] -= 32 * (k->sc[2 * l] * bs[2 * l] + k->sc[2 * l + 1] * bs[2 * l + 1]);
+    return sums;
+}
+
+static inline k_sums k_min_lanes(const KScales *k, const int16_t *bs) {
+    k_sums m;
+    for (int l = 0; l < LANES; l++) m.v[l] = k->mn2[2 * l] * bs[2 * l] + k->mn2[2 * l + 1] * bs[2 * l + 1];
+    return m;
+}
+
+static inline lanes k_add_scaled(lanes acc, k_sums sums, float scale) {
+    for (int l = 0; l < LANES; l++) acc.v[l] = fmaf((float)sums.v[l], scale, acc.v[l]);
+    return acc;
+}
+#endif
+
+#if defined(__AVX512BW__)
+/* AVX512: two blocks per 512-bit register (block 2c in the low half, 2c+1 in the high one), the halves' lanes
+ * added at the end of the super-block: the same integers in the same 8 lanes as above */
+typedef __m512i k_pair_sums;
+
+/* 64 bytes: the 32 bytes at p in both halves, the low half shifted right by `low`, the high by `high`, masked */
+static inline __m512i pair_bits(const uint8_t *p, int low, int high, int mask) {
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+    const __m512i counts = _mm512_inserti64x4(_mm512_set1_epi16((short)low), _mm256_set1_epi16((short)high), 1);
+    return _mm512_and_si512(_mm512_srlv_epi16(v, counts), _mm512_set1_epi8((char)mask));
+}
+
+/* blocks 2c and 2c+1's unsigned integers */
+static inline __m512i k_pair_ints(const uint8_t *g, int c, const int type) {
+    if (type == GGUF_Q4_K) return pair_bits(g + 16 + 32 * c, 0, 4, 15);
+    if (type == GGUF_Q5_K)
+        return _mm512_or_si512(pair_bits(g + 48 + 32 * c, 0, 4, 15),
+                               _mm512_slli_epi16(pair_bits(g + 16, 2 * c, 2 * c + 1, 1), 4));
+    /* Q6_K: the pair's low bits are 64 consecutive bytes, their high bits one 32-byte run at two shifts */
+    const __m512i low = _mm512_and_si512(
+        _mm512_srli_epi16(_mm512_loadu_si512((const void *)(g + 64 * (c / 2))), 4 * (c % 2)), _mm512_set1_epi8(15));
+    return _mm512_or_si512(low, _mm512_slli_epi16(pair_bits(g + 128 + 32 * (c / 2), 4 * (c % 2), 4 * (c % 2) + 2, 3), 4));
+}
+
+/* the int16 scale of each pair of inputs of blocks 2c, 2c+1 (scales: KScales.sc in the low 16 slots) */
+static inline __m512i k_pair_scale(__m512i scales, int c, const int type) {
+    __m512i index;
+    if (type == GGUF_Q6_K)
+        index = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(
+                                       _mm256_set1_epi16((short)(4 * c)), _mm_set1_epi16((short)(4 * c + 1)), 1)),
+                                   _mm256_inserti128_si256(_mm256_set1_epi16((short)(4 * c + 2)),
+                                                           _mm_set1_epi16((short)(4 * c + 3)), 1), 1);
+    else
+        index = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)), 1);
+    return _mm512_permutexvar_epi16(index, scales);
+}
+
+static inline k_pair_sums k_pair_add_dot(k_pair_sums sums, __m512i w, __m512i x, __m512i scale) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(sums, _mm512_maddubs_epi16(w, x), scale);
+#else
+    return _mm512_add_epi32(sums, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), scale));
+#endif
+}
+
+static inline k_sums k_fold(k_pair_sums sums) {
+    return _mm256_add_epi32(_mm512_castsi512_si256(sums), _mm512_extracti64x4_epi64(sums, 1));
+}
+#define K_NR 4 /* columns per tile, whatever the rows: 32 registers hold a 4 x 4 tile */
+#else
+#define K_NR 2 /* from two rows on (16 registers) */
+#endif
+
+/* rows [row, row + mr) x columns [0, nr) of a K-quant weight over all of K; mr, nr compile-time where inlined */
+static inline __attribute__((always_inline)) void k_tile(const Quantized *a, long row, const uint8_t *w, long col_bytes,
+                                                         const int type, const float *bias, long n0, void *out,
+                                                         int out_bf16, long out_stride, const int mr, const int nr) {
+    const long K = a->blocks * QBLOCK, supers = K / SUPER, bytes = gguf_block_bytes(type);
+    lanes acc[MR][NR], low[MR][NR]; /* low: the Q4_K / Q5_K min terms */
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = lanes_zero(), low[i][j] = lanes_zero();
+    for (long s = 0; s < supers; s++) {
+        KScales k[NR];
+        for (int j = 0; j < nr; j++) k_scales(type, w + j * col_bytes + s * bytes, &k[j]);
+#if defined(__AVX2__)
+        for (int j = 0; j < nr; j++) /* the tile's weights a few super-blocks ahead: they stream from memory */
+            for (long ahead = 0; ahead < bytes; ahead += 64)
+                _mm_prefetch((const char *)(w + j * col_bytes + s * bytes + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
+#endif
+        k_sums sums[MR][NR];
+#if defined(__AVX512BW__)
+        __m512i scales[NR];
+        for (int j = 0; j < nr; j++) scales[j] = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)k[j].sc));
+        k_pair_sums pairs[MR][NR];
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) pairs[i][j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int c = 0; c < GROUP / 2; c++) {
+            __m512i wq[NR], scale[NR];
+            for (int j = 0; j < nr; j++) {
+                wq[j] = k_pair_ints(w + j * col_bytes + s * bytes, c, type);
+                scale[j] = k_pair_scale(scales[j], c, type);
+            }
+            for (int i = 0; i < mr; i++) {
+                const __m512i xq = _mm512_loadu_si512((const void *)(a->q + (row + i) * K + s * SUPER + 2 * c * QBLOCK));
+                for (int j = 0; j < nr; j++) pairs[i][j] = k_pair_add_dot(pairs[i][j], wq[j], xq, scale[j]);
+            }
+        }
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) sums[i][j] = k_fold(pairs[i][j]);
+#else
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) sums[i][j] = k_sums_zero();
+#pragma GCC unroll 8
+        for (int b = 0; b < GROUP; b++) {
+            const long at = s * SUPER + b * QBLOCK;
+#if defined(__AVX2__)
+            __m256i wq[NR], scale[NR];
+            for (int j = 0; j < nr; j++) {
+                wq[j] = k_weight_ints(w + j * col_bytes + s * bytes, b, type);
+                scale[j] = k_block_scale(&k[j], b, type);
+            }
+            for (int i = 0; i < mr; i++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + at));
+                for (int j = 0; j < nr; j++) sums[i][j] = k_add_dot(sums[i][j], wq[j], xq, scale[j]);
+            }
+#else
+            int8_t wq[NR][QBLOCK];
+            for (int j = 0; j < nr; j++) k_weight_ints(w + j * col_bytes + s * bytes, b, type, wq[j]);
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++)
+                    sums[i][j] = k_add_dot(sums[i][j], wq[j], a->q + (row + i) * K + at, &k[j], b, type);
+#endif
+        }
+#endif
+        for (int i = 0; i < mr; i++) {
+            const float dx = a->d[(row + i) * a->slots + s];
+            const int16_t *bs = a->bsums + (row + i) * (K / 16) + s * 16;
+            for (int j = 0; j < nr; j++) {
+                if (type == GGUF_Q6_K) sums[i][j] = k_q6_correct(sums[i][j], &k[j], bs);
+                acc[i][j] = k_add_scaled(acc[i][j], sums[i][j], k[j].d * dx);
+                if (type != GGUF_Q6_K) low[i][j] = k_add_scaled(low[i][j], k_min_lanes(&k[j], bs), k[j].dmin * dx);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++)
+            store(lanes_total(acc[i][j]) - lanes_total(low[i][j]), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
+}
+#endif
