@@ -11,18 +11,19 @@
  * summed in fp32: about 0.3% of a row's magnitude from the dense product (the tests bound it).
  * The K-quants (Q4_K, Q5_K, Q6_K) round each row per 256 inputs instead and keep their sub-block scales in the
  * integers: k_quant_tile.h. What follows is the arithmetic of the per-32 types, and the dequantized values of all.
- * The other types are the same sum with their own d_w, m_w and integers (gguf_blocks.h): Q5_x and the
- * K-quants' unsigned 5- and 4-bit integers take the offset term; Q6_K's signed ones, like Q8_0's, do not,
- * and its d_w changes halfway through a block (lanes 0-3 take the first scale, lanes 4-7 the second).
+ * The other types are the same sum with their own d_w, m_w and integers (gguf_blocks.h): Q5_x's unsigned
+ * 5-bit integers take the offset term; Q8_0's signed ones do not.
  * AVX2: vpmaddubsw + vpmaddwd (unsigned 4- or 5-bit, or |q| of a signed type, times signed 8-bit: no int16
- * saturation is possible); AVX512-VNNI: vpdpbusd, the same integers. Portable C: the same integers in plain loops.
+ * saturation is possible); AVX512-VNNI: vpdpbusd, the same integers, two blocks per 512-bit register; AVX512
+ * without VNNI: vpmaddubsw + vpmaddwd on 512 bits. Portable C: the same integers in plain loops.
  *
  * One arithmetic on every tier, so every tier gives the same bits: the integer sum of a block is taken
  * in 8 lanes of 4 inputs each (lane l: inputs 4l..4l+3), each lane converted to fp32 and added to that
  * lane's running sum times the block's d_w d_x in one fused multiply-add (the portable build calls
- * fmaf, exact everywhere, slow only where the CPU has no FMA); after each group of 8 blocks lane l also
- * adds m_w * s_x of block l of the group, fused likewise. The 8 lanes are then added in a fixed tree
- * ((l, l+4), (l, l+2), (l, l+1)), then the bias. Built with -ffp-contract=off, so nothing else is fused.
+ * fmaf, exact everywhere, slow only where the CPU has no FMA); the even blocks of a column and its odd
+ * blocks keep two running sums (AVX512 holds both in one register); after each group of 8 blocks lane l of
+ * the even sum also adds m_w * s_x of block l of the group, fused likewise. The two sums are added lane by
+ * lane, the 8 lanes then in a fixed tree ((l, l+4), (l, l+2), (l, l+1)), then the bias. Built with -ffp-contract=off, so nothing else is fused.
  * A row's result depends on that row alone, whatever M, the tile it falls in or the thread: batch
  * invariant.
  *
@@ -197,18 +198,26 @@ static inline __m256i weight_ints(const uint8_t *g, long b, const int type) {
     }
 }
 
-/* Q5_0 / Q5_1's scales d (and offsets m) of a group, 8 at once: the halves gathered from the blocks and
- * converted by F16C, exactly as fp16_to_float does one at a time (Q5_0's m = -16 d is exact too) */
+/* the 8 halves at p + b * bytes (b < count; zeros past it) in one register, built in registers (halves stored
+ * to memory one by one and read back as one vector stall the load) */
+static inline __m128i gathered_halves(const uint8_t *p, long bytes, long count) {
+    if (count == GROUP)
+        return _mm_setr_epi16((short)read_u16(p), (short)read_u16(p + bytes), (short)read_u16(p + 2 * bytes),
+                              (short)read_u16(p + 3 * bytes), (short)read_u16(p + 4 * bytes),
+                              (short)read_u16(p + 5 * bytes), (short)read_u16(p + 6 * bytes),
+                              (short)read_u16(p + 7 * bytes));
+    uint16_t h[GROUP] = {0};
+    for (long b = 0; b < count; b++) h[b] = read_u16(p + b * bytes);
+    return _mm_loadu_si128((const __m128i *)h);
+}
+
+/* Q5_0 / Q5_1's scales d (and offsets m) of a group, 8 at once, converted by F16C exactly as fp16_to_float does
+ * one at a time (Q5_0's m = -16 d is exact too) */
 static inline void q5_group_scales(int type, const uint8_t *g, long count, float *d, float *m) {
     const long bytes = gguf_block_bytes(type);
-    uint16_t dh[GROUP] = {0}, mh[GROUP] = {0};
-    for (long b = 0; b < count; b++) {
-        memcpy(&dh[b], g + b * bytes, 2);
-        if (type == GGUF_Q5_1) memcpy(&mh[b], g + b * bytes + 2, 2);
-    }
-    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+    const __m256 dv = _mm256_cvtph_ps(gathered_halves(g, bytes, count));
     _mm256_storeu_ps(d, dv);
-    _mm256_storeu_ps(m, type == GGUF_Q5_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh))
+    _mm256_storeu_ps(m, type == GGUF_Q5_1 ? _mm256_cvtph_ps(gathered_halves(g + 2, bytes, count))
                                           : _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f)));
 }
 
@@ -232,6 +241,8 @@ static inline lanes add_scaled(lanes acc, __m256i sums, const float *scale) {
 static inline lanes add_products(lanes acc, const float *m, const float *s) {
     return _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_loadu_ps(s), acc);
 }
+
+static inline lanes lanes_add(lanes a, lanes b) { return _mm256_add_ps(a, b); }
 
 static inline float lanes_total(lanes v) {
     __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* l + (l + 4) */
@@ -257,11 +268,55 @@ static inline lanes add_products(lanes acc, const float *m, const float *s) {
     return acc;
 }
 
+static inline lanes lanes_add(lanes a, lanes b) {
+    for (int l = 0; l < LANES; l++) a.v[l] = a.v[l] + b.v[l];
+    return a;
+}
+
 static inline float lanes_total(lanes a) {
     float h[4];
     for (int l = 0; l < 4; l++) h[l] = a.v[l] + a.v[l + 4];
     h[0] = h[0] + h[2], h[1] = h[1] + h[3];
     return h[0] + h[1];
+}
+#endif
+
+#if defined(__AVX512BW__)
+/* AVX512: blocks 2c and 2c+1 of a group in one register (block 2c's 32 integers in the low half, 2c+1's in the
+ * high one): the same integers in the same lanes as two calls of weight_ints and block_dot */
+static inline __m512i pair_weight_ints(const uint8_t *g, int c, const int type) {
+    const __m512i nibble_shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0); /* 128-bit lanes: low, high, low, high */
+    switch (type) {
+    case GGUF_Q8_0: return _mm512_loadu_si512((const void *)(g + header_bytes(type) + 2 * c * 32));
+    case GGUF_Q4_0:
+    case GGUF_Q4_1: { /* the two blocks' 16 bytes each, as 128-bit lanes A, A, B, B */
+        const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(g + header_bytes(type) + 2 * c * 16)));
+        return _mm512_and_si512(_mm512_srlv_epi64(_mm512_shuffle_i64x2(v, v, 0x50), nibble_shifts), _mm512_set1_epi8(15));
+    }
+    default: { /* Q5_0, Q5_1: the fifth bits, 32 per block, are a byte mask */
+        const long bytes = gguf_block_bytes(type), skip = type == GGUF_Q5_1 ? 4 : 2;
+        const uint8_t *qa = g + 2 * c * bytes + skip, *qb = qa + bytes;
+        const __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(qa + 4))),
+                                                      0xff00, _mm_loadu_si128((const __m128i *)(qb + 4)));
+        uint32_t ha, hb;
+        memcpy(&ha, qa, 4);
+        memcpy(&hb, qb, 4);
+        const __m512i low = _mm512_and_si512(_mm512_srlv_epi64(v, nibble_shifts), _mm512_set1_epi8(15));
+        return _mm512_or_si512(low, _mm512_maskz_mov_epi8((__mmask64)ha | (__mmask64)hb << 32, _mm512_set1_epi8(16)));
+    }
+    }
+}
+
+static inline __m512i pair_dot(__m512i w, __m512i x, int signed_w) {
+    if (signed_w) { /* |w| times x with w's sign */
+        x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+        w = _mm512_abs_epi8(w);
+    }
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x);
+#else
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1));
+#endif
 }
 #endif
 
@@ -283,9 +338,15 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
                                                        long out_stride, const int mr, const int nr) {
     const int signed_w = is_signed(type), offset = has_offset(type);
     const long blocks = a->blocks, K = blocks * QBLOCK;
-    lanes acc[MR][NR];
+#if defined(__AVX512BW__)
+    __m512 acc[MR][NR]; /* lanes 0-7: the even blocks', 8-15: the odd ones' */
     for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc[i][j] = lanes_zero();
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
+#else
+    lanes acc[MR][NR], odd[MR][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = lanes_zero(), odd[i][j] = lanes_zero();
+#endif
     long at = 0; /* byte offset of the group within a column */
     for (long g = 0; g * GROUP < blocks; g++) {
         const long count = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
@@ -324,6 +385,38 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             for (long ahead = 0; ahead < bytes; ahead += 64)
                 _mm_prefetch((const char *)(w + j * col_bytes + at + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
 #endif
+#if defined(__AVX512BW__)
+        for (int c = 0; 2 * c + 1 < count; c++) {
+            const long k = (g * GROUP + 2 * c) * QBLOCK;
+            __m512i wq[NR];
+            for (int j = 0; j < nr; j++) wq[j] = pair_weight_ints(w + j * col_bytes + at, c, type);
+            for (int i = 0; i < mr; i++) {
+                const __m512i xq = _mm512_loadu_si512((const void *)(a->q + (row + i) * K + k));
+                for (int j = 0; j < nr; j++) {
+                    const __m512 scales = _mm512_insertf32x8(_mm512_set1_ps(scale[i][j][2 * c]),
+                                                             _mm256_set1_ps(scale[i][j][2 * c + 1]), 1);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pair_dot(wq[j], xq, signed_w)), scales, acc[i][j]);
+                }
+            }
+        }
+        if (count % 2) { /* the last group's odd block out: the even lanes only */
+            const long b = count - 1, k = (g * GROUP + b) * QBLOCK;
+            __m256i wq[NR];
+            for (int j = 0; j < nr; j++) wq[j] = weight_ints(w + j * col_bytes + at, b, type);
+            for (int i = 0; i < mr; i++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + k));
+                for (int j = 0; j < nr; j++)
+                    acc[i][j] = _mm512_mask3_fmadd_ps(_mm512_castps256_ps512(_mm256_cvtepi32_ps(block_dot(wq[j], xq, signed_w))),
+                                                      _mm512_set1_ps(scale[i][j][b]), acc[i][j], 0x00ff);
+            }
+        }
+        if (!signed_w)
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++)
+                    acc[i][j] = _mm512_mask3_fmadd_ps(_mm512_castps256_ps512(_mm256_loadu_ps(m[j])),
+                                                      _mm512_castps256_ps512(_mm256_loadu_ps(a->s + (row + i) * a->slots + g * GROUP)),
+                                                      acc[i][j], 0x00ff);
+#else
         for (long b = 0; b < count; b++) {
             const long k = (g * GROUP + b) * QBLOCK;
 #if defined(__AVX2__)
@@ -333,26 +426,38 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + k));
                 for (int j = 0; j < nr; j++) {
                     const __m256i sums = block_dot(wq[j], xq, signed_w);
-                    acc[i][j] = add_scaled(acc[i][j], sums, &scale[i][j][b]);
+                    if (b % 2)
+                        odd[i][j] = add_scaled(odd[i][j], sums, &scale[i][j][b]);
+                    else
+                        acc[i][j] = add_scaled(acc[i][j], sums, &scale[i][j][b]);
                 }
             }
 #else
             int8_t wq[NR][QBLOCK];
             for (int j = 0; j < nr; j++) block_integers(type, w + j * col_bytes + at, b, wq[j]);
             for (int i = 0; i < mr; i++)
-                for (int j = 0; j < nr; j++)
-                    acc[i][j] = add_block(acc[i][j], wq[j], a->q + (row + i) * K + k, &scale[i][j][b]);
+                for (int j = 0; j < nr; j++) {
+                    lanes *sum = b % 2 ? &odd[i][j] : &acc[i][j];
+                    *sum = add_block(*sum, wq[j], a->q + (row + i) * K + k, &scale[i][j][b]);
+                }
 #endif
         }
         if (!signed_w)
             for (int i = 0; i < mr; i++)
                 for (int j = 0; j < nr; j++)
                     acc[i][j] = add_products(acc[i][j], m[j], a->s + (row + i) * a->slots + g * GROUP);
+#endif
         at += bytes;
     }
     for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++)
-            store(lanes_total(acc[i][j]), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
+        for (int j = 0; j < nr; j++) {
+#if defined(__AVX512BW__)
+            const lanes total = _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]), _mm512_extractf32x8_ps(acc[i][j], 1));
+#else
+            const lanes total = lanes_add(acc[i][j], odd[i][j]);
+#endif
+            store(lanes_total(total), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
+        }
 }
 
 #define TILE(MRV, NRV)                                                                   \
