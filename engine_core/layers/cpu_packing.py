@@ -86,19 +86,6 @@ def can_pack_quantized(weight: cpu_quant.QuantizedTensor | QuantizedPieces, dtyp
             or (dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.can_pack(weight)))
 
 
-def kept_is_faster(weight: cpu_quant.QuantizedTensor | QuantizedPieces, dtype: torch.dtype) -> bool:
-    """Whether the kernel that would keep this weight quantized decodes faster than its dequantized copy would
-    (`--quantization auto` keeps only those; `gguf` keeps every weight a kernel takes). In bf16 engines where
-    cpu_gemm.c's bf16 panels run (avx512_bf16 and up), quant_dot.c's integer dot products read the weights slower
-    than those panels read bf16 (README, "Real models"): there only cpu_quant.c's types win. Elsewhere (float32
-    engines, whose dense weights are 4 bytes each; bf16 below avx512_bf16) every kept weight wins."""
-    if isinstance(weight, QuantizedPieces):
-        return all(kept_is_faster(piece, dtype) for piece in weight.pieces)
-    if dtype is torch.bfloat16 and cpu_gemm.load() is not None:
-        return cpu_quant.can_pack(weight)
-    return can_pack_quantized(weight, dtype)
-
-
 def _onednn_bf16_runs() -> bool:
     """oneDNN is built in and its bf16 kernels run on this CPU (torch's own test for the ISA it needs)."""
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
