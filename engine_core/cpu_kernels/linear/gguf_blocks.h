@@ -67,16 +67,22 @@ static inline uint16_t read_u16(const uint8_t *p) {
     return v;
 }
 
-/* sub-block b's 6-bit scale and min of a Q4_K / Q5_K super-block's 12 scale bytes */
-static inline void k_scale_min(const uint8_t *s, int b, int *scale, int *min) {
-    if (b < 4) {
-        *scale = s[b] & 63;
-        *min = s[b + 4] & 63;
-    } else {
-        *scale = (s[b + 4] & 15) | ((s[b - 4] >> 6) << 4);
-        *min = (s[b + 4] >> 4) | ((s[b] >> 6) << 4);
-    }
+/* the 6-bit scales and mins of a Q4_K / Q5_K super-block's 12 scale bytes, a byte each, as two words:
+ * scales[0] holds sc[0..3], scales[1] sc[4..7], mins likewise. The bytes are three words: a = sc[0..3] with the
+ * high bits of sc[4..7] on top, b = mn[0..3] with the high bits of mn[4..7], c = the low nibbles of sc[4..7] and
+ * mn[4..7]. */
+static inline void k_scales_and_mins(const uint8_t *s, uint32_t scales[2], uint32_t mins[2]) {
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    scales[0] = a & 0x3f3f3f3fu, mins[0] = b & 0x3f3f3f3fu;
+    scales[1] = (c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4;
+    mins[1] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 6) & 0x03030303u) << 4;
 }
+
+/* byte b (of 8) of two words */
+static inline int word_byte(const uint32_t w[2], int b) { return (int)((w[b / 4] >> (8 * (b % 4))) & 255); }
 
 /* the weight scales (lo: inputs 0..15 of each block, hi: 16..31) and offsets of a group of a type kept as in
  * the file; slots past `count` are zero */
@@ -84,11 +90,11 @@ static inline void file_group_scales(int type, const uint8_t *g, long count, flo
     for (int b = 0; b < GROUP; b++) lo[b] = hi[b] = m[b] = 0.0f;
     if (type == GGUF_Q4_K || type == GGUF_Q5_K) {
         const float d = fp16_to_float(read_u16(g)), dmin = fp16_to_float(read_u16(g + 2));
+        uint32_t scales[2], mins[2];
+        k_scales_and_mins(g + 4, scales, mins);
         for (int b = 0; b < GROUP; b++) {
-            int scale, min;
-            k_scale_min(g + 4, b, &scale, &min);
-            lo[b] = hi[b] = d * (float)scale;
-            m[b] = -(dmin * (float)min);
+            lo[b] = hi[b] = d * (float)word_byte(scales, b);
+            m[b] = -(dmin * (float)word_byte(mins, b));
         }
     } else if (type == GGUF_Q6_K) {
         const float d = fp16_to_float(read_u16(g + 208));

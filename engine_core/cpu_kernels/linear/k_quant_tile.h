@@ -39,24 +39,17 @@ static inline void k_scales(const int type, const uint8_t *g, KScales *k) {
         k->dmin = 0.0f;
         return;
     }
-    /* 12 bytes as three words: a = sc[0..3] | hi bits of sc[4..7], b = mn[0..3] | hi of mn[4..7], c = low of 4..7 */
-    uint32_t a, b, c;
-    memcpy(&a, g + 4, 4);
-    memcpy(&b, g + 8, 4);
-    memcpy(&c, g + 12, 4);
-    const uint32_t sc_lo = a & 0x3f3f3f3fu, mn_lo = b & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4;
-    const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 6) & 0x03030303u) << 4;
+    uint32_t scales[2], mins[2];
+    k_scales_and_mins(g + 4, scales, mins);
 #if defined(__AVX2__)
-    const __m128i bytes = _mm_set_epi32((int)mn_hi, (int)mn_lo, (int)sc_hi, (int)sc_lo); /* sc[0..7], mn[0..7] */
+    const __m128i bytes = _mm_set_epi32((int)mins[1], (int)mins[0], (int)scales[1], (int)scales[0]); /* sc, mn */
     _mm_storeu_si128((__m128i *)k->sc, _mm_cvtepu8_epi16(bytes));
-    const __m128i mins = _mm_srli_si128(bytes, 8);
-    _mm256_storeu_si256((__m256i *)k->mn2, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)));
+    const __m128i min_bytes = _mm_srli_si128(bytes, 8);
+    _mm256_storeu_si256((__m256i *)k->mn2, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(min_bytes, min_bytes)));
 #else
-    for (int t = 0; t < 4; t++) {
-        k->sc[t] = (int16_t)((sc_lo >> (8 * t)) & 255), k->sc[t + 4] = (int16_t)((sc_hi >> (8 * t)) & 255);
-        k->mn2[2 * t] = k->mn2[2 * t + 1] = (int16_t)((mn_lo >> (8 * t)) & 255);
-        k->mn2[2 * t + 8] = k->mn2[2 * t + 9] = (int16_t)((mn_hi >> (8 * t)) & 255);
+    for (int b = 0; b < GROUP; b++) {
+        k->sc[b] = (int16_t)word_byte(scales, b);
+        k->mn2[2 * b] = k->mn2[2 * b + 1] = (int16_t)word_byte(mins, b);
     }
 #endif
     k->d = fp16_to_float(read_u16(g));
