@@ -2,17 +2,15 @@
  *
  * The input row is rounded to 8 bits per 256 inputs (one d_x per super-block, as llama.cpp's q8_K), so the
  * super-block's integer sub-block scales (Q4_K / Q5_K: 6-bit sc per 32 inputs; Q6_K: int8 per 16) multiply
- * the integer dot products inside int32 lanes, and floating point is touched once per super-block:
- *     Q4_K / Q5_K: sum = d d_x * sum_b sc_b sum_k q q_x  -  dmin d_x * sum_b mn_b (sum_k q_x over block b)
- *     Q6_K:        sum = d d_x * (sum_s sc_s sum_k q q_x  -  32 sum_s sc_s (sum_k q_x over 16-input group s))
- * with q the weight's unsigned integers (Q6_K's 6-bit q before its -32). Lane l (of 8) of a super-block holds
- * sum_b sc_b (q q_x summed over inputs 4l..4l+3 of block b), Q6_K's correction -32 (sc_2l bs_2l + sc_2l+1 bs_2l+1)
- * (bs: the 16-input sums of q_x) in lane l too: every tier forms the same integers in the same lanes
- * (AVX2: vpmaddubsw then vpmaddwd by the scale; AVX512: two blocks per 512-bit register, its halves added at the
- * end of the super-block, vpdpwssd where VNNI is; portable: plain loops) and none can overflow (|lane| < 2^26).
- * Each lane is then converted to fp32 and fused into its running sum by d d_x; the Q4_K / Q5_K min term of
- * block l, mn_l (sum of q_x over block l), likewise into lane l of a second sum by dmin d_x. Result: each sum's
- * lanes added in quant_dot.c's fixed tree, the second subtracted from the first, plus the bias.
+ * the integer dot products in int32, and floating point is touched once per super-block:
+ *     Q4_K / Q5_K: sum = d d_x * S  -  dmin d_x * L,  S = sum_b sc_b sum_k q q_x,  L = sum_b mn_b (sum_k q_x over b)
+ *     Q6_K:        sum = d d_x * S,  S = sum_s sc_s sum_k q q_x  -  32 sum_s sc_s (sum_k q_x over 16-input group s)
+ * with q the weight's unsigned integers (Q6_K's 6-bit q before its -32). S and L are exact integers (|S| < 2^29),
+ * so how a tier forms them does not change them: AVX2 in 8 int32 lanes (vpmaddubsw then vpmaddwd by the scale),
+ * AVX512 two blocks per 512-bit register (vpdpwssd where VNNI is), the AMX tier's prefills in tiles of 16 x 16
+ * (amx_k_tile.h), the portable build in plain loops; the lanes are added up once per super-block. Then, for each
+ * row and column, in this order: acc = fma((float)S, d d_x, acc); low = fma((float)L, dmin d_x, low) (the scale
+ * products rounded to fp32 first); after the last super-block acc - low, plus the bias.
  *
  * Included by quant_dot.c after its lanes, Quantized and store definitions.
  */
@@ -98,8 +96,20 @@ static inline k_sums k_min_lanes(const KScales *k, const int16_t *bs) {
     return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)k->mn2), _mm256_loadu_si256((const __m256i *)bs));
 }
 
-static inline lanes k_add_scaled(lanes acc, k_sums sums, float scale) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), acc);
+/* one row's running sums of the tile's (up to) 4 columns */
+typedef __m128 k_row;
+static inline k_row k_row_zero(void) { return _mm_setzero_ps(); }
+static inline float k_row_at(k_row r, int j) {
+    float v[4];
+    _mm_storeu_ps(v, r);
+    return v[j];
+}
+
+/* acc_j = fma(S_j, scale_j, acc_j), S_j the total of s[j]'s 8 lanes (an exact integer), for 4 columns at once */
+static inline k_row k_fuse(k_row acc, const k_sums s[4], const float scale[4]) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m128i totals = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(totals), _mm_loadu_ps(scale), acc);
 }
 #else
 typedef struct { int32_t v[LANES]; } k_sums;
@@ -131,8 +141,16 @@ static inline k_sums k_min_lanes(const KScales *k, const int16_t *bs) {
     return m;
 }
 
-static inline lanes k_add_scaled(lanes acc, k_sums sums, float scale) {
-    for (int l = 0; l < LANES; l++) acc.v[l] = fmaf((float)sums.v[l], scale, acc.v[l]);
+typedef struct { float v[4]; } k_row;
+static inline k_row k_row_zero(void) { k_row z = {{0}}; return z; }
+static inline float k_row_at(k_row r, int j) { return r.v[j]; }
+
+static inline k_row k_fuse(k_row acc, const k_sums s[4], const float scale[4]) {
+    for (int j = 0; j < 4; j++) {
+        int32_t total = 0;
+        for (int l = 0; l < LANES; l++) total += s[j].v[l];
+        acc.v[j] = fmaf((float)total, scale[j], acc.v[j]);
+    }
     return acc;
 }
 #endif
@@ -195,9 +213,8 @@ static inline __attribute__((always_inline)) void k_tile(const Quantized *a, lon
                                                          const int type, const float *bias, long n0, void *out,
                                                          int out_bf16, long out_stride, const int mr, const int nr) {
     const long K = a->blocks * QBLOCK, supers = K / SUPER, bytes = gguf_block_bytes(type);
-    lanes acc[MR][NR], low[MR][NR]; /* low: the Q4_K / Q5_K min terms */
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) acc[i][j] = lanes_zero(), low[i][j] = lanes_zero();
+    k_row acc[MR], low[MR]; /* low: the Q4_K / Q5_K min terms */
+    for (int i = 0; i < mr; i++) acc[i] = k_row_zero(), low[i] = k_row_zero();
     for (long s = 0; s < supers; s++) {
         KScales k[NR];
         for (int j = 0; j < nr; j++) k_scales(type, w + j * col_bytes + s * bytes, &k[j]);
@@ -206,7 +223,10 @@ static inline __attribute__((always_inline)) void k_tile(const Quantized *a, lon
             for (long ahead = 0; ahead < bytes; ahead += 64)
                 _mm_prefetch((const char *)(w + j * col_bytes + s * bytes + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
 #endif
-        k_sums sums[MR][NR];
+        k_sums sums[MR][4], mins[4];
+        for (int i = 0; i < mr; i++)
+            for (int j = nr; j < 4; j++) sums[i][j] = k_sums_zero();
+        for (int j = nr; j < 4; j++) mins[j] = k_sums_zero();
 #if defined(__AVX512BW__)
         __m512i scales[NR];
         for (int j = 0; j < nr; j++) scales[j] = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)k[j].sc));
@@ -255,15 +275,19 @@ static inline __attribute__((always_inline)) void k_tile(const Quantized *a, lon
         for (int i = 0; i < mr; i++) {
             const float dx = a->d[(row + i) * a->slots + s];
             const int16_t *bs = a->bsums + (row + i) * (K / 16) + s * 16;
+            float scale[4] = {0}, min_scale[4] = {0};
             for (int j = 0; j < nr; j++) {
+                scale[j] = k[j].d * dx;
+                min_scale[j] = k[j].dmin * dx;
                 if (type == GGUF_Q6_K) sums[i][j] = k_q6_correct(sums[i][j], &k[j], bs);
-                acc[i][j] = k_add_scaled(acc[i][j], sums[i][j], k[j].d * dx);
-                if (type != GGUF_Q6_K) low[i][j] = k_add_scaled(low[i][j], k_min_lanes(&k[j], bs), k[j].dmin * dx);
+                else mins[j] = k_min_lanes(&k[j], bs);
             }
+            acc[i] = k_fuse(acc[i], sums[i], scale);
+            if (type != GGUF_Q6_K) low[i] = k_fuse(low[i], mins, min_scale);
         }
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++)
-            store(lanes_total(acc[i][j]) - lanes_total(low[i][j]), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
+            store(k_row_at(acc[i], j) - k_row_at(low[i], j), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
 }
 #endif
