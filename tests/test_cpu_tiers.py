@@ -108,7 +108,8 @@ def products():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_quant_dot_is_the_product_of_the_rounded_rows_the_same_on_every_tier(tier, qtype, n, k, dtype, products):
     weight, dequantized = _quantized(qtype, n, k, seed=n + k)
-    x = torch.randn(9, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+    # 41 rows: the AMX tier's K-quant tiles (32 rows and more) and its few-rows tile alike
+    x = torch.randn(41, k, generator=torch.Generator().manual_seed(k)).to(dtype)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
     with forced_tier(tier):
         packed = cpu_quant_dot.QuantDotWeight(weight)

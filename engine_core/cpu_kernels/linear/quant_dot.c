@@ -331,6 +331,9 @@ static inline void store(float total, const float *bias, long n, void *out, int 
 }
 
 #include "k_quant_tile.h"
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include "amx_k_tile.h"
+#endif
 
 /* rows [0, mr) x columns [0, nr) over all of K, for the per-32 types; mr, nr compile-time where inlined */
 static inline __attribute__((always_inline)) void tile(const Quantized *a, long row, const uint8_t *w, long col_bytes,
@@ -500,12 +503,44 @@ static inline __attribute__((always_inline)) void columns(const Quantized *a, lo
 
 /* out [M, N] (row stride out_stride, float32 or bf16) = x [M, K] (row stride x_stride, float32 or bf16)
  * @ W^T + bias (float32, or NULL). packed: quant_dot_pack's. Returns 0, or -1 when out of memory. */
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+/* quant_dot_linear's K-quant prefills on AMX tiles: each thread a run of whole 16-column tiles */
+static int amx_linear(const Quantized *a, long M, long K, const uint8_t *packed, int type, long N, const float *bias,
+                      void *out, int out_bf16, long out_stride, int threads) {
+    AmxInputs v = {0};
+    int status = amx_inputs(a, M, &v, threads);
+    if (status == 0) {
+        const long col = column_bytes(type, K), tiles = (N + AMX_COLS - 1) / AMX_COLS;
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : status)
+        {
+            extern int omp_get_thread_num(void), omp_get_num_threads(void);
+            const long t = omp_get_thread_num(), n = omp_get_num_threads();
+            const long begin = AMX_COLS * (tiles * t / n), whole = AMX_COLS * (tiles * (t + 1) / n), end = whole < N ? whole : N;
+            switch (type) { /* one copy of the pass per type */
+            case GGUF_Q4_K: status |= amx_columns(&v, M, packed, GGUF_Q4_K, col, K, bias, out, out_bf16, out_stride, begin, end); break;
+            case GGUF_Q5_K: status |= amx_columns(&v, M, packed, GGUF_Q5_K, col, K, bias, out, out_bf16, out_stride, begin, end); break;
+            default: status |= amx_columns(&v, M, packed, GGUF_Q6_K, col, K, bias, out, out_bf16, out_stride, begin, end); break;
+            }
+        }
+    }
+    amx_inputs_free(&v);
+    return status;
+}
+#endif
+
 int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, const uint8_t *packed, int type, long N,
                      const float *bias, void *out, int out_bf16, long out_stride, int num_threads) {
     const int threads = num_threads < 2 || M * N * K < QUANT_DOT_PARALLEL_MIN_WORK || N < 2 ? 1 : num_threads;
     Quantized a = {0};
     int status = 0;
     if (quantize(x, x_bf16, M, K, x_stride, is_k_quant(type), &a, M > 1 ? threads : 1) == 0) {
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+        if (is_k_quant(type) && M >= AMX_MIN_ROWS && amx_permitted()) {
+            status = amx_linear(&a, M, K, packed, type, N, bias, out, out_bf16, out_stride, threads);
+            free(a.q), free(a.d), free(a.s), free(a.bsums);
+            return status;
+        }
+#endif
         const long col = column_bytes(type, K);
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {

@@ -1,0 +1,235 @@
+/* quant_dot.c's K-quant prefills on the AMX tier: the integers of k_quant_tile.h formed by AMX int8 tiles.
+ *
+ * A super-block's S = sum_k v_k q_x,k with v_k the weight's integer times its sub-block scale (Q4_K / Q5_K:
+ * q sc_b, 0..1953; Q6_K: (q - 32) sc_s, -4064..4096: its -32 folded in). v does not fit a byte, so it is split,
+ * v = 256 hi + lo with lo = v & 255 (unsigned) and hi = v >> 8 (Q6_K's signed), and
+ *     S = sum_k lo_k q_x,k + 256 sum_k hi_k q_x,k,
+ * two plain int8 products over the whole super-block: TDPBUSD for lo (and Q4_K / Q5_K's hi), TDPBSSD for Q6_K's
+ * hi, four 64-input steps into the same tiles C, stored once per super-block. A weight's 16 columns (outputs) are
+ * unpacked so once per chunk of rows (tile A: 16 columns x 64 inputs); the rows' 8-bit inputs are laid out for
+ * tile B (AMX's 4-byte groups: for each 4 inputs, 16 rows' 4 bytes side by side). Q4_K / Q5_K's min term L comes
+ * from the rows' 16-input sums in pairs (vpdpwssd). The same exact integers S and L as every other tier's tile,
+ * then the same fp32 steps per row and column (k_quant_tile.h): a row's bits do not depend on which path ran it,
+ * so choosing by the row count keeps results batch invariant.
+ *
+ * Linux hands out AMX's tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM); where that fails the
+ * other tile runs.
+ *
+ * Included by quant_dot.c on the AMX tier, after k_quant_tile.h.
+ */
+#ifndef NVLLM_AMX_K_TILE_H
+#define NVLLM_AMX_K_TILE_H
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX_MIN_ROWS 32   /* fewer rows: k_quant_tile.h's tile (tiles of 16 rows would run mostly empty) */
+#define AMX_CHUNK_BYTES (1L << 23) /* the rows' tile-B inputs that stay in L2 while a thread's columns pass over them */
+#define AMX_COLS 16       /* columns per tile A */
+#define AMX_TILE_ROWS 16  /* rows per tile B */
+#define AMX_ROWS 32       /* rows per pass: two tiles B */
+#define AMX_STEP 64       /* inputs per tile product */
+
+static int amx_permitted(void) {
+    static int state; /* 0: not asked yet, 1: granted, -1: refused */
+    if (!state) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : -1;
+    return state > 0;
+}
+
+/* the rows' inputs as the tiles read them, 16 rows at a time: x4[r / 16][g][r % 16] = inputs 4g..4g+3 of row r
+ * (a tile B is 1 KB in a row); dx[s][r]: d_x of super-block s; pairs[s][p][r]: the 16-input sums 2p and 2p+1
+ * of super-block s (int16 each) as one int32 word. Rows padded with zeros to a multiple of AMX_ROWS. */
+typedef struct {
+    int32_t *x4, *pairs;
+    float *dx;
+    long rows;
+} AmxInputs;
+
+static int amx_inputs(const Quantized *a, long M, AmxInputs *v, int threads) {
+    const long K = a->blocks * QBLOCK, groups = K / 4, supers = K / SUPER, rows = (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
+    v->rows = rows;
+    v->x4 = calloc(groups * rows, sizeof(int32_t));
+    v->pairs = calloc(supers * 8 * rows, sizeof(int32_t));
+    v->dx = calloc(supers * rows, sizeof(float));
+    if (!v->x4 || !v->pairs || !v->dx) return -1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (long r = 0; r < M; r++) {
+        const int32_t *row = (const int32_t *)(a->q + r * K);
+        int32_t *x4 = v->x4 + (r / AMX_TILE_ROWS) * groups * AMX_TILE_ROWS + r % AMX_TILE_ROWS;
+        for (long g = 0; g < groups; g++) x4[g * AMX_TILE_ROWS] = row[g];
+        const int32_t *sums = (const int32_t *)(a->bsums + r * (K / 16));
+        for (long s = 0; s < supers; s++) {
+            v->dx[s * rows + r] = a->d[r * a->slots + s];
+            for (int p = 0; p < 8; p++) v->pairs[(s * 8 + p) * rows + r] = sums[s * 8 + p];
+        }
+    }
+    return 0;
+}
+
+static void amx_inputs_free(AmxInputs *v) {
+    free(v->x4);
+    free(v->pairs);
+    free(v->dx);
+}
+
+/* 16 columns of a weight over all of K, unpacked: lo and hi bytes of v (lo[k / 64][j][k % 64]: a tile A is 1 KB
+ * in a row), Q4_K / Q5_K's min pair words (mn_p twice), d and dmin, per super-block */
+typedef struct {
+    uint8_t *lo, *hi;  /* [K / 64][AMX_COLS][64] */
+    int32_t *min_pair; /* [AMX_COLS][supers][8] */
+    float *d, *dmin;   /* [AMX_COLS][supers] */
+} AmxColumns;
+
+/* v's 16 values from 16 weight bytes times their scale, split into lo and hi bytes at lo_at, hi_at */
+static inline void amx_split(__m128i ints, int16_t scale, const int type, uint8_t *lo_at, uint8_t *hi_at) {
+    __m256i v = _mm256_cvtepu8_epi16(ints);
+    if (type == GGUF_Q6_K) v = _mm256_sub_epi16(v, _mm256_set1_epi16(32));
+    v = _mm256_mullo_epi16(v, _mm256_set1_epi16(scale));
+    _mm_storeu_si128((__m128i *)lo_at, _mm256_cvtepi16_epi8(_mm256_and_si256(v, _mm256_set1_epi16(255))));
+    _mm_storeu_si128((__m128i *)hi_at, _mm256_cvtepi16_epi8(_mm256_srai_epi16(v, 8)));
+}
+
+static void amx_unpack(const uint8_t *w, long col_bytes, int cols, long K, const int type, AmxColumns *c) {
+    const long supers = K / SUPER, bytes = gguf_block_bytes(type);
+    for (int j = 0; j < AMX_COLS; j++) {
+        if (j >= cols) { /* past the weight's last column: zeros, never stored */
+            for (long k = 0; k < K; k += AMX_STEP) {
+                memset(c->lo + k * AMX_COLS + j * AMX_STEP, 0, AMX_STEP);
+                memset(c->hi + k * AMX_COLS + j * AMX_STEP, 0, AMX_STEP);
+            }
+            memset(c->min_pair + j * supers * 8, 0, supers * 8 * sizeof(int32_t));
+            for (long s = 0; s < supers; s++) c->d[j * supers + s] = c->dmin[j * supers + s] = 0.0f;
+            continue;
+        }
+        for (long s = 0; s < supers; s++) {
+            const uint8_t *g = w + j * col_bytes + s * bytes;
+            KScales k;
+            k_scales(type, g, &k);
+            for (int b = 0; b < GROUP; b++) {
+                const __m256i ints = k_weight_ints(g, b, type);
+                for (int half = 0; half < 2; half++) {
+                    const long at = s * SUPER + b * QBLOCK + 16 * half;
+                    const long to = (at / AMX_STEP) * AMX_STEP * AMX_COLS + j * AMX_STEP + at % AMX_STEP;
+                    const int16_t scale = type == GGUF_Q6_K ? k.sc[2 * b + half] : k.sc[b];
+                    amx_split(half ? _mm256_extracti128_si256(ints, 1) : _mm256_castsi256_si128(ints), scale, type,
+                              c->lo + to, c->hi + to);
+                }
+            }
+            int32_t *pair = c->min_pair + (j * supers + s) * 8;
+            for (int p = 0; p < 8; p++)
+                pair[p] = type == GGUF_Q6_K ? 0 : (int32_t)(((uint32_t)(uint16_t)k.mn2[2 * p + 1] << 16) | (uint16_t)k.mn2[2 * p]);
+            c->d[j * supers + s] = k.d;
+            c->dmin[j * supers + s] = k.dmin;
+        }
+    }
+}
+
+typedef struct __attribute__((packed)) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} AmxConfig;
+
+/* eight tiles of 16 x 64 bytes: 0, 1: A (lo, hi); 2, 5: B (rows 0-15, 16-31 of the pass); 3, 4, 6, 7: C (lo and
+ * hi products of each B) */
+static void amx_configure(void) {
+    AmxConfig config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; t++) config.rows[t] = 16, config.colsb[t] = 64;
+    _tile_loadconfig(&config);
+}
+
+/* rows [r0, r0 + 32) x the 16 unpacked columns: out[r][n0 + j] for r < M, j < cols */
+static void amx_pass(const AmxInputs *v, const AmxColumns *c, long K, long r0, long M, int cols, const int type,
+                     const float *bias, long n0, void *out, int out_bf16, long out_stride) {
+    const long supers = K / SUPER, rows = v->rows;
+    const int32_t *x0 = v->x4 + r0 * (K / 4), *x1 = x0 + AMX_TILE_ROWS * (K / 4);
+    float acc[2][AMX_COLS][16] __attribute__((aligned(64))), low[2][AMX_COLS][16] __attribute__((aligned(64)));
+    memset(acc, 0, sizeof acc);
+    memset(low, 0, sizeof low);
+    int32_t lo[2][AMX_COLS][16] __attribute__((aligned(64))), hi[2][AMX_COLS][16] __attribute__((aligned(64)));
+    for (long s = 0; s < supers; s++) {
+        _tile_zero(3);
+        _tile_zero(4);
+        _tile_zero(6);
+        _tile_zero(7);
+        for (long k = s * SUPER; k < (s + 1) * SUPER; k += AMX_STEP) {
+            _tile_loadd(0, c->lo + k * AMX_COLS, AMX_STEP);
+            _tile_loadd(1, c->hi + k * AMX_COLS, AMX_STEP);
+            _tile_loadd(2, x0 + k * AMX_TILE_ROWS / 4, 64);
+            _tile_loadd(5, x1 + k * AMX_TILE_ROWS / 4, 64);
+            _tile_dpbusd(3, 0, 2);
+            _tile_dpbusd(6, 0, 5);
+            if (type == GGUF_Q6_K) {
+                _tile_dpbssd(4, 1, 2);
+                _tile_dpbssd(7, 1, 5);
+            } else {
+                _tile_dpbusd(4, 1, 2);
+                _tile_dpbusd(7, 1, 5);
+            }
+        }
+        _tile_stored(3, lo[0], 64);
+        _tile_stored(4, hi[0], 64);
+        _tile_stored(6, lo[1], 64);
+        _tile_stored(7, hi[1], 64);
+        for (int h = 0; h < 2; h++) {
+            const long r = r0 + AMX_TILE_ROWS * h;
+            const __m512 dx = _mm512_loadu_ps(v->dx + s * rows + r);
+            __m512i pairs[8];
+            if (type != GGUF_Q6_K)
+                for (int p = 0; p < 8; p++) pairs[p] = _mm512_loadu_si512((const void *)(v->pairs + (s * 8 + p) * rows + r));
+            for (int j = 0; j < AMX_COLS; j++) {
+                const long at = j * supers + s;
+                const __m512i sums = _mm512_add_epi32(_mm512_load_si512(lo[h][j]), _mm512_slli_epi32(_mm512_load_si512(hi[h][j]), 8));
+                _mm512_store_ps(acc[h][j], _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(_mm512_set1_ps(c->d[at]), dx),
+                                                           _mm512_load_ps(acc[h][j])));
+                if (type == GGUF_Q6_K) continue;
+                __m512i mins = _mm512_setzero_si512();
+                for (int p = 0; p < 8; p++) mins = _mm512_dpwssd_epi32(mins, _mm512_set1_epi32(c->min_pair[at * 8 + p]), pairs[p]);
+                _mm512_store_ps(low[h][j], _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(_mm512_set1_ps(c->dmin[at]), dx),
+                                                           _mm512_load_ps(low[h][j])));
+            }
+        }
+    }
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < cols; j++)
+            for (int i = 0; i < AMX_TILE_ROWS && r0 + AMX_TILE_ROWS * h + i < M; i++) {
+                const long r = r0 + AMX_TILE_ROWS * h + i;
+                store(acc[h][j][i] - low[h][j][i], bias, n0 + j, out, out_bf16, r * out_stride + n0 + j);
+            }
+}
+
+/* columns [n_begin, n_end) of a K-quant weight for all M rows, on this thread's tiles. Returns -1 when out of
+ * memory (nothing written then). */
+static int amx_columns(const AmxInputs *v, long M, const uint8_t *packed, const int type, long col_bytes, long K,
+                       const float *bias, void *out, int out_bf16, long out_stride, long n_begin, long n_end) {
+    const long supers = K / SUPER;
+    AmxColumns c;
+    c.lo = aligned_alloc(64, AMX_COLS * K);
+    c.hi = aligned_alloc(64, AMX_COLS * K);
+    c.min_pair = malloc(AMX_COLS * supers * 8 * sizeof(int32_t));
+    c.d = malloc(AMX_COLS * supers * sizeof(float));
+    c.dmin = malloc(AMX_COLS * supers * sizeof(float));
+    const int ok = c.lo && c.hi && c.min_pair && c.d && c.dmin;
+    if (ok) {
+        amx_configure();
+        const long chunk = AMX_CHUNK_BYTES / K / AMX_ROWS * AMX_ROWS > AMX_ROWS ? AMX_CHUNK_BYTES / K / AMX_ROWS * AMX_ROWS : AMX_ROWS;
+        for (long m0 = 0; m0 < M; m0 += chunk) {
+            const long m_end = M - m0 < chunk ? M : m0 + chunk;
+            for (long n = n_begin; n < n_end; n += AMX_COLS) {
+                const int cols = n_end - n < AMX_COLS ? (int)(n_end - n) : AMX_COLS;
+                amx_unpack(packed + n * col_bytes, col_bytes, cols, K, type, &c);
+                for (long r = m0; r < m_end; r += AMX_ROWS)
+                    amx_pass(v, &c, K, r, M, cols, type, bias, n, out, out_bf16, out_stride);
+            }
+        }
+        _tile_release();
+    }
+    free(c.lo);
+    free(c.hi);
+    free(c.min_pair);
+    free(c.d);
+    free(c.dmin);
+    return ok ? 0 : -1;
+}
+#endif
