@@ -165,3 +165,27 @@ def test_quantized_rows_do_not_depend_on_the_batch_or_the_threads(tier, qtype, k
                     assert torch.equal(packed.matmul(x[:m]), alone[:m]), (tier, qtype, count, m)
         finally:
             torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("qtype", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"])
+def test_quant_dot_rounds_rows_with_nan_inf_zeros_and_denormals_the_same_on_every_tier(qtype):
+    """The vectorized row rounding (and the AMX tier's tiles, from 32 rows) against the portable build's scalar
+    loop on the inputs where a max, a division or a clamp could go another way."""
+    n, k = 20, 512
+    weight, _ = _quantized(qtype, n, k, seed=3)
+    x = torch.randn(41, k, generator=torch.Generator().manual_seed(2))
+    x[0, 5] = float("nan")
+    x[1, 7] = float("inf")
+    x[2] = 0.0
+    x[3] = 1e-40  # denormal: its scale is denormal too
+    x[4, 300] = float("-inf")
+    x[5] *= 1e30
+    x[6, 0] = -0.0
+    results = {}
+    for tier in tiers_here():
+        with forced_tier(tier):
+            results[tier] = cpu_quant_dot.QuantDotWeight(weight).matmul(x)
+    assert "portable" in results
+    for tier, got in results.items():
+        torch.testing.assert_close(got, results["portable"], rtol=0, atol=0, equal_nan=True, msg=tier)
+    assert torch.isfinite(results["portable"][[2, 3, 5, 6]]).all()

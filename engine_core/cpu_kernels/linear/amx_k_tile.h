@@ -29,6 +29,9 @@
 #define AMX_ROWS 32       /* rows per pass: two tiles B */
 #define AMX_STEP 64       /* inputs per tile product */
 
+/* two int16 as one int32 word, lo first: a vpdpwssd pair */
+static inline int32_t pair_word(int lo, int hi) { return (int32_t)(((uint32_t)(uint16_t)hi << 16) | (uint16_t)lo); }
+
 static int amx_permitted(void) {
     static int state; /* 0: not asked yet, 1: granted, -1: refused */
     if (!state) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : -1;
@@ -36,8 +39,8 @@ static int amx_permitted(void) {
 }
 
 /* the rows' inputs as the tiles read them, 16 rows at a time: x4[r / 16][g][r % 16] = inputs 4g..4g+3 of row r
- * (a tile B is 1 KB in a row); dx[s][r]: d_x of super-block s; pairs[s][p][r]: the 16-input sums 2p and 2p+1
- * of super-block s (int16 each) as one int32 word. Rows padded with zeros to a multiple of AMX_ROWS. */
+ * (a tile B is 1 KB in a row); dx[s][r]: d_x of super-block s; pairs[s][p][r]: the 32-input sums 2p and 2p+1
+ * of super-block s (int16 each, |sum| <= 4064) as one int32 word. Rows padded with zeros to a multiple of AMX_ROWS. */
 typedef struct {
     int32_t *x4, *pairs;
     float *dx;
@@ -48,7 +51,7 @@ static int amx_inputs(const Quantized *a, long M, AmxInputs *v, int threads) {
     const long K = a->blocks * QBLOCK, groups = K / 4, supers = K / SUPER, rows = (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
     v->rows = rows;
     v->x4 = calloc(groups * rows, sizeof(int32_t));
-    v->pairs = calloc(supers * 8 * rows, sizeof(int32_t));
+    v->pairs = calloc(supers * 4 * rows, sizeof(int32_t));
     v->dx = calloc(supers * rows, sizeof(float));
     if (!v->x4 || !v->pairs || !v->dx) return -1;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
@@ -56,10 +59,13 @@ static int amx_inputs(const Quantized *a, long M, AmxInputs *v, int threads) {
         const int32_t *row = (const int32_t *)(a->q + r * K);
         int32_t *x4 = v->x4 + (r / AMX_TILE_ROWS) * groups * AMX_TILE_ROWS + r % AMX_TILE_ROWS;
         for (long g = 0; g < groups; g++) x4[g * AMX_TILE_ROWS] = row[g];
-        const int32_t *sums = (const int32_t *)(a->bsums + r * (K / 16));
+        const int16_t *sums = a->bsums + r * (K / 16);
         for (long s = 0; s < supers; s++) {
             v->dx[s * rows + r] = a->d[r * a->slots + s];
-            for (int p = 0; p < 8; p++) v->pairs[(s * 8 + p) * rows + r] = sums[s * 8 + p];
+            for (int p = 0; p < 4; p++) {
+                const int16_t *at = sums + s * 16 + 4 * p; /* 16-input sums of blocks 2p and 2p+1 */
+                v->pairs[(s * 4 + p) * rows + r] = pair_word(at[0] + at[1], at[2] + at[3]);
+            }
         }
     }
     return 0;
@@ -72,10 +78,10 @@ static void amx_inputs_free(AmxInputs *v) {
 }
 
 /* 16 columns of a weight over all of K, unpacked: lo and hi bytes of v (lo[k / 64][j][k % 64]: a tile A is 1 KB
- * in a row), Q4_K / Q5_K's min pair words (mn_p twice), d and dmin, per super-block */
+ * in a row), Q4_K / Q5_K's mins in pair words (mn_2p, mn_2p+1), d and dmin, per super-block */
 typedef struct {
     uint8_t *lo, *hi;  /* [K / 64][AMX_COLS][64] */
-    int32_t *min_pair; /* [AMX_COLS][supers][8] */
+    int32_t *min_pair; /* [AMX_COLS][supers][4] */
     float *d, *dmin;   /* [AMX_COLS][supers] */
 } AmxColumns;
 
@@ -96,7 +102,7 @@ static void amx_unpack(const uint8_t *w, long col_bytes, int cols, long K, const
                 memset(c->lo + k * AMX_COLS + j * AMX_STEP, 0, AMX_STEP);
                 memset(c->hi + k * AMX_COLS + j * AMX_STEP, 0, AMX_STEP);
             }
-            memset(c->min_pair + j * supers * 8, 0, supers * 8 * sizeof(int32_t));
+            memset(c->min_pair + j * supers * 4, 0, supers * 4 * sizeof(int32_t));
             for (long s = 0; s < supers; s++) c->d[j * supers + s] = c->dmin[j * supers + s] = 0.0f;
             continue;
         }
@@ -114,13 +120,22 @@ static void amx_unpack(const uint8_t *w, long col_bytes, int cols, long K, const
                               c->lo + to, c->hi + to);
                 }
             }
-            int32_t *pair = c->min_pair + (j * supers + s) * 8;
-            for (int p = 0; p < 8; p++)
-                pair[p] = type == GGUF_Q6_K ? 0 : (int32_t)(((uint32_t)(uint16_t)k.mn2[2 * p + 1] << 16) | (uint16_t)k.mn2[2 * p]);
+            int32_t *pair = c->min_pair + (j * supers + s) * 4;
+            for (int p = 0; p < 4; p++) pair[p] = type == GGUF_Q6_K ? 0 : pair_word(k.mn2[4 * p], k.mn2[4 * p + 2]);
             c->d[j * supers + s] = k.d;
             c->dmin[j * supers + s] = k.dmin;
         }
     }
+}
+
+/* float_to_bf16 of 16 values: round to nearest even, NaN kept quiet */
+static inline __m256i bf16_of16(__m512 values) {
+    const __m512i u = _mm512_castps_si512(values);
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
 typedef struct __attribute__((packed)) {
@@ -175,9 +190,9 @@ static void amx_pass(const AmxInputs *v, const AmxColumns *c, long K, long r0, l
         for (int h = 0; h < 2; h++) {
             const long r = r0 + AMX_TILE_ROWS * h;
             const __m512 dx = _mm512_loadu_ps(v->dx + s * rows + r);
-            __m512i pairs[8];
+            __m512i pairs[4];
             if (type != GGUF_Q6_K)
-                for (int p = 0; p < 8; p++) pairs[p] = _mm512_loadu_si512((const void *)(v->pairs + (s * 8 + p) * rows + r));
+                for (int p = 0; p < 4; p++) pairs[p] = _mm512_loadu_si512((const void *)(v->pairs + (s * 4 + p) * rows + r));
             for (int j = 0; j < AMX_COLS; j++) {
                 const long at = j * supers + s;
                 const __m512i sums = _mm512_add_epi32(_mm512_load_si512(lo[h][j]), _mm512_slli_epi32(_mm512_load_si512(hi[h][j]), 8));
@@ -185,18 +200,29 @@ static void amx_pass(const AmxInputs *v, const AmxColumns *c, long K, long r0, l
                                                            _mm512_load_ps(acc[h][j])));
                 if (type == GGUF_Q6_K) continue;
                 __m512i mins = _mm512_setzero_si512();
-                for (int p = 0; p < 8; p++) mins = _mm512_dpwssd_epi32(mins, _mm512_set1_epi32(c->min_pair[at * 8 + p]), pairs[p]);
+                for (int p = 0; p < 4; p++) mins = _mm512_dpwssd_epi32(mins, _mm512_set1_epi32(c->min_pair[at * 4 + p]), pairs[p]);
                 _mm512_store_ps(low[h][j], _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(_mm512_set1_ps(c->dmin[at]), dx),
                                                            _mm512_load_ps(low[h][j])));
             }
         }
     }
-    for (int h = 0; h < 2; h++)
-        for (int j = 0; j < cols; j++)
-            for (int i = 0; i < AMX_TILE_ROWS && r0 + AMX_TILE_ROWS * h + i < M; i++) {
-                const long r = r0 + AMX_TILE_ROWS * h + i;
-                store(acc[h][j][i] - low[h][j][i], bias, n0 + j, out, out_bf16, r * out_stride + n0 + j);
-            }
+    const __mmask16 valid = (__mmask16)((1u << cols) - 1);
+    const __m512 biases = bias ? _mm512_maskz_loadu_ps(valid, bias + n0) : _mm512_setzero_ps();
+    for (int h = 0; h < 2; h++) {
+        float total[AMX_COLS][16] __attribute__((aligned(64)));
+        for (int j = 0; j < AMX_COLS; j++) _mm512_store_ps(total[j], _mm512_sub_ps(_mm512_load_ps(acc[h][j]), _mm512_load_ps(low[h][j])));
+        for (int i = 0; i < AMX_TILE_ROWS && r0 + AMX_TILE_ROWS * h + i < M; i++) {
+            float row[AMX_COLS] __attribute__((aligned(64)));
+            for (int j = 0; j < AMX_COLS; j++) row[j] = total[j][i];
+            __m512 values = _mm512_load_ps(row);
+            if (bias) values = _mm512_add_ps(values, biases); /* store()'s order: the sum, then the bias */
+            const long at = (r0 + AMX_TILE_ROWS * h + i) * out_stride + n0;
+            if (out_bf16)
+                _mm256_mask_storeu_epi16((bf16 *)out + at, valid, bf16_of16(values));
+            else
+                _mm512_mask_storeu_ps((float *)out + at, valid, values);
+        }
+    }
 }
 
 /* columns [n_begin, n_end) of a K-quant weight for all M rows, on this thread's tiles. Returns -1 when out of
@@ -207,7 +233,7 @@ static int amx_columns(const AmxInputs *v, long M, const uint8_t *packed, const 
     AmxColumns c;
     c.lo = aligned_alloc(64, AMX_COLS * K);
     c.hi = aligned_alloc(64, AMX_COLS * K);
-    c.min_pair = malloc(AMX_COLS * supers * 8 * sizeof(int32_t));
+    c.min_pair = malloc(AMX_COLS * supers * 4 * sizeof(int32_t));
     c.d = malloc(AMX_COLS * supers * sizeof(float));
     c.dmin = malloc(AMX_COLS * supers * sizeof(float));
     const int ok = c.lo && c.hi && c.min_pair && c.d && c.dmin;

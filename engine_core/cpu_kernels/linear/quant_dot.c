@@ -109,8 +109,57 @@ static float input(const void *x, int x_bf16, long i) {
     return x_bf16 ? bf16_to_float(((const bf16 *)x)[i]) : ((const float *)x)[i];
 }
 
+#if defined(__AVX2__)
+static inline __m256 inputs8(const void *x, int x_bf16, long k) {
+    if (!x_bf16) return _mm256_loadu_ps((const float *)x + k);
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const bf16 *)x + k)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)); /* exact, as bf16_to_float */
+}
+
+static inline int32_t sum8(__m256i v) {
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1)));
+}
+
+/* quantize_row's arithmetic 32 inputs at a time: the same max (a NaN input never wins it), the same product,
+ * rounding and clamp (NaN to -127), the same integer sums */
+static void quantize_row8(const void *x, int x_bf16, long K, long block, int8_t *q, float *d, float *s, int16_t *bsums) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (long b = 0; b < K / block; b++) {
+        __m256 amax = _mm256_setzero_ps();
+        for (long k = b * block; k < (b + 1) * block; k += 8)
+            amax = _mm256_max_ps(_mm256_and_ps(inputs8(x, x_bf16, k), magnitude), amax);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float scale = _mm_cvtss_f32(m4) / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+        int sum = 0;
+        for (long k = b * block; k < (b + 1) * block; k += 32) {
+            __m256i ints[4];
+            for (int t = 0; t < 4; t++) {
+                const __m256 r = _mm256_round_ps(_mm256_mul_ps(inputs8(x, x_bf16, k + 8 * t), _mm256_set1_ps(inverse)),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                ints[t] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f)));
+            }
+            const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
+            _mm256_storeu_si256((__m256i *)(q + k), _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            const int32_t low = sum8(_mm256_add_epi32(ints[0], ints[1])), high = sum8(_mm256_add_epi32(ints[2], ints[3]));
+            if (bsums) bsums[k / 16] = (int16_t)low, bsums[k / 16 + 1] = (int16_t)high;
+            sum += low + high;
+        }
+        d[b] = scale;
+        if (s) s[b] = scale * (float)sum;
+    }
+}
+#endif
+
 /* one row rounded to 8 bits per `block` inputs (32, or a K-quant's 256) */
 static void quantize_row(const void *x, int x_bf16, long K, long block, int8_t *q, float *d, float *s, int16_t *bsums) {
+#if defined(__AVX2__)
+    quantize_row8(x, x_bf16, K, block, q, d, s, bsums);
+    return;
+#endif
     for (long b = 0; b < K / block; b++) {
         float amax = 0.0f;
         for (long k = b * block; k < (b + 1) * block; k++) {
