@@ -384,6 +384,9 @@ static inline void store(float total, const float *bias, long n, void *out, int 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx_k_tile.h"
 #endif
+#if defined(__AVX2__) && !defined(__AVX512BW__)
+#include "k_quant_unpacked.h"
+#endif
 
 /* rows [0, mr) x columns [0, nr) over all of K, for the per-32 types; mr, nr compile-time where inlined */
 static inline __attribute__((always_inline)) void tile(const Quantized *a, long row, const uint8_t *w, long col_bytes,
@@ -597,6 +600,20 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
             extern int omp_get_thread_num(void), omp_get_num_threads(void);
             const long t = omp_get_thread_num(), n = omp_get_num_threads();
             const long begin = N * t / n, end = N * (t + 1) / n;
+#if defined(__AVX2__) && !defined(__AVX512BW__)
+            if (is_k_quant(type) && M >= UNPACKED_MIN_ROWS) {
+                int failed;
+                switch (type) {
+                case GGUF_Q4_K: failed = k_unpacked_columns(&a, M, packed, GGUF_Q4_K, col, bias, out, out_bf16, out_stride, begin, end); break;
+                case GGUF_Q5_K: failed = k_unpacked_columns(&a, M, packed, GGUF_Q5_K, col, bias, out, out_bf16, out_stride, begin, end); break;
+                default: failed = k_unpacked_columns(&a, M, packed, GGUF_Q6_K, col, bias, out, out_bf16, out_stride, begin, end); break;
+                }
+                if (failed) {
+#pragma omp atomic write
+                    status = -1;
+                }
+            } else
+#endif
             switch (type) { /* one copy of the tiles per type */
 #define TYPE_CASE(T) case T: columns(&a, M, packed, T, col, bias, out, out_bf16, out_stride, begin, end); break;
                 TYPE_CASE(GGUF_Q4_0) TYPE_CASE(GGUF_Q4_1) TYPE_CASE(GGUF_Q5_0) TYPE_CASE(GGUF_Q5_1)
