@@ -159,8 +159,7 @@ static void quantize_row8(const void *x, int x_bf16, long K, long block, int8_t 
 static void quantize_row(const void *x, int x_bf16, long K, long block, int8_t *q, float *d, float *s, int16_t *bsums) {
 #if defined(__AVX2__)
     quantize_row8(x, x_bf16, K, block, q, d, s, bsums);
-    return;
-#endif
+#else
     for (long b = 0; b < K / block; b++) {
         float amax = 0.0f;
         for (long k = b * block; k < (b + 1) * block; k++) {
@@ -184,6 +183,7 @@ static void quantize_row(const void *x, int x_bf16, long K, long block, int8_t *
             for (int k = 0; k < 16; k++) sum += q[16 * t + k];
             bsums[t] = (int16_t)sum;
         }
+#endif
 }
 
 static int quantize(const void *x, int x_bf16, long M, long K, long x_stride, int k_quant, Quantized *out, int threads) {
