@@ -38,53 +38,108 @@ static void k_unpack(const uint8_t *w, long col_bytes, int cols, long K, const i
         }
 }
 
-/* rows [row, row + mr) x the unpacked columns [0, nr): k_tile's sums from the unpacked weights. Each row keeps
- * one k_row: lanes 0, 1 the columns' running sums, lanes 2, 3 their min terms (k_fuse reduces all four at once) */
+/* one row's sums of the 2 columns, s0 and s1, with their min terms m0, m1, added pairwise: the row's 4 totals are
+ * the sum of the register's two halves (exact integers: the order of the additions does not matter) */
+static inline __m256i k_row_halves(__m256i s0, __m256i s1, __m256i m0, __m256i m1) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(m0, m1));
+}
+
+/* a pair of rows' running sums [row 0: S_0, S_1, L_0, L_1, row 1: the same] += their totals * d d_x (and
+ * dmin d_x): k_fuse's fp32 steps, lane for lane. scales: d_0, d_1, dmin_0, dmin_1 in both halves */
+static inline __m256 k_pair_step(__m256 acc, __m256i halves0, __m256i halves1, __m256 scales, float dx0, float dx1,
+                                 const int type) {
+    const __m256i totals = _mm256_add_epi32(_mm256_permute2x128_si256(halves0, halves1, 0x20),
+                                            _mm256_permute2x128_si256(halves0, halves1, 0x31));
+    __m256 products = _mm256_mul_ps(scales, _mm256_setr_m128(_mm_set1_ps(dx0), _mm_set1_ps(dx1)));
+    if (type == GGUF_Q6_K) products = _mm256_blend_ps(products, _mm256_setzero_ps(), 0xcc); /* no min term (0 * inf) */
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), products, acc);
+}
+
+/* row r's halves for super-block s from its two column sums: Q6_K's -32 correction, or the min terms */
+static inline __m256i k_row_of(__m256i s0, __m256i s1, const KScales *k0, const KScales *k1, const int16_t *bs,
+                               const int type) {
+    if (type == GGUF_Q6_K)
+        return k_row_halves(k_q6_correct(s0, k0, bs), k_q6_correct(s1, k1, bs), _mm256_setzero_si256(),
+                            _mm256_setzero_si256());
+    return k_row_halves(s0, s1, k_min_lanes(k0, bs), k_min_lanes(k1, bs));
+}
+
+/* the full 4 x 2 tile over all of K into acc[0] (rows 0, 1) and acc[1] (rows 2, 3). Out of line and written
+ * with one variable per register: the 8 sums, 2 weight and 2 scale vectors and one input row fit the 16
+ * registers, which the general tile below does not get from the compiler */
+static __attribute__((noinline)) void k_unpacked_4x2(const Quantized *a, long row, const KUnpacked *u, const int type,
+                                                     __m256 acc[2]) {
+    const long K = a->blocks * QBLOCK, supers = K / SUPER;
+    const int8_t *x = a->q + row * K;
+    const __m256i *scale0 = u->scale, *scale1 = u->scale + supers * GROUP;
+    __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
+    for (long s = 0; s < supers; s++) {
+        __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00, s30 = s00, s31 = s00;
+        for (long at = s * SUPER, b = s * GROUP; at < (s + 1) * SUPER; at += QBLOCK, b++) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(u->ints + at));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(u->ints + K + at));
+            const __m256i c0 = _mm256_load_si256(scale0 + b), c1 = _mm256_load_si256(scale1 + b);
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(x + at));
+            s00 = k_add_dot(s00, w0, xq, c0), s01 = k_add_dot(s01, w1, xq, c1);
+            xq = _mm256_loadu_si256((const __m256i *)(x + K + at));
+            s10 = k_add_dot(s10, w0, xq, c0), s11 = k_add_dot(s11, w1, xq, c1);
+            xq = _mm256_loadu_si256((const __m256i *)(x + 2 * K + at));
+            s20 = k_add_dot(s20, w0, xq, c0), s21 = k_add_dot(s21, w1, xq, c1);
+            xq = _mm256_loadu_si256((const __m256i *)(x + 3 * K + at));
+            s30 = k_add_dot(s30, w0, xq, c0), s31 = k_add_dot(s31, w1, xq, c1);
+        }
+        const KScales *k0 = u->k + s, *k1 = u->k + supers + s;
+        const int16_t *bs = a->bsums + row * (K / 16) + s * 16;
+        const float *dx = a->d + row * a->slots + s;
+        const __m256 scales = _mm256_broadcast_ps((const __m128 *)(u->scales4 + 4 * s));
+        const __m256i h0 = k_row_of(s00, s01, k0, k1, bs, type), h1 = k_row_of(s10, s11, k0, k1, bs + K / 16, type);
+        acc01 = k_pair_step(acc01, h0, h1, scales, dx[0], dx[a->slots], type);
+        const __m256i h2 = k_row_of(s20, s21, k0, k1, bs + 2 * (K / 16), type);
+        const __m256i h3 = k_row_of(s30, s31, k0, k1, bs + 3 * (K / 16), type);
+        acc23 = k_pair_step(acc23, h2, h3, scales, dx[2 * a->slots], dx[3 * a->slots], type);
+    }
+    acc[0] = acc01, acc[1] = acc23;
+}
+
+/* rows [row, row + mr) x the unpacked columns [0, nr): k_tile's sums from the unpacked weights, each pair of
+ * rows in one register of running sums (k_pair_step); the full tile in k_unpacked_4x2, the edges here */
 static inline __attribute__((always_inline)) void k_unpacked_tile(const Quantized *a, long row, const KUnpacked *u,
                                                                   const int type, const float *bias, long n0, void *out,
                                                                   int out_bf16, long out_stride, const int mr, const int nr) {
     const long K = a->blocks * QBLOCK, supers = K / SUPER;
-    k_row acc[MR];
-    for (int i = 0; i < mr; i++) acc[i] = k_row_zero();
-    for (long s = 0; s < supers; s++) {
-        __m256i sums[MR][UNPACKED_COLS];
-        for (int i = 0; i < mr; i++)
-            for (int j = 0; j < nr; j++) sums[i][j] = k_sums_zero();
-        for (int b = 0; b < GROUP; b++) {
-            const long at = s * SUPER + b * QBLOCK;
-            __m256i wq[UNPACKED_COLS], scale[UNPACKED_COLS];
-            for (int j = 0; j < nr; j++) {
-                wq[j] = _mm256_loadu_si256((const __m256i *)(u->ints + j * K + at));
-                scale[j] = u->scale[(j * supers + s) * GROUP + b];
-            }
+    __m256 acc[MR / 2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    if (mr == MR && nr == UNPACKED_COLS) {
+        k_unpacked_4x2(a, row, u, type, acc);
+    } else {
+        for (long s = 0; s < supers; s++) {
+            __m256i halves[MR];
+            for (int i = 0; i < MR; i++) halves[i] = _mm256_setzero_si256();
             for (int i = 0; i < mr; i++) {
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + at));
-                for (int j = 0; j < nr; j++) sums[i][j] = k_add_dot(sums[i][j], wq[j], xq, scale[j]);
-            }
-        }
-        const __m128 scales = _mm_loadu_ps(u->scales4 + 4 * s); /* d_0, d_1, dmin_0, dmin_1 */
-        for (int i = 0; i < mr; i++) {
-            const int16_t *bs = a->bsums + (row + i) * (K / 16) + s * 16;
-            k_sums four[4] = {k_sums_zero(), k_sums_zero(), k_sums_zero(), k_sums_zero()};
-            for (int j = 0; j < nr; j++) {
-                const KScales *k = u->k + j * supers + s;
-                if (type == GGUF_Q6_K) {
-                    four[j] = k_q6_correct(sums[i][j], k, bs);
-                } else {
-                    four[j] = sums[i][j];
-                    four[2 + j] = k_min_lanes(k, bs);
+                __m256i sums[UNPACKED_COLS] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int b = 0; b < GROUP; b++) {
+                    const long at = s * SUPER + b * QBLOCK;
+                    const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + at));
+                    for (int j = 0; j < nr; j++)
+                        sums[j] = k_add_dot(sums[j], _mm256_loadu_si256((const __m256i *)(u->ints + j * K + at)), xq,
+                                            u->scale[(j * supers + s) * GROUP + b]);
                 }
+                const KScales *k0 = u->k + s, *k1 = nr > 1 ? u->k + supers + s : k0; /* (lanes of no column: not stored) */
+                halves[i] = k_row_of(sums[0], sums[1], k0, k1, a->bsums + (row + i) * (K / 16) + s * 16, type);
             }
-            float scale[4];
-            __m128 products = _mm_mul_ps(scales, _mm_set1_ps(a->d[(row + i) * a->slots + s]));
-            if (type == GGUF_Q6_K) products = _mm_blend_ps(products, _mm_setzero_ps(), 0xc); /* no min term (0 * inf) */
-            _mm_storeu_ps(scale, products);
-            acc[i] = k_fuse(acc[i], four, scale);
+            const __m256 scales = _mm256_broadcast_ps((const __m128 *)(u->scales4 + 4 * s));
+            for (int p = 0; 2 * p < mr; p++) {
+                const float dx0 = a->d[(row + 2 * p) * a->slots + s];
+                const float dx1 = 2 * p + 1 < mr ? a->d[(row + 2 * p + 1) * a->slots + s] : 0.0f;
+                acc[p] = k_pair_step(acc[p], halves[2 * p], halves[2 * p + 1], scales, dx0, dx1, type);
+            }
         }
     }
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++)
-            store(k_row_at(acc[i], j) - k_row_at(acc[i], 2 + j), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
+    for (int i = 0; i < mr; i++) {
+        float v[8];
+        _mm256_storeu_ps(v, acc[i / 2]);
+        const float *r = v + 4 * (i % 2);
+        for (int j = 0; j < nr; j++) store(r[j] - r[2 + j], bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
+    }
 }
 
 /* columns [n_begin, n_end) of a K-quant weight for all M rows. Returns -1 when out of memory (nothing written). */
