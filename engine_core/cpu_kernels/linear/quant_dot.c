@@ -386,6 +386,7 @@ static inline void store(float total, const float *bias, long n, void *out, int 
 #endif
 #if defined(__AVX2__) && !defined(__AVX512BW__)
 #include "k_quant_unpacked.h"
+#include "k_quant_row.h"
 #endif
 
 /* rows [0, mr) x columns [0, nr) over all of K, for the per-32 types; mr, nr compile-time where inlined */
@@ -611,6 +612,12 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
                 if (failed) {
 #pragma omp atomic write
                     status = -1;
+                }
+            } else if (is_k_quant(type) && M == 1) {
+                switch (type) {
+                case GGUF_Q4_K: k_row_columns(&a, packed, GGUF_Q4_K, col, bias, out, out_bf16, begin, end); break;
+                case GGUF_Q5_K: k_row_columns(&a, packed, GGUF_Q5_K, col, bias, out, out_bf16, begin, end); break;
+                default: k_row_columns(&a, packed, GGUF_Q6_K, col, bias, out, out_bf16, begin, end); break;
                 }
             } else
 #endif

@@ -1,0 +1,108 @@
+/* quant_dot.c's K-quant products for one input row (a decode step) on the AVX2 tier: two columns at a time,
+ * out of line, every value in a register.
+ *
+ * One row reads each weight once, so the work per super-block beside the integer products is what limits it:
+ * here the super-block's scales are decoded into registers (the 6-bit scales and mins widened to int16 once,
+ * each block's scale vector one byte shuffle from them; the fp16 d and dmin by F16C), nothing goes through
+ * memory, and the two columns' sums and min terms are reduced and scaled in one register: lanes 0, 1 the
+ * columns' running sums, lanes 2, 3 their min terms, the fp32 steps of k_fuse lane for lane. The same exact
+ * integers per super-block and the same fp32 steps as k_tile: the same bits.
+ *
+ * Included by quant_dot.c on the AVX2 tier (AVX512 builds keep k_tile's two blocks per register), after
+ * k_quant_tile.h.
+ */
+#ifndef NVLLM_K_QUANT_ROW_H
+#define NVLLM_K_QUANT_ROW_H
+
+/* a column's super-block scales in registers: int16 per block (Q6_K: per 16 inputs), fp32 d and dmin */
+typedef struct {
+    __m256i sc;  /* Q4_K / Q5_K: sc[0..7] in both halves; Q6_K: sc[0..15] */
+    __m256i mn2; /* Q4_K / Q5_K: each min twice (it meets a block's two 16-input sums) */
+    float d, dmin;
+} KRegs;
+
+static inline float half_to_float(const uint8_t *p) { return _cvtsh_ss(read_u16(p)); }
+
+static inline KRegs k_regs(const uint8_t *g, const int type) {
+    KRegs r;
+    if (type == GGUF_Q6_K) {
+        r.sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 192)));
+        r.mn2 = _mm256_setzero_si256();
+        r.d = half_to_float(g + 208), r.dmin = 0.0f;
+        return r;
+    }
+    uint32_t scales[2], mins[2];
+    k_scales_and_mins(g + 4, scales, mins);
+    const __m128i bytes = _mm_set_epi32((int)mins[1], (int)mins[0], (int)scales[1], (int)scales[0]);
+    r.sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
+    const __m128i min_bytes = _mm_srli_si128(bytes, 8);
+    r.mn2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(min_bytes, min_bytes));
+    r.d = half_to_float(g), r.dmin = half_to_float(g + 2);
+    return r;
+}
+
+/* block b's scale in every int16 of the pair sums (Q6_K: sc[2b] for inputs 0-15, sc[2b+1] for 16-31) */
+static inline __m256i k_regs_scale(const KRegs *r, int b, const int type) {
+    if (type == GGUF_Q6_K) {
+        const __m256i pair = _mm256_permutevar8x32_epi32(r->sc, _mm256_set1_epi32(b)); /* sc[2b], sc[2b+1] */
+        return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+    }
+    return _mm256_shuffle_epi8(r->sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * b)));
+}
+
+/* out[0], out[1] (before the bias): row `row` times columns w and w + col_bytes over all of K */
+static __attribute__((noinline)) void k_row_2cols(const Quantized *a, long row, const uint8_t *w, long col_bytes,
+                                                  const int type, float out[2]) {
+    const long K = a->blocks * QBLOCK, supers = K / SUPER, bytes = gguf_block_bytes(type);
+    const int8_t *x = a->q + row * K;
+    __m128 acc = _mm_setzero_ps(); /* column 0, column 1, their min terms */
+    for (long s = 0; s < supers; s++) {
+        const uint8_t *g0 = w + s * bytes, *g1 = g0 + col_bytes;
+        for (long ahead = 0; ahead < bytes; ahead += 64) { /* the weights stream from memory */
+            _mm_prefetch((const char *)(g0 + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
+            _mm_prefetch((const char *)(g1 + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
+        }
+        const KRegs r0 = k_regs(g0, type), r1 = k_regs(g1, type);
+        __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+#pragma GCC unroll 8
+        for (int b = 0; b < GROUP; b++) {
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(x + s * SUPER + b * QBLOCK));
+            s0 = k_add_dot(s0, k_weight_ints(g0, b, type), xq, k_regs_scale(&r0, b, type));
+            s1 = k_add_dot(s1, k_weight_ints(g1, b, type), xq, k_regs_scale(&r1, b, type));
+        }
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)(a->bsums + row * (K / 16) + s * 16));
+        __m256i l0 = _mm256_setzero_si256(), l1 = l0;
+        if (type == GGUF_Q6_K) { /* the -32 of each weight: 32 sc per 16-input sum */
+            s0 = _mm256_sub_epi32(s0, _mm256_slli_epi32(_mm256_madd_epi16(r0.sc, bs), 5));
+            s1 = _mm256_sub_epi32(s1, _mm256_slli_epi32(_mm256_madd_epi16(r1.sc, bs), 5));
+        } else {
+            l0 = _mm256_madd_epi16(r0.mn2, bs), l1 = _mm256_madd_epi16(r1.mn2, bs);
+        }
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(l0, l1));
+        const __m128i totals = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        const float dx = a->d[row * a->slots + s];
+        /* the scale products rounded to fp32 first, as k_tile; Q6_K's min lanes stay 0 (no 0 * inf) */
+        const __m128 products = type == GGUF_Q6_K ? _mm_setr_ps(r0.d * dx, r1.d * dx, 0.0f, 0.0f)
+                                                  : _mm_setr_ps(r0.d * dx, r1.d * dx, r0.dmin * dx, r1.dmin * dx);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(totals), products, acc);
+    }
+    float v[4];
+    _mm_storeu_ps(v, acc);
+    out[0] = v[0] - v[2], out[1] = v[1] - v[3];
+}
+
+/* columns [n_begin, n_end) of a K-quant weight for the single row 0 */
+static inline __attribute__((always_inline)) void k_row_columns(const Quantized *a, const uint8_t *packed, const int type,
+                                                                long col_bytes, const float *bias, void *out, int out_bf16,
+                                                                long n_begin, long n_end) {
+    long n = n_begin;
+    for (; n + 2 <= n_end; n += 2) {
+        float v[2];
+        k_row_2cols(a, 0, packed + n * col_bytes, col_bytes, type, v);
+        store(v[0], bias, n, out, out_bf16, n);
+        store(v[1], bias, n + 1, out, out_bf16, n + 1);
+    }
+    if (n < n_end) k_tile(a, 0, packed + n * col_bytes, col_bytes, type, bias, n, out, out_bf16, 0, 1, 1);
+}
+#endif
