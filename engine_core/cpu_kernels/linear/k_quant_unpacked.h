@@ -76,17 +76,31 @@ static __attribute__((noinline)) void k_unpacked_4x2(const Quantized *a, long ro
     for (long s = 0; s < supers; s++) {
         __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00, s30 = s00, s31 = s00;
         for (long at = s * SUPER, b = s * GROUP; at < (s + 1) * SUPER; at += QBLOCK, b++) {
-            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(u->ints + at));
-            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(u->ints + K + at));
-            const __m256i c0 = _mm256_load_si256(scale0 + b), c1 = _mm256_load_si256(scale1 + b);
-            __m256i xq = _mm256_loadu_si256((const __m256i *)(x + at));
-            s00 = k_add_dot(s00, w0, xq, c0), s01 = k_add_dot(s01, w1, xq, c1);
-            xq = _mm256_loadu_si256((const __m256i *)(x + K + at));
-            s10 = k_add_dot(s10, w0, xq, c0), s11 = k_add_dot(s11, w1, xq, c1);
-            xq = _mm256_loadu_si256((const __m256i *)(x + 2 * K + at));
-            s20 = k_add_dot(s20, w0, xq, c0), s21 = k_add_dot(s21, w1, xq, c1);
-            xq = _mm256_loadu_si256((const __m256i *)(x + 3 * K + at));
-            s30 = k_add_dot(s30, w0, xq, c0), s31 = k_add_dot(s31, w1, xq, c1);
+            /* k_add_dot for the 8 pairs, by hand: each load once into a register (the compiler would load
+             * every input row and scale twice, as memory operands, and the loads would bound the loop) */
+            __m256i w0, w1, c0, c1, xq, t;
+            __asm__("vmovdqu %[w0p], %[w0]\n\t"
+                    "vmovdqu %[w1p], %[w1]\n\t"
+                    "vmovdqa %[c0p], %[c0]\n\t"
+                    "vmovdqa %[c1p], %[c1]\n\t"
+#define K_ROW_STEP(X, S0, S1)                                                                          \
+                    "vmovdqu " X ", %[xq]\n\t"                                                         \
+                    "vpmaddubsw %[xq], %[w0], %[t]\n\t"                                                \
+                    "vpmaddwd %[c0], %[t], %[t]\n\t"                                                   \
+                    "vpaddd %[t], " S0 ", " S0 "\n\t"                                                  \
+                    "vpmaddubsw %[xq], %[w1], %[t]\n\t"                                                \
+                    "vpmaddwd %[c1], %[t], %[t]\n\t"                                                   \
+                    "vpaddd %[t], " S1 ", " S1 "\n\t"
+                    K_ROW_STEP("%[x0p]", "%[s00]", "%[s01]") K_ROW_STEP("%[x1p]", "%[s10]", "%[s11]")
+                    K_ROW_STEP("%[x2p]", "%[s20]", "%[s21]") K_ROW_STEP("%[x3p]", "%[s30]", "%[s31]")
+#undef K_ROW_STEP
+                    : [s00] "+x"(s00), [s01] "+x"(s01), [s10] "+x"(s10), [s11] "+x"(s11), [s20] "+x"(s20),
+                      [s21] "+x"(s21), [s30] "+x"(s30), [s31] "+x"(s31), [w0] "=&x"(w0), [w1] "=&x"(w1),
+                      [c0] "=&x"(c0), [c1] "=&x"(c1), [xq] "=&x"(xq), [t] "=&x"(t)
+                    : [w0p] "m"(*(const __m256i *)(u->ints + at)), [w1p] "m"(*(const __m256i *)(u->ints + K + at)),
+                      [c0p] "m"(scale0[b]), [c1p] "m"(scale1[b]), [x0p] "m"(*(const __m256i *)(x + at)),
+                      [x1p] "m"(*(const __m256i *)(x + K + at)), [x2p] "m"(*(const __m256i *)(x + 2 * K + at)),
+                      [x3p] "m"(*(const __m256i *)(x + 3 * K + at)));
         }
         const KScales *k0 = u->k + s, *k1 = u->k + supers + s;
         const int16_t *bs = a->bsums + row * (K / 16) + s * 16;
