@@ -2,9 +2,9 @@
  * out of line, every value in a register.
  *
  * One row reads each weight once, so the work per super-block beside the integer products is what limits it:
- * here the super-block's scales are decoded into registers (the 6-bit scales and mins widened to int16 once,
- * each block's scale vector one byte shuffle from them; the fp16 d and dmin by F16C), nothing goes through
- * memory, and the two columns' sums and min terms are reduced and scaled in one register: lanes 0, 1 the
+ * here the super-block's scales are decoded into registers (the 6-bit scales and mins unpacked in vector and
+ * widened to int16, each block's scale vector one byte shuffle from them; the fp16 d and dmin of both columns
+ * by one F16C conversion), nothing goes through memory, and the two columns' sums and min terms are reduced and scaled in one register: lanes 0, 1 the
  * columns' running sums, lanes 2, 3 their min terms, the fp32 steps of k_fuse lane for lane. The same exact
  * integers per super-block and the same fp32 steps as k_tile: the same bits.
  *
@@ -14,31 +14,46 @@
 #ifndef NVLLM_K_QUANT_ROW_H
 #define NVLLM_K_QUANT_ROW_H
 
-/* a column's super-block scales in registers: int16 per block (Q6_K: per 16 inputs), fp32 d and dmin */
+/* a column's super-block scales in registers: int16 per block (Q6_K: per 16 inputs) */
 typedef struct {
     __m256i sc;  /* Q4_K / Q5_K: sc[0..7] in both halves; Q6_K: sc[0..15] */
     __m256i mn2; /* Q4_K / Q5_K: each min twice (it meets a block's two 16-input sums) */
-    float d, dmin;
 } KRegs;
 
-static inline float half_to_float(const uint8_t *p) { return _cvtsh_ss(read_u16(p)); }
+/* Q4_K / Q5_K's 12 scale bytes (k_scales_and_mins) in vector: the bytes sc[0..7], mn[0..7]. The 16 bytes read
+ * from s end inside the super-block (its quants follow the scales) */
+static inline __m128i k_scale_bytes(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);
+    const __m128i low6 = _mm_and_si128(v, _mm_set1_epi8(63));                                  /* sc0-3, mn0-3 */
+    const __m128i top2 = _mm_srli_epi16(_mm_and_si128(v, _mm_set1_epi8((char)0xc0)), 2);      /* their bits 4-5 */
+    const __m128i c = _mm_shuffle_epi32(v, 0xaa);                                              /* bytes 8-11 */
+    const __m128i nibbles = _mm_blend_epi32(_mm_and_si128(c, _mm_set1_epi8(15)),
+                                            _mm_and_si128(_mm_srli_epi16(c, 4), _mm_set1_epi8(15)), 0x2);
+    return _mm_unpacklo_epi32(low6, _mm_or_si128(top2, nibbles)); /* sc0-3, sc4-7, mn0-3, mn4-7 */
+}
 
 static inline KRegs k_regs(const uint8_t *g, const int type) {
     KRegs r;
     if (type == GGUF_Q6_K) {
         r.sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 192)));
         r.mn2 = _mm256_setzero_si256();
-        r.d = half_to_float(g + 208), r.dmin = 0.0f;
         return r;
     }
-    uint32_t scales[2], mins[2];
-    k_scales_and_mins(g + 4, scales, mins);
-    const __m128i bytes = _mm_set_epi32((int)mins[1], (int)mins[0], (int)scales[1], (int)scales[0]);
+    const __m128i bytes = k_scale_bytes(g + 4);
     r.sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
     const __m128i min_bytes = _mm_srli_si128(bytes, 8);
     r.mn2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(min_bytes, min_bytes));
-    r.d = half_to_float(g), r.dmin = half_to_float(g + 2);
     return r;
+}
+
+/* d_0, d_1, dmin_0, dmin_1 of the two columns' super-blocks (fp16 in the file; Q6_K: no dmin, 0) */
+static inline __m128 k_pair_scales(const uint8_t *g0, const uint8_t *g1, const int type) {
+    if (type == GGUF_Q6_K)
+        return _mm_cvtph_ps(_mm_setr_epi16((short)read_u16(g0 + 208), (short)read_u16(g1 + 208), 0, 0, 0, 0, 0, 0));
+    uint32_t h0, h1; /* d, dmin of each */
+    memcpy(&h0, g0, 4);
+    memcpy(&h1, g1, 4);
+    return _mm_cvtph_ps(_mm_shufflelo_epi16(_mm_setr_epi32((int)h0, (int)h1, 0, 0), 0xd8)); /* d0 d1 dmin0 dmin1 */
 }
 
 /* block b's scale in every int16 of the pair sums (Q6_K: sc[2b] for inputs 0-15, sc[2b+1] for 16-31) */
@@ -81,10 +96,9 @@ static __attribute__((noinline)) void k_row_2cols(const Quantized *a, long row, 
         }
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(l0, l1));
         const __m128i totals = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        const float dx = a->d[row * a->slots + s];
         /* the scale products rounded to fp32 first, as k_tile; Q6_K's min lanes stay 0 (no 0 * inf) */
-        const __m128 products = type == GGUF_Q6_K ? _mm_setr_ps(r0.d * dx, r1.d * dx, 0.0f, 0.0f)
-                                                  : _mm_setr_ps(r0.d * dx, r1.d * dx, r0.dmin * dx, r1.dmin * dx);
+        __m128 products = _mm_mul_ps(k_pair_scales(g0, g1, type), _mm_set1_ps(a->d[row * a->slots + s]));
+        if (type == GGUF_Q6_K) products = _mm_blend_ps(products, _mm_setzero_ps(), 0xc);
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(totals), products, acc);
     }
     float v[4];
