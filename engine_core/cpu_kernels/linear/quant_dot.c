@@ -380,6 +380,31 @@ static inline void store(float total, const float *bias, long n, void *out, int 
         ((float *)out)[at] = total;
 }
 
+/* the scales d and offsets m of the group at g (count blocks) of a per-32 type: d q + m is a weight */
+static inline void group_weight_scales(const int type, const uint8_t *g, long count, float dw[GROUP], float m[GROUP]) {
+    const int offset = has_offset(type);
+    const uint16_t *head = (const uint16_t *)g;
+    if (as_in_file(type)) { /* Q5_0, Q5_1 */
+#if defined(__AVX2__)
+        q5_group_scales(type, g, count, dw, m);
+#else
+        float unused[GROUP];
+        file_group_scales(type, g, count, dw, unused, m);
+#endif
+        return;
+    }
+#if defined(__AVX2__) /* F16C: the same exact conversion, 8 at once */
+    _mm256_storeu_ps(dw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head)));
+    if (offset) _mm256_storeu_ps(m, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + GROUP))));
+#else
+    for (int b = 0; b < GROUP; b++) dw[b] = fp16_to_float(head[b]);
+    if (offset)
+        for (int b = 0; b < GROUP; b++) m[b] = fp16_to_float(head[GROUP + b]);
+#endif
+    if (!offset)
+        for (int b = 0; b < GROUP; b++) m[b] = type == GGUF_Q4_0 ? -8.0f * dw[b] : 0.0f;
+}
+
 #include "k_quant_tile.h"
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include "amx_k_tile.h"
@@ -387,13 +412,14 @@ static inline void store(float total, const float *bias, long n, void *out, int 
 #if defined(__AVX2__) && !defined(__AVX512BW__)
 #include "k_quant_unpacked.h"
 #include "k_quant_row.h"
+#include "quant_unpacked.h"
 #endif
 
 /* rows [0, mr) x columns [0, nr) over all of K, for the per-32 types; mr, nr compile-time where inlined */
 static inline __attribute__((always_inline)) void tile(const Quantized *a, long row, const uint8_t *w, long col_bytes,
                                                        const int type, const float *bias, long n0, void *out, int out_bf16,
                                                        long out_stride, const int mr, const int nr) {
-    const int signed_w = is_signed(type), offset = has_offset(type);
+    const int signed_w = is_signed(type);
     const long blocks = a->blocks, K = blocks * QBLOCK;
 #if defined(__AVX512BW__)
     __m512 acc[MR][NR]; /* lanes 0-7: the even blocks', 8-15: the odd ones' */
@@ -410,28 +436,8 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
         const long bytes = group_bytes(type, count);
         float scale[MR][NR][GROUP], m[NR][GROUP];
         for (int j = 0; j < nr; j++) {
-            const uint16_t *head = (const uint16_t *)(w + j * col_bytes + at);
             float dw[GROUP];
-            if (as_in_file(type)) { /* Q5_0, Q5_1 */
-#if defined(__AVX2__)
-                q5_group_scales(type, w + j * col_bytes + at, count, dw, m[j]);
-#else
-                float unused[GROUP];
-                file_group_scales(type, w + j * col_bytes + at, count, dw, unused, m[j]);
-#endif
-            } else {
-#if defined(__AVX2__) /* F16C: the same exact conversion, 8 at once */
-                _mm256_storeu_ps(dw, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head)));
-                if (offset)
-                    _mm256_storeu_ps(m[j], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + GROUP))));
-#else
-                for (int b = 0; b < GROUP; b++) dw[b] = fp16_to_float(head[b]);
-                if (offset)
-                    for (int b = 0; b < GROUP; b++) m[j][b] = fp16_to_float(head[GROUP + b]);
-#endif
-                if (!offset)
-                    for (int b = 0; b < GROUP; b++) m[j][b] = type == GGUF_Q4_0 ? -8.0f * dw[b] : 0.0f;
-            }
+            group_weight_scales(type, w + j * col_bytes + at, count, dw, m[j]);
             for (int i = 0; i < mr; i++) {
                 const float *dx = a->d + (row + i) * a->slots + g * GROUP;
                 for (int b = 0; b < GROUP; b++) scale[i][j][b] = dw[b] * dx[b];
@@ -618,6 +624,18 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
                 case GGUF_Q4_K: k_row_columns(&a, packed, GGUF_Q4_K, col, bias, out, out_bf16, begin, end); break;
                 case GGUF_Q5_K: k_row_columns(&a, packed, GGUF_Q5_K, col, bias, out, out_bf16, begin, end); break;
                 default: k_row_columns(&a, packed, GGUF_Q6_K, col, bias, out, out_bf16, begin, end); break;
+                }
+            } else if (M >= UNPACKED_MIN_ROWS) {
+                int failed;
+                switch (type) {
+#define UNPACKED_CASE(T) case T: failed = unpacked_columns(&a, M, packed, T, col, bias, out, out_bf16, out_stride, begin, end); break;
+                    UNPACKED_CASE(GGUF_Q4_0) UNPACKED_CASE(GGUF_Q4_1) UNPACKED_CASE(GGUF_Q5_0) UNPACKED_CASE(GGUF_Q5_1)
+#undef UNPACKED_CASE
+                default: failed = unpacked_columns(&a, M, packed, GGUF_Q8_0, col, bias, out, out_bf16, out_stride, begin, end); break;
+                }
+                if (failed) {
+#pragma omp atomic write
+                    status = -1;
                 }
             } else
 #endif

@@ -1,0 +1,119 @@
+/* quant_dot.c's prefills of the per-32 types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on the AVX2 tier: tile's
+ * arithmetic with the weights unpacked first.
+ *
+ * From UNPACKED_MIN_ROWS rows on, two columns' blocks are unpacked once per chunk of rows (their 32 integers per
+ * block in input order, each block's d and m as fp32), so the 2 x 2 tile's loop is loads, the integer products
+ * and one fma per block: no nibble or fifth-bit unpacking and no fp16 conversion per row pair, and its 8
+ * running sums stay in registers (tile's 4 x 2, with its even and odd blocks' sums, spills them). The same
+ * integers, the same fp32 steps in the same order (each row's scale d_w d_x rounded first, even blocks into
+ * one register and odd ones into another, the offset terms after each group): the same bits as tile.
+ *
+ * Included by quant_dot.c on the AVX2 tier, after k_quant_unpacked.h (UNPACKED_MIN_ROWS).
+ */
+#ifndef NVLLM_QUANT_UNPACKED_H
+#define NVLLM_QUANT_UNPACKED_H
+
+typedef struct {
+    uint8_t *ints; /* [UNPACKED_COLS][K] */
+    float *d, *m;  /* [UNPACKED_COLS][blocks rounded up to whole groups] */
+} Unpacked;
+
+static void unpack_columns(const uint8_t *w, long col_bytes, int cols, long blocks, const int type, Unpacked *u) {
+    const long groups = (blocks + GROUP - 1) / GROUP;
+    for (int j = 0; j < cols; j++) {
+        long at = 0;
+        for (long g = 0; g < groups; g++) {
+            const long count = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
+            const uint8_t *group = w + j * col_bytes + at;
+            group_weight_scales(type, group, count, u->d + j * groups * GROUP + g * GROUP, u->m + j * groups * GROUP + g * GROUP);
+            for (long b = 0; b < count; b++)
+                _mm256_storeu_si256((__m256i *)(u->ints + j * blocks * QBLOCK + (g * GROUP + b) * QBLOCK),
+                                    weight_ints(group, b, type));
+            at += group_bytes(type, count);
+        }
+    }
+}
+
+/* rows [row, row + mr) x the unpacked columns [0, nr), mr, nr <= 2: tile's sums, lane for lane */
+static inline __attribute__((always_inline)) void unpacked_tile(const Quantized *a, long row, const Unpacked *u,
+                                                                const int type, const float *bias, long n0, void *out,
+                                                                int out_bf16, long out_stride, const int mr, const int nr) {
+    const int signed_w = is_signed(type);
+    const long blocks = a->blocks, K = blocks * QBLOCK, groups = (blocks + GROUP - 1) / GROUP;
+    lanes acc[2][2], odd[2][2];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) acc[i][j] = lanes_zero(), odd[i][j] = lanes_zero();
+    for (long g = 0; g < groups; g++) {
+        const long count = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
+        float scale[2][2][GROUP];
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) /* d_w d_x per block, rounded to fp32 (tile's dw[b] * dx[b]) */
+                _mm256_storeu_ps(scale[i][j], _mm256_mul_ps(_mm256_loadu_ps(u->d + j * groups * GROUP + g * GROUP),
+                                                            _mm256_loadu_ps(a->d + (row + i) * a->slots + g * GROUP)));
+        for (long b = 0; b < count; b++) {
+            const long k = (g * GROUP + b) * QBLOCK;
+            __m256i wq[2];
+            for (int j = 0; j < nr; j++) wq[j] = _mm256_loadu_si256((const __m256i *)(u->ints + j * K + k));
+            for (int i = 0; i < mr; i++) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + k));
+                for (int j = 0; j < nr; j++) {
+                    const __m256i sums = block_dot(wq[j], xq, signed_w);
+                    if (b % 2)
+                        odd[i][j] = add_scaled(odd[i][j], sums, &scale[i][j][b]);
+                    else
+                        acc[i][j] = add_scaled(acc[i][j], sums, &scale[i][j][b]);
+                }
+            }
+        }
+        if (!signed_w)
+            for (int i = 0; i < mr; i++)
+                for (int j = 0; j < nr; j++)
+                    acc[i][j] = add_products(acc[i][j], u->m + j * groups * GROUP + g * GROUP,
+                                             a->s + (row + i) * a->slots + g * GROUP);
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++)
+            store(lanes_total(lanes_add(acc[i][j], odd[i][j])), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
+}
+
+/* the full 2 x 2 tile, out of line: one copy per type, its sums in registers */
+static __attribute__((noinline)) void unpacked_2x2(const Quantized *a, long row, const Unpacked *u, const int type,
+                                                   const float *bias, long n0, void *out, int out_bf16, long out_stride) {
+    unpacked_tile(a, row, u, type, bias, n0, out, out_bf16, out_stride, 2, 2);
+}
+
+/* columns [n_begin, n_end) of a per-32 weight for all M rows. Returns -1 when out of memory (nothing written). */
+static inline __attribute__((always_inline)) int unpacked_columns(const Quantized *a, long M, const uint8_t *packed,
+                                                                  const int type, long col_bytes, const float *bias,
+                                                                  void *out, int out_bf16, long out_stride,
+                                                                  long n_begin, long n_end) {
+    const long blocks = a->blocks, K = blocks * QBLOCK, padded = (blocks + GROUP - 1) / GROUP * GROUP;
+    Unpacked u;
+    u.ints = malloc(UNPACKED_COLS * K);
+    u.d = malloc(UNPACKED_COLS * padded * sizeof(float));
+    u.m = malloc(UNPACKED_COLS * padded * sizeof(float));
+    const int ok = u.ints && u.d && u.m;
+    if (ok) {
+        memset(u.d, 0, UNPACKED_COLS * padded * sizeof(float)); /* the last group's blocks past K: scale 0 */
+        memset(u.m, 0, UNPACKED_COLS * padded * sizeof(float));
+        for (long m0 = 0; m0 < M; m0 += ROW_CHUNK) {
+            const long m_end = M - m0 < ROW_CHUNK ? M : m0 + ROW_CHUNK;
+            for (long n = n_begin; n < n_end; n += UNPACKED_COLS) {
+                const int nr = n_end - n < UNPACKED_COLS ? (int)(n_end - n) : UNPACKED_COLS;
+                unpack_columns(packed + n * col_bytes, col_bytes, nr, blocks, type, &u);
+                for (long m = m0; m < m_end; m += 2) {
+                    if (m + 2 <= m_end && nr == 2)
+                        unpacked_2x2(a, m, &u, type, bias, n, out, out_bf16, out_stride);
+                    else
+                        for (long i = m; i < m + 2 && i < m_end; i++)
+                            unpacked_tile(a, i, &u, type, bias, n, out, out_bf16, out_stride, 1, nr);
+                }
+            }
+        }
+    }
+    free(u.ints);
+    free(u.d);
+    free(u.m);
+    return ok ? 0 : -1;
+}
+#endif
