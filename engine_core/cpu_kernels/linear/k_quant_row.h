@@ -94,8 +94,7 @@ static __attribute__((noinline)) void k_row_2cols(const Quantized *a, long row, 
         } else {
             l0 = _mm256_madd_epi16(r0.mn2, bs), l1 = _mm256_madd_epi16(r1.mn2, bs);
         }
-        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(l0, l1));
-        const __m128i totals = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        const __m128i totals = k_totals4(s0, s1, l0, l1);
         /* the scale products rounded to fp32 first, as k_tile; Q6_K's min lanes stay 0 (no 0 * inf) */
         __m128 products = _mm_mul_ps(k_pair_scales(g0, g1, type), _mm_set1_ps(a->d[row * a->slots + s]));
         if (type == GGUF_Q6_K) products = _mm_blend_ps(products, _mm_setzero_ps(), 0xc);

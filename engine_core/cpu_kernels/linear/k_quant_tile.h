@@ -105,11 +105,21 @@ static inline float k_row_at(k_row r, int j) {
     return v[j];
 }
 
+/* four sums' lanes added pairwise: the total of s_j is lane j plus lane j + 4 (exact integers: the order of
+ * the additions does not matter) */
+static inline __m256i k_halves4(k_sums s0, k_sums s1, k_sums s2, k_sums s3) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+}
+
+/* the totals of four sums' 8 lanes each, in lanes 0-3 */
+static inline __m128i k_totals4(k_sums s0, k_sums s1, k_sums s2, k_sums s3) {
+    const __m256i h = k_halves4(s0, s1, s2, s3);
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
 /* acc_j = fma(S_j, scale_j, acc_j), S_j the total of s[j]'s 8 lanes (an exact integer), for 4 columns at once */
 static inline k_row k_fuse(k_row acc, const k_sums s[4], const float scale[4]) {
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m128i totals = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    return _mm_fmadd_ps(_mm_cvtepi32_ps(totals), _mm_loadu_ps(scale), acc);
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(k_totals4(s[0], s[1], s[2], s[3])), _mm_loadu_ps(scale), acc);
 }
 #else
 typedef struct { int32_t v[LANES]; } k_sums;

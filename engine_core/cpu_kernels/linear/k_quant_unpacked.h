@@ -38,12 +38,6 @@ static void k_unpack(const uint8_t *w, long col_bytes, int cols, long K, const i
         }
 }
 
-/* one row's sums of the 2 columns, s0 and s1, with their min terms m0, m1, added pairwise: the row's 4 totals are
- * the sum of the register's two halves (exact integers: the order of the additions does not matter) */
-static inline __m256i k_row_halves(__m256i s0, __m256i s1, __m256i m0, __m256i m1) {
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(m0, m1));
-}
-
 /* a pair of rows' running sums [row 0: S_0, S_1, L_0, L_1, row 1: the same] += their totals * d d_x (and
  * dmin d_x): k_fuse's fp32 steps, lane for lane. scales: d_0, d_1, dmin_0, dmin_1 in both halves */
 static inline __m256 k_pair_step(__m256 acc, __m256i halves0, __m256i halves1, __m256 scales, float dx0, float dx1,
@@ -59,9 +53,9 @@ static inline __m256 k_pair_step(__m256 acc, __m256i halves0, __m256i halves1, _
 static inline __m256i k_row_of(__m256i s0, __m256i s1, const KScales *k0, const KScales *k1, const int16_t *bs,
                                const int type) {
     if (type == GGUF_Q6_K)
-        return k_row_halves(k_q6_correct(s0, k0, bs), k_q6_correct(s1, k1, bs), _mm256_setzero_si256(),
+        return k_halves4(k_q6_correct(s0, k0, bs), k_q6_correct(s1, k1, bs), _mm256_setzero_si256(),
                             _mm256_setzero_si256());
-    return k_row_halves(s0, s1, k_min_lanes(k0, bs), k_min_lanes(k1, bs));
+    return k_halves4(s0, s1, k_min_lanes(k0, bs), k_min_lanes(k1, bs));
 }
 
 /* the full 4 x 2 tile over all of K into acc[0] (rows 0, 1) and acc[1] (rows 2, 3). Out of line and written

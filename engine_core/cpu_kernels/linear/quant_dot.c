@@ -288,6 +288,17 @@ static inline lanes add_scaled(lanes acc, __m256i sums, const float *scale) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_broadcast_ss(scale), acc);
 }
 
+/* block b's products (w, x: its 32 integers) scaled into the even or the odd blocks' running sum: two chains of
+ * fused multiply-adds, each half as long (tile's order, which every tier keeps) */
+static inline __attribute__((always_inline)) void add_even_or_odd(lanes *even, lanes *odd, long b, __m256i w, __m256i x,
+                                                                   int signed_w, const float *scale) {
+    const __m256i sums = block_dot(w, x, signed_w);
+    if (b % 2)
+        *odd = add_scaled(*odd, sums, scale);
+    else
+        *even = add_scaled(*even, sums, scale);
+}
+
 static inline lanes add_products(lanes acc, const float *m, const float *s) {
     return _mm256_fmadd_ps(_mm256_loadu_ps(m), _mm256_loadu_ps(s), acc);
 }
@@ -487,13 +498,7 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             for (int j = 0; j < nr; j++) wq[j] = weight_ints(w + j * col_bytes + at, b, type);
             for (int i = 0; i < mr; i++) {
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + k));
-                for (int j = 0; j < nr; j++) {
-                    const __m256i sums = block_dot(wq[j], xq, signed_w);
-                    if (b % 2)
-                        odd[i][j] = add_scaled(odd[i][j], sums, &scale[i][j][b]);
-                    else
-                        acc[i][j] = add_scaled(acc[i][j], sums, &scale[i][j][b]);
-                }
+                for (int j = 0; j < nr; j++) add_even_or_odd(&acc[i][j], &odd[i][j], b, wq[j], xq, signed_w, &scale[i][j][b]);
             }
 #else
             int8_t wq[NR][QBLOCK];

@@ -56,13 +56,7 @@ static inline __attribute__((always_inline)) void unpacked_tile(const Quantized 
             for (int j = 0; j < nr; j++) wq[j] = _mm256_loadu_si256((const __m256i *)(u->ints + j * K + k));
             for (int i = 0; i < mr; i++) {
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(a->q + (row + i) * K + k));
-                for (int j = 0; j < nr; j++) {
-                    const __m256i sums = block_dot(wq[j], xq, signed_w);
-                    if (b % 2)
-                        odd[i][j] = add_scaled(odd[i][j], sums, &scale[i][j][b]);
-                    else
-                        acc[i][j] = add_scaled(acc[i][j], sums, &scale[i][j][b]);
-                }
+                for (int j = 0; j < nr; j++) add_even_or_odd(&acc[i][j], &odd[i][j], b, wq[j], xq, signed_w, &scale[i][j][b]);
             }
         }
         if (!signed_w)
