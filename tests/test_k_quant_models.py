@@ -146,11 +146,14 @@ def _c_loop_and_modules(path: str, dtype: str):
 
 
 @pytest.mark.skipif(cpu_quant_dot.load() is None, reason="no C compiler: quant_dot.c is not built")
-@pytest.mark.parametrize("tier,dtype", [pytest.param(p.values[0], dtype, marks=p.marks, id=f"{p.values[0]}-{dtype}")
-                                        for p in tier_params("own", "avx2") for dtype in ("float32", "bfloat16")])
+@pytest.mark.parametrize("tier,dtype", [
+    *[pytest.param(p.values[0], dtype, marks=p.marks, id=f"{p.values[0]}-{dtype}")
+      for p in tier_params("own", "avx2") for dtype in ("float32", "bfloat16")],
+    *[pytest.param(p.values[0], "bfloat16", marks=p.marks, id=f"{p.values[0]}-bfloat16") for p in tier_params("portable")]])
 def test_the_c_decoder_loops_run_the_kept_mix_as_the_modules_do(k_quant_gguf, tier, dtype):
     """Kept K-quant layers and fused layers of mixed types (pieces) run in the one-call C loops, bit for bit as the
-    modules run them, in float32 and bf16, on the machine's tier and on AVX2."""
+    modules run them, in float32 and bf16, on the machine's tier and on AVX2 (and portable C, in bf16: the generic
+    bf16 loop with quant_dot.c's plain-C tiles)."""
     from engine_core.models import cpu_decoder, cpu_decoder_f32
 
     with forced_tier(tier):

@@ -531,12 +531,12 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
 #define TILE(MRV, NRV)                                                                   \
     if (is_k_quant(type)) k_tile(a, m, w, col, type, bias, n, out, out_bf16, out_stride, MRV, NRV); \
     else tile(a, m, w, col, type, bias, n, out, out_bf16, out_stride, MRV, NRV)
-#define TILE_NR(MRV)              \
-    switch (nr) {                 \
-    case 1: TILE(MRV, 1); break;  \
-    case 2: TILE(MRV, 2); break;  \
-    case 3: TILE(MRV, 3); break;  \
-    default: TILE(MRV, 4); break; \
+#define TILE_MR(NRV)              \
+    switch (mr) {                 \
+    case 1: TILE(1, NRV); break;  \
+    case 2: TILE(2, NRV); break;  \
+    case 3: TILE(3, NRV); break;  \
+    default: TILE(4, NRV); break; \
     }
 
 /* columns [n_begin, n_end) for every row: rows in chunks whose inputs stay in L2, a tile of columns at a
@@ -553,18 +553,31 @@ static inline __attribute__((always_inline)) void columns(const Quantized *a, lo
             const uint8_t *w = packed + n * col;
             for (long m = m0; m < m_end; m += MR) {
                 const int mr = m_end - m < MR ? (int)(m_end - m) : MR;
-                switch (mr) {
-                case 1: TILE_NR(1); break;
-                case 2: TILE_NR(2); break;
-                case 3: TILE_NR(3); break;
-                default: TILE_NR(4); break;
-                }
+#if defined(__AVX2__) /* the full widths' tiles compiled for their shapes; a thread's last columns take any shape */
+                if (nr == 4) TILE_MR(4)
+                else if (nr == 2) TILE_MR(2)
+                else TILE(mr, nr);
+#else /* plain C: one tile for every shape (each shape compiled apart took minutes) */
+                TILE(mr, nr);
+#endif
             }
         }
     }
 }
-#undef TILE_NR
+#undef TILE_MR
 #undef TILE
+
+/* columns for one type, out of line: one function per type, each compiled apart (all of them inlined in
+ * quant_dot_linear's parallel region made one function of hundreds of KB, which took the compiler minutes) */
+#define COLUMNS_OF(T)                                                                                              \
+    static __attribute__((noinline)) void columns_##T(const Quantized *a, long M, const uint8_t *packed, long col, \
+                                                      const float *bias, void *out, int out_bf16, long out_stride,  \
+                                                      long n_begin, long n_end) {                                   \
+        columns(a, M, packed, T, col, bias, out, out_bf16, out_stride, n_begin, n_end);                            \
+    }
+COLUMNS_OF(GGUF_Q4_0) COLUMNS_OF(GGUF_Q4_1) COLUMNS_OF(GGUF_Q5_0) COLUMNS_OF(GGUF_Q5_1) COLUMNS_OF(GGUF_Q8_0)
+COLUMNS_OF(GGUF_Q4_K) COLUMNS_OF(GGUF_Q5_K) COLUMNS_OF(GGUF_Q6_K)
+#undef COLUMNS_OF
 
 /* out [M, N] (row stride out_stride, float32 or bf16) = x [M, K] (row stride x_stride, float32 or bf16)
  * @ W^T + bias (float32, or NULL). packed: quant_dot_pack's. Returns 0, or -1 when out of memory. */
@@ -645,11 +658,11 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
             } else
 #endif
             switch (type) { /* one copy of the tiles per type */
-#define TYPE_CASE(T) case T: columns(&a, M, packed, T, col, bias, out, out_bf16, out_stride, begin, end); break;
+#define TYPE_CASE(T) case T: columns_##T(&a, M, packed, col, bias, out, out_bf16, out_stride, begin, end); break;
                 TYPE_CASE(GGUF_Q4_0) TYPE_CASE(GGUF_Q4_1) TYPE_CASE(GGUF_Q5_0) TYPE_CASE(GGUF_Q5_1)
                 TYPE_CASE(GGUF_Q4_K) TYPE_CASE(GGUF_Q5_K) TYPE_CASE(GGUF_Q6_K)
 #undef TYPE_CASE
-            default: columns(&a, M, packed, GGUF_Q8_0, col, bias, out, out_bf16, out_stride, begin, end); break;
+            default: columns_GGUF_Q8_0(&a, M, packed, col, bias, out, out_bf16, out_stride, begin, end); break;
             }
         }
     } else {
