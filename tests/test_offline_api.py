@@ -216,12 +216,13 @@ def test_bench_cpu_runs_the_workloads_alone_and_busy(tiny_models, tmp_path):
 
     out = tmp_path / "cpu.json"
     assert main(["bench", "cpu", tiny_models["llama"], "--workloads", "prefill,decode", "--repeat", "1", "--busy",
-                 "--settle-timeout", "5", "--output-json", str(out)]) == 0
+                 "--num-prompts", "4", "--settle-timeout", "5", "--output-json", str(out)]) == 0
     written = json.loads(out.read_text())
     assert written["command"].startswith("nvllm bench cpu ")
     result = written["results"]
     assert result["gemm_peak"]["peak_gflops"] > 0
     assert all(rate > 0 for rate in result["quantized_kernels"]["gflops_by_kernel"]["nvllm"].values())
+    assert result["requests"] == {"prefill": 4, "decode": 4}  # --num-prompts: the first 4 of each workload's 32
     rows = {(r["workload"], r["condition"]): r for r in result["summary"]}
     assert set(rows) == {(w, c) for w in ("prefill", "decode") for c in ("alone", "busy")}
     assert all(r["nvllm"] > 0 for r in rows.values())

@@ -20,6 +20,7 @@ import sys
 import time
 
 from common.child_process import ROOT, checkout_env
+from common.cli.arg_types import positive_int
 from common.cpu_load import all_cpus, busy_ticks
 from frontend.bench.cpu_serve import run_serving
 from frontend.bench.cpu_workloads import WORKLOADS, workload
@@ -120,6 +121,7 @@ def run_suite(args) -> int:
                              "vllm"], _vllm_env(args.vllm_venv))
     conditions = ["alone", "busy"] if args.busy else ["alone"]
     runs: dict[tuple, list[float]] = {}
+    requests: dict[str, int] = {}  # per workload, as the runs report it
     for name in args.workloads:
         for condition in conditions:
             for i in range(args.repeat):
@@ -128,6 +130,8 @@ def run_suite(args) -> int:
                     with Busy() if condition == "busy" else contextlib.nullcontext():
                         result = _one_run(args, engine, name, commands[engine], folder)
                     runs.setdefault((name, condition, engine), []).append(result["tok_s"])
+                    if "requests" in result:
+                        requests[name] = result["requests"]
                     latency = (f" (mean TTFT {result['mean_ttft_ms']:.0f} ms, TPOT {result['mean_tpot_ms']:.1f} ms)"
                                if name == "serve" else "")
                     print(f"  {name:8} {condition:5} {engine:6} run {i + 1}: {result['tok_s']:8.1f} {result['unit']}"
@@ -136,7 +140,8 @@ def run_suite(args) -> int:
                         runs.setdefault((name + "-ttft", condition, engine), []).append(result["mean_ttft_ms"])
     summary = _summarize(args.workloads, conditions, engines, runs, peak, prefill_flops_per_token(folder))
     if args.output_json:
-        write_result(args, {"gemm_peak": peak, "quantized_kernels": quantized, "runs": {"/".join(k): v for k, v in runs.items()}, "summary": summary})
+        write_result(args, {"gemm_peak": peak, "quantized_kernels": quantized,
+                            "runs": {"/".join(k): v for k, v in runs.items()}, "requests": requests, "summary": summary})
     return 0
 
 
@@ -146,7 +151,8 @@ def _one_run(args, engine: str, name: str, command: tuple[list[str], dict], fold
         nvllm_flags = [f"--{a.split('=', 1)[0].replace('_', '-')}={a.split('=', 1)[1]}" for a in args.nvllm_arg]
         return run_serving(engine, cmd[0], env, folder, nvllm_flags, ROOT, args.server_log)
     extra = [folder] if engine == "vllm" else list(args.nvllm_arg)
-    return _run_child(cmd + [name] + extra, env)
+    count = [f"--num-prompts={args.num_prompts}"] if args.num_prompts else []
+    return _run_child(cmd + [name] + extra + count, env)
 
 
 def _summarize(workloads, conditions, engines, runs, peak, flops_per_token) -> list[dict]:
@@ -187,6 +193,9 @@ def register(kinds, formatter) -> None:
                    help=f"comma-separated, of {', '.join(ALL_WORKLOADS)} (serve: each engine's HTTP server driven "
                         "by `nvllm bench serve`'s client, 64 prompts of 128 tokens, 64 out, 16 in flight)")
     p.add_argument("--repeat", type=int, default=3, help="runs per engine and workload (the median is reported)")
+    p.add_argument("--num-prompts", type=positive_int, default=None, metavar="N",
+                   help="run only the first N requests of w32, prefill and decode (a quicker, noisier run; "
+                        "default: all 32)")
     p.add_argument("--busy", action="store_true",
                    help="also run every workload beside a process that keeps one CPU busy, and print the loss")
     p.add_argument("--nvllm-arg", action="append", default=[], metavar="KEY=VALUE",

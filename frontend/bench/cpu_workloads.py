@@ -4,8 +4,8 @@ Run by `nvllm bench cpu` in a fresh child process per run, with the Python of th
 the project's for nvllm, a vLLM CPU venv's for vLLM (this file imports nothing of the project at the
 top level, so it runs there as a plain script):
 
-    python -m frontend.bench.cpu_workloads nvllm w32
-    VENV/bin/python frontend/bench/cpu_workloads.py vllm w32 MODEL_DIR
+    python -m frontend.bench.cpu_workloads nvllm w32 [--num-prompts=N] [KEY=VALUE ...]
+    VENV/bin/python frontend/bench/cpu_workloads.py vllm w32 MODEL_DIR [--num-prompts=N]
 
 Workloads (random token ids, seeded, greedy, EOS ignored, max_model_len 2048; vLLM in bfloat16, nvllm in the
 dtype `--dtype auto` picks on the CPU tier: bfloat16 on avx512_bf16 and amx, float32 below):
@@ -22,10 +22,16 @@ import sys
 import time
 
 WORKLOADS = ("w32", "prefill", "decode")
+NUM_PROMPTS = "--num-prompts="  # the first N requests of a workload (a quicker run)
 
 
-def workload(name: str) -> tuple[list[list[int]], list[int]]:
-    """(prompts as token ids, output lengths)."""
+def workload(name: str, count: int | None = None) -> tuple[list[list[int]], list[int]]:
+    """(prompts as token ids, output lengths): the first `count` of the workload's requests (all: None)."""
+    prompts, outputs = _requests(name)
+    return prompts[:count], outputs[:count]
+
+
+def _requests(name: str) -> tuple[list[list[int]], list[int]]:
     if name == "w32":
         r = random.Random(0)
         prompts = [[r.randrange(200, 40000) for _ in range(r.randint(64, 512))] for _ in range(32)]
@@ -42,16 +48,16 @@ def workload(name: str) -> tuple[list[list[int]], list[int]]:
 def figures(name: str, prompts, outputs: list[int], seconds: float) -> dict:
     prompt_tokens, output_tokens = sum(map(len, prompts)), sum(outputs)
     rate = (prompt_tokens if name == "prefill" else output_tokens) / seconds
-    return {"workload": name, "seconds": round(seconds, 3), "prompt_tokens": prompt_tokens,
+    return {"workload": name, "requests": len(prompts), "seconds": round(seconds, 3), "prompt_tokens": prompt_tokens,
             "output_tokens": output_tokens, "tok_s": round(rate, 1),
             "unit": "prompt tok/s" if name == "prefill" else "output tok/s"}
 
 
-def run_nvllm(name: str, engine_args: dict) -> dict:
+def run_nvllm(name: str, engine_args: dict, count: int | None = None) -> dict:
     from frontend import LLM, SamplingParams
 
     llm = LLM(dtype="auto", max_model_len=2048, **engine_args)
-    prompts, outs = workload(name)
+    prompts, outs = workload(name, count)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in outs]
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)
     start = time.perf_counter()
@@ -63,7 +69,7 @@ def run_nvllm(name: str, engine_args: dict) -> dict:
     return figures(name, prompts, got, seconds)
 
 
-def run_vllm(name: str, model_dir: str) -> dict:
+def run_vllm(name: str, model_dir: str, count: int | None = None) -> dict:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     # vLLM keeps one core for its API server by default; offline, give it every core, as nvllm has
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
@@ -72,7 +78,7 @@ def run_vllm(name: str, model_dir: str) -> dict:
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=2048, seed=0)
-    prompts, outs = workload(name)
+    prompts, outs = workload(name, count)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in outs]
     llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=4), use_tqdm=False)
     start = time.perf_counter()
@@ -92,11 +98,13 @@ def _value(text: str):
 
 
 def main(argv: list[str]) -> int:
-    engine, name = argv[0], argv[1]
+    counts = [int(a.split("=", 1)[1]) for a in argv if a.startswith(NUM_PROMPTS)]
+    argv = [a for a in argv if not a.startswith(NUM_PROMPTS)]
+    engine, name, count = argv[0], argv[1], counts[-1] if counts else None
     if engine == "nvllm":
-        result = run_nvllm(name, {k: _value(v) for k, v in (a.split("=", 1) for a in argv[2:])})
+        result = run_nvllm(name, {k: _value(v) for k, v in (a.split("=", 1) for a in argv[2:])}, count)
     else:
-        result = run_vllm(name, argv[2])
+        result = run_vllm(name, argv[2], count)
     print("RESULT " + json.dumps(result | {"engine": engine}), flush=True)
     return 0
 
