@@ -2,6 +2,7 @@
 the split `engine-core` + `frontend` pair (503 before the core is up and after it dies), shutdown."""
 
 import argparse
+import os
 import signal
 import time
 
@@ -9,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from common.cache_dir import cache_dir
 from http_helpers import Proc, free_port, pid_alive, wait_healthy
 
 pytestmark = pytest.mark.integration
@@ -155,6 +157,11 @@ def test_serve_gguf_file_with_api_key_flag(tmp_path):
 
     gguf_path = str(tmp_path / "tiny.gguf")
     _write_gguf(gguf_path, "llama")
+    # a cache of its own for the import; the kernels built so far are shared (a build of them all took a minute)
+    kernels = os.path.join(cache_dir(), "kernels")
+    os.makedirs(kernels, exist_ok=True)
+    os.makedirs(tmp_path / "cache")
+    os.symlink(kernels, tmp_path / "cache" / "kernels")
     port = free_port()
     proc = Proc(["serve", gguf_path, "--api-key", "secret", "--served-model-name", "tiny", "--host", "127.0.0.1",
                  "--port", str(port), *TINY_ENGINE], str(tmp_path / "serve.log"),
