@@ -424,6 +424,7 @@ static inline void group_weight_scales(const int type, const uint8_t *g, long co
 #include "k_quant_unpacked.h"
 #include "k_quant_row.h"
 #include "quant_unpacked.h"
+#include "quant_row.h"
 #endif
 
 /* rows [0, mr) x columns [0, nr) over all of K, for the per-32 types; mr, nr compile-time where inlined */
@@ -642,6 +643,13 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
                 case GGUF_Q4_K: k_row_columns(&a, packed, GGUF_Q4_K, col, bias, out, out_bf16, begin, end); break;
                 case GGUF_Q5_K: k_row_columns(&a, packed, GGUF_Q5_K, col, bias, out, out_bf16, begin, end); break;
                 default: k_row_columns(&a, packed, GGUF_Q6_K, col, bias, out, out_bf16, begin, end); break;
+                }
+            } else if (M == 1) {
+                switch (type) {
+#define ROW_CASE(T) case T: row_columns(&a, packed, T, col, bias, out, out_bf16, begin, end); break;
+                    ROW_CASE(GGUF_Q4_0) ROW_CASE(GGUF_Q4_1) ROW_CASE(GGUF_Q5_0) ROW_CASE(GGUF_Q5_1)
+#undef ROW_CASE
+                default: row_columns(&a, packed, GGUF_Q8_0, col, bias, out, out_bf16, begin, end); break;
                 }
             } else if (M >= UNPACKED_MIN_ROWS) {
                 int failed;
