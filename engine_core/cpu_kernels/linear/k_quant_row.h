@@ -16,7 +16,8 @@
 
 /* a column's super-block scales in registers: int16 per block (Q6_K: per 16 inputs) */
 typedef struct {
-    __m256i sc;  /* Q4_K / Q5_K: sc[0..7] in both halves; Q6_K: sc[0..15] */
+    __m256i sc;  /* Q4_K / Q5_K: sc[0..7] in both halves; Q6_K: sc[0, 2, .., 14] in the low half, sc[1, 3, .., 15]
+                  * in the high one (block b's two scales, one shuffle apart) */
     __m256i mn2; /* Q4_K / Q5_K: each min twice (it meets a block's two 16-input sums) */
 } KRegs;
 
@@ -35,7 +36,8 @@ static inline __m128i k_scale_bytes(const uint8_t *s) {
 static inline KRegs k_regs(const uint8_t *g, const int type) {
     KRegs r;
     if (type == GGUF_Q6_K) {
-        r.sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g + 192)));
+        const __m128i even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        r.sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(g + 192)), even_odd));
         r.mn2 = _mm256_setzero_si256();
         return r;
     }
@@ -56,13 +58,9 @@ static inline __m128 k_pair_scales(const uint8_t *g0, const uint8_t *g1, const i
     return _mm_cvtph_ps(_mm_shufflelo_epi16(_mm_setr_epi32((int)h0, (int)h1, 0, 0), 0xd8)); /* d0 d1 dmin0 dmin1 */
 }
 
-/* block b's scale in every int16 of the pair sums (Q6_K: sc[2b] for inputs 0-15, sc[2b+1] for 16-31) */
-static inline __m256i k_regs_scale(const KRegs *r, int b, const int type) {
-    if (type == GGUF_Q6_K) {
-        const __m256i pair = _mm256_permutevar8x32_epi32(r->sc, _mm256_set1_epi32(b)); /* sc[2b], sc[2b+1] */
-        return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
-    }
+/* block b's scale in every int16 of the pair sums (Q6_K: sc[2b] for inputs 0-15, sc[2b+1] for 16-31): int16 b of
+ * each half */
+static inline __m256i k_regs_scale(const KRegs *r, int b) {
     return _mm256_shuffle_epi8(r->sc, _mm256_set1_epi16((short)(0x0100 + 0x0202 * b)));
 }
 
@@ -83,14 +81,16 @@ static __attribute__((noinline)) void k_row_2cols(const Quantized *a, long row, 
 #pragma GCC unroll 8
         for (int b = 0; b < GROUP; b++) {
             const __m256i xq = _mm256_loadu_si256((const __m256i *)(x + s * SUPER + b * QBLOCK));
-            s0 = k_add_dot(s0, k_weight_ints(g0, b, type), xq, k_regs_scale(&r0, b, type));
-            s1 = k_add_dot(s1, k_weight_ints(g1, b, type), xq, k_regs_scale(&r1, b, type));
+            s0 = k_add_dot(s0, k_weight_ints(g0, b, type), xq, k_regs_scale(&r0, b));
+            s1 = k_add_dot(s1, k_weight_ints(g1, b, type), xq, k_regs_scale(&r1, b));
         }
         const __m256i bs = _mm256_loadu_si256((const __m256i *)(a->bsums + row * (K / 16) + s * 16));
         __m256i l0 = _mm256_setzero_si256(), l1 = l0;
-        if (type == GGUF_Q6_K) { /* the -32 of each weight: 32 sc per 16-input sum */
-            s0 = _mm256_sub_epi32(s0, _mm256_slli_epi32(_mm256_madd_epi16(r0.sc, bs), 5));
-            s1 = _mm256_sub_epi32(s1, _mm256_slli_epi32(_mm256_madd_epi16(r1.sc, bs), 5));
+        if (type == GGUF_Q6_K) { /* the -32 of each weight: 32 sc per 16-input sum (the scales in file order) */
+            const __m256i sc0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g0 + 192)));
+            const __m256i sc1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(g1 + 192)));
+            s0 = _mm256_sub_epi32(s0, _mm256_slli_epi32(_mm256_madd_epi16(sc0, bs), 5));
+            s1 = _mm256_sub_epi32(s1, _mm256_slli_epi32(_mm256_madd_epi16(sc1, bs), 5));
         } else {
             l0 = _mm256_madd_epi16(r0.mn2, bs), l1 = _mm256_madd_epi16(r1.mn2, bs);
         }
