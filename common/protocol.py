@@ -15,9 +15,10 @@ from common.sampling_params import SamplingParams
 # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8
 MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
-PROTOCOL_VERSION = 4  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
+PROTOCOL_VERSION = 5  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
 # 3: SchedulerStats as gauges, totals and step counts; EngineCoreOutputs without engine_index;
-# 4: UtilityCall.method a UtilityMethod; EngineCoreOutput.failure (tagged) for error and error_param
+# 4: UtilityCall.method a UtilityMethod; EngineCoreOutput.failure (tagged) for error and error_param;
+# 5: EngineCoreOutput.prompt_logprobs
 
 
 class FinishReason(IntEnum):
@@ -88,6 +89,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     stop_reason: int | None = None  # the stop token id that ended it (only that: stop strings are the frontend's)
     num_cached_tokens: int = 0
     failure: Failure | None = None  # with finish_reason ERROR (or ABORT, CoreShutDown): what went wrong
+    # with the first token of a request that asked for prompt logprobs: those of prompt tokens 1.. (token 0 has none)
+    prompt_logprobs: list[Logprobs] = []
 
     @property
     def error(self) -> str | None:

@@ -11,6 +11,7 @@ import msgspec
 from tqdm.auto import tqdm
 
 from common.config import EngineArgs
+from common.errors import InvalidParameter
 from common.sampling_params import RequestOutputKind, SamplingParams
 from frontend.chat_template import render_chat
 from frontend.core_client import InprocClient
@@ -18,7 +19,7 @@ from frontend.outputs import RequestOutput
 from frontend.processor import ProcessedRequest
 from frontend.served_model import ServedModel
 
-PromptType = str | list[int]
+PromptType = str | list[int] | dict  # dict: vLLM's {"prompt": text} or {"prompt_token_ids": ids}
 
 
 class LLM:
@@ -60,7 +61,7 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
@@ -90,6 +91,8 @@ class LLM:
     def _process(self, prompt: PromptType, params: SamplingParams) -> ProcessedRequest:
         # the offline API returns only finished requests: skip the per-token outputs
         params = msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+        if isinstance(prompt, dict):
+            prompt = prompt_of(prompt)
         return self.processor.process(str(next(self._ids)), prompt, params)
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -136,3 +139,11 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
+
+def prompt_of(prompt: dict) -> str | list[int]:
+    """The text or token ids of a vLLM-style prompt dict; one of its two keys, nothing else."""
+    keys = set(prompt)
+    if keys in ({"prompt"}, {"prompt_token_ids"}):
+        return prompt[keys.pop()]
+    raise InvalidParameter("prompt", f"prompt as a dict must hold one key, 'prompt' (text) or 'prompt_token_ids' "
+                                     f"(ids); got keys {sorted(keys)}")

@@ -63,6 +63,8 @@ class OutputProcessor:
                 record.num_cached_tokens = max(record.num_cached_tokens, out.num_cached_tokens)
             seq.token_ids.extend(out.new_token_ids)
             self._add_logprobs(seq, out.new_logprobs)
+            if record.params.prompt_logprobs is not None and record.prompt_logprobs is None and out.new_token_ids:
+                record.prompt_logprobs = [None] + [self._entry(lp) for lp in out.prompt_logprobs]
             stop_str = seq.detokenizer.update(out.new_token_ids)
             if stop_str is not None:
                 seq.finish_reason, seq.stop_string = FinishReason.STOP, stop_str
@@ -85,14 +87,18 @@ class OutputProcessor:
         if seq.logprobs is None:
             return
         for lp in lps:
-            entry = {lp.token_id: Logprob(lp.logprob, lp.rank, self.tokenizer.decode([lp.token_id]))}
-            for tid, val in zip(lp.top_token_ids, lp.top_logprobs):
-                if tid not in entry:
-                    entry[tid] = Logprob(val, None, self.tokenizer.decode([tid]))
-            for rank, tid in enumerate(lp.top_token_ids, start=1):
-                entry[tid].rank = rank if tid != lp.token_id else lp.rank
-            seq.logprobs.append(entry)
+            seq.logprobs.append(self._entry(lp))
             seq.cumulative_logprob += lp.logprob
+
+    def _entry(self, lp: Logprobs) -> dict[int, Logprob]:
+        """One position's logprobs in vLLM's shape: the token's, then the top ids' (ranked), decoded."""
+        entry = {lp.token_id: Logprob(lp.logprob, lp.rank, self.tokenizer.decode([lp.token_id]))}
+        for tid, val in zip(lp.top_token_ids, lp.top_logprobs):
+            if tid not in entry:
+                entry[tid] = Logprob(val, None, self.tokenizer.decode([tid]))
+        for rank, tid in enumerate(lp.top_token_ids, start=1):
+            entry[tid].rank = rank if tid != lp.token_id else lp.rank
+        return entry
 
     def _make_output(self, record: TrackedRequest) -> RequestOutput | None:
         kind = record.params.output_kind
@@ -123,4 +129,4 @@ class OutputProcessor:
         metrics = {"arrival_time": record.arrival_time, "first_token_time": record.first_token_time,
                    "last_token_time": record.last_token_time}
         return RequestOutput(record.request_id, record.prompt, record.prompt_token_ids, completions,
-                             record.finished, record.num_cached_tokens, metrics)
+                             record.finished, record.num_cached_tokens, metrics, record.prompt_logprobs)

@@ -34,3 +34,6 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)  # arrival, first_token, last_token times (s)
+    # with SamplingParams.prompt_logprobs: per prompt token, its logprob given the tokens before it (None for the
+    # first token), with the top ids, as vLLM gives them
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

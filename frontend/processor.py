@@ -99,5 +99,7 @@ def _sample(request: EngineCoreRequest, index: int) -> EngineCoreRequest:
         return request
     if params.seed is not None:
         params = msgspec.structs.replace(params, seed=params.seed + index)  # n samples, not n copies
+    if index > 0 and params.prompt_logprobs is not None:
+        params = msgspec.structs.replace(params, prompt_logprobs=None)  # the samples share one prompt: score it once
     return msgspec.structs.replace(request, request_id=sample_id(request.request_id, index, params.n),
                                    sampling_params=params)

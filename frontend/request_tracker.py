@@ -61,6 +61,7 @@ class TrackedRequest:
     stream: object = None  # where AsyncLLM's consumer reads the outputs (an asyncio.Queue); None offline
     core: object = None  # the core link it was sent to; None offline or while it is not placed
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # once the core has sent them
     arrival_time: float = field(default_factory=time.time)
     first_token_time: float | None = None
     last_token_time: float | None = None

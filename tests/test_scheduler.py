@@ -12,11 +12,12 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.protocol import FinishReason
+from common.protocol import FinishReason, Logprobs
 from common.sampling_params import SamplingParams
 from engine_core.sched.kv_cache_manager import KVCacheManager
 from engine_core.sched.request import Request, RequestStatus
 from engine_core.sched.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine_core.worker.step_input import build_step_input
 
 pytestmark = pytest.mark.unit
 
@@ -476,3 +477,41 @@ def test_random_workloads_finish_free_everything_and_match_the_reference(workloa
 @given(crowded_workloads())
 def test_crowded_workloads_preempt_and_still_match_the_reference(workload):
     drive(*workload)
+
+
+def scored_step(sched: Scheduler, model: FakeModel):
+    """A step whose scored rows get fake prompt logprobs: the target token, and minus the row's position."""
+    out = sched.schedule()
+    planned = build_step_input(out, sched.kv.block_size)
+    step_in, at, scored = planned.step, 0, {}
+    for req, count in planned.scored:
+        rows = step_in.scored_rows[at:at + count]
+        scored[req.request_id] = [Logprobs(token_id=step_in.scored_targets[at + i], logprob=-step_in.positions[r],
+                                           rank=1) for i, r in enumerate(rows)]
+        at += count
+    return planned, sched.update_from_output(out, model.execute(out), None, scored)
+
+
+def test_prompt_logprobs_gather_over_chunks_and_a_preemption_and_go_out_once():
+    sched, model = make_scheduler(budget=16)
+    prompt = [(7 * i) % (VOCAB - 1) + 1 for i in range(40)]
+    sched.add_request(make_request("warm", prompt, max_tokens=1))  # its blocks now cached: the scored one must not hit
+    run_all(sched, model)
+    req = make_request("a", prompt, max_tokens=4, ignore_eos=True, prompt_logprobs=0)
+    sched.add_request(req)
+    planned, results = scored_step(sched, model)
+    assert [(r.request_id, n) for r, n in planned.scored] == [("a", 16)] and results == []
+    sched.running.remove(req)
+    sched._preempt(req)  # mid-prefill: its first chunk is computed again
+    outputs = []
+    while not outputs:
+        planned, outputs = scored_step(sched, model)
+    (first,) = outputs
+    assert first.num_cached_tokens == 0
+    assert [(lp.token_id, lp.logprob) for lp in first.prompt_logprobs] == [(prompt[p + 1], -p) for p in range(39)]
+    sched.running.remove(req)
+    sched._preempt(req)  # with an output token: the recompute scores nothing and sends nothing again
+    planned, outputs = scored_step(sched, model)
+    assert planned.scored == [] and all(not o.prompt_logprobs for o in outputs)
+    run_all(sched, model)
+    check_blocks(sched)

@@ -32,7 +32,7 @@ import msgspec
 import torch
 import zmq
 
-from common.protocol import MALFORMED, Logprobs
+from common.protocol import MALFORMED
 from engine_core.executor import channel
 from engine_core.executor import rendezvous as rdv
 from engine_core.distributed.block_agreement import agree_on_num_blocks
@@ -40,7 +40,7 @@ from engine_core.engine_config import EngineConfig
 from engine_core.executor.fatal_errors import FatalEngineError
 from engine_core.worker.model_runner import ModelRunner
 from engine_core.sched.scheduler import SchedulerOutput
-from engine_core.worker.step_input import build_step_input
+from engine_core.worker.step_input import StepResult, build_step_input
 from engine_core.executor.worker_proc import spawn_worker
 
 logger = logging.getLogger("nvllm")
@@ -249,17 +249,17 @@ class MultiprocExecutor:
         if self.failure is not None:
             raise TensorParallelError(self.failure)
 
-    def execute_model(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
+    def execute_model(self, out: SchedulerOutput) -> StepResult:
         self.check_health()
-        step, sampled_reqs, drafts = build_step_input(out, self.block_size)
+        planned = build_step_input(out, self.block_size)
         try:
             with self.pub_lock:
-                self.pub.send_multipart([channel.STEP, self.encoder.encode(step)])
-            logits = self.runner.forward(step)
+                self.pub.send_multipart([channel.STEP, self.encoder.encode(planned.step)])
+            logits, scored = self.runner.forward_step(planned.step)
         except Exception as e:
             raise self._step_failed(e) from e
         self.check_health()
-        return self.runner.sample(logits, sampled_reqs, drafts)
+        return self.runner.finish_step(planned, logits, scored)
 
     def _step_failed(self, error: Exception) -> TensorParallelError:
         """A collective failed: give the monitor a moment to learn which rank is gone."""

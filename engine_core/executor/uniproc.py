@@ -1,12 +1,11 @@
 """Runs a scheduled step on the model and samples. One process (TP=1) here; the multiprocess
 executor for tensor parallelism has the same interface."""
 
-from common.protocol import Logprobs
 from engine_core.engine_config import EngineConfig
 from engine_core.worker.model_runner import ModelRunner
 from engine_core.sched.scheduler import SchedulerOutput
 from engine_core.spec_decode.draft_model import DraftModel
-from engine_core.worker.step_input import build_step_input
+from engine_core.worker.step_input import StepResult, build_step_input
 
 
 class UniprocExecutor:
@@ -25,12 +24,11 @@ class UniprocExecutor:
         if self.drafter:
             self.drafter.allocate_kv_cache(num_blocks)
 
-    def execute_model(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
+    def execute_model(self, out: SchedulerOutput) -> StepResult:
         if self.drafter:
             self.drafter.propose(out.scheduled)
-        step, sampled_reqs, drafts = build_step_input(out, self.block_size)
-        logits = self.runner.forward(step)
-        return self.runner.sample(logits, sampled_reqs, drafts)
+        planned = build_step_input(out, self.block_size)
+        return self.runner.finish_step(planned, *self.runner.forward_step(planned.step))
 
     def forget_requests(self, request_ids) -> None:
         for rid in request_ids:

@@ -100,7 +100,7 @@ class Worker:
             kind, body = self.steps.recv_multipart()
             last_heard = time.monotonic()
             if kind == channel.STEP:
-                self.runner.forward(decoder.decode(body))
+                self.runner.forward_step(decoder.decode(body))
             elif kind == channel.QUIT:
                 self.send("bye")
                 return 0

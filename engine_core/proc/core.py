@@ -20,6 +20,7 @@ from engine_core.sched.scheduler import Scheduler, SchedulerConfig
 from engine_core.spec_decode.proposer import speculator_for
 from engine_core.structured_outputs.grammar_compiler import GrammarCompiler
 from engine_core.structured_outputs.request_grammar import RequestGrammar
+from engine_core.worker.step_input import StepResult
 
 logger = logging.getLogger("nvllm")
 
@@ -116,14 +117,15 @@ class EngineCore:
             sched_out = None
             try:
                 sched_out = self.scheduler.schedule()
-                sampled, logprobs = ({}, {})
+                result = StepResult({}, {}, {})
                 if sched_out.total_num_scheduled_tokens > 0:
                     if self.cpu_threads is not None:
                         self.cpu_threads.update()
-                    sampled, logprobs = self.executor.execute_model(sched_out)
+                    result = self.executor.execute_model(sched_out)
                 else:  # only requests whose grammars compile: wait a moment for one rather than spin
                     self.scheduler.wait_for_grammars(GRAMMAR_WAIT_SECONDS)
-                step_outputs = self.scheduler.update_from_output(sched_out, sampled, logprobs)
+                step_outputs = self.scheduler.update_from_output(sched_out, result.sampled, result.logprobs,
+                                                                 result.prompt_logprobs)
             except Exception as e:
                 if is_fatal(e):
                     raise

@@ -206,10 +206,16 @@ def top_token_ids(logprobs: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor,
-                   reqs: list[Request]) -> tuple[list[int], list[Logprobs | None]]:
-    """Token ids and the requested logprobs, computed for the whole batch on the device and brought
-    back in one copy: per row the token id, its logprob and rank, then the top-n ids and logprobs."""
-    top_n = max(r.sampling_params.logprobs or 0 for r in reqs)
+                  reqs: list[Request]) -> tuple[list[int], list[Logprobs | None]]:
+    """Token ids and the logprobs each request asked for (None where it asked none)."""
+    return logprobs_of(tokens, raw_logprobs, [r.sampling_params.logprobs for r in reqs])
+
+
+def logprobs_of(tokens: torch.Tensor, raw_logprobs: torch.Tensor,
+                top_counts: list[int | None]) -> tuple[list[int], list[Logprobs | None]]:
+    """Per row its token, and the token's logprob and rank with the top_counts[row] most likely ids and theirs
+    (None where top_counts[row] is None): computed for all rows on the device and brought back in one copy."""
+    top_n = max((n or 0 for n in top_counts), default=0)
     chosen = raw_logprobs.gather(1, tokens[:, None])
     ranks = (raw_logprobs > chosen).sum(dim=-1, keepdim=True) + 1
     columns = [tokens[:, None].double(), chosen.double(), ranks.double()]
@@ -217,15 +223,12 @@ def with_logprobs(tokens: torch.Tensor, raw_logprobs: torch.Tensor,
         top_ids = top_token_ids(raw_logprobs, top_n)
         columns += [top_ids.double(), raw_logprobs.gather(1, top_ids).double()]
     table = torch.cat(columns, dim=1).tolist()  # float64 holds the ids, ranks and float32 values exactly
-    token_list, logprobs = [], []
-    for r, row in zip(reqs, table):
-        token = int(row[0])
-        token_list.append(token)
-        n = r.sampling_params.logprobs
+    token_list, logprobs = [int(row[0]) for row in table], []
+    for n, row in zip(top_counts, table):
         if n is None:
             logprobs.append(None)
             continue
-        out = Logprobs(token_id=token, logprob=row[1], rank=int(row[2]))
+        out = Logprobs(token_id=int(row[0]), logprob=row[1], rank=int(row[2]))
         if n:
             out.top_token_ids = [int(t) for t in row[3: 3 + n]]
             out.top_logprobs = row[3 + top_n: 3 + top_n + n]

@@ -33,6 +33,7 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | None = None
         self.num_preemptions = 0
+        self.prompt_logprobs: list = []  # Logprobs of prompt tokens 1.. as chunks compute them, until sent
         self.grammar = None  # a RequestGrammar when the request carries an output constraint (set by the core)
 
     @classmethod
@@ -51,6 +52,12 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """It asks for prompt logprobs and has not had them: its prompt must be computed, not taken from the
+        prefix cache."""
+        return self.sampling_params.prompt_logprobs is not None and not self.output_token_ids
 
     @property
     def is_finished(self) -> bool:

@@ -266,9 +266,11 @@ class Scheduler:
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]],
-                           logprobs: dict[str, list[Logprobs]] | None = None) -> list[EngineCoreOutput]:
+                           logprobs: dict[str, list[Logprobs]] | None = None,
+                           prompt_logprobs: dict[str, list[Logprobs]] | None = None) -> list[EngineCoreOutput]:
         """Advance each scheduled request by its chunk; append the token sampled for every request whose
-        chunk reached its last known token, and finish the ones that hit a stop condition."""
+        chunk reached its last known token, and finish the ones that hit a stop condition. Prompt logprobs
+        gather chunk by chunk and go out with the first token."""
         outputs: list[EngineCoreOutput] = []
         finished: set[int] = set()
         self.step_prompt_tokens = self.step_generation_tokens = 0
@@ -277,6 +279,9 @@ class Scheduler:
             if self.requests.get(request.request_id) is not request or request.status != RequestStatus.RUNNING:
                 continue  # aborted (or finished) since schedule()
             before = request.num_computed_tokens
+            if prompt_logprobs and request.request_id in prompt_logprobs:
+                del request.prompt_logprobs[before:]  # a chunk computed again (after a preemption) replaces its own
+                request.prompt_logprobs += prompt_logprobs[request.request_id]
             num_drafts = len(s.spec_token_ids)
             request.num_computed_tokens = before + s.num_new_tokens - num_drafts  # kept proposals add below
             self.step_prompt_tokens += max(0, min(request.num_computed_tokens, request.num_prompt_tokens) - before)
@@ -317,11 +322,12 @@ class Scheduler:
                 finished.add(id(request))
             elif num_drafts:
                 self.kv.keep_verified(request, before)
+            scored, request.prompt_logprobs = request.prompt_logprobs, []
             outputs.append(EngineCoreOutput(
                 request_id=request.request_id, new_token_ids=new_tokens,
                 new_logprobs=(logprobs or {}).get(request.request_id, [])[:len(new_tokens)],
                 finish_reason=reason, stop_reason=stop_reason,
-                num_cached_tokens=max(0, request.num_cached_tokens), failure=failure))
+                num_cached_tokens=max(0, request.num_cached_tokens), failure=failure, prompt_logprobs=scored))
         if finished:
             self.running = [r for r in self.running if id(r) not in finished]
         outputs, self.pending_outputs = self.pending_outputs + outputs, []

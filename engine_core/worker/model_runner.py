@@ -29,9 +29,9 @@ from engine_core.models.cpu_decoder import CpuDecoder
 from engine_core.models.cpu_decoder_f32 import CpuDecoderBF16Generic, CpuDecoderF32
 from engine_core.models.registry import model_class
 from engine_core.sched.request import Request
-from engine_core.sample.sampler import Sampler
+from engine_core.sample.sampler import Sampler, logprobs_of
 from engine_core.sample import rejection
-from engine_core.worker.step_input import StepBuilder, StepInput
+from engine_core.worker.step_input import PlannedStep, StepBuilder, StepInput, StepResult
 from engine_core.weights import quantized
 from engine_core.weights.loader import load_safetensors_weights
 
@@ -240,20 +240,44 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, step: StepInput) -> torch.Tensor | None:
         """Logits [num sampled sequences, vocab] on rank 0; None on other ranks."""
+        return self.forward_step(step)[0]
+
+    @torch.inference_mode()
+    def forward_step(self, step: StepInput) -> tuple[torch.Tensor | None, list[Logprobs]]:
+        """The sampled rows' logits and, for each of step.scored_rows, the logprob of its target token with
+        step.scored_top_n top ids (rank 0; None and [] on other ranks, which only join the collectives)."""
         if self.graph_runner is not None and self.graph_runner.can_run(step):
             hidden = self.graph_runner.run(step)
             if step.sample_rows == list(range(len(step.input_ids))):
-                return self.model.compute_logits(hidden)
+                return self.model.compute_logits(hidden), self._score_rows(hidden, step)
             rows = torch.tensor(step.sample_rows, dtype=torch.int64)
             rows = (rows.pin_memory() if self.device.type == "cuda" else rows).to(self.device, non_blocking=True)
-            return self.model.compute_logits(hidden[rows])
+            return self.model.compute_logits(hidden[rows]), self._score_rows(hidden, step)
         meta = self._metadata(step)
         input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
         positions = torch.tensor(step.positions, dtype=torch.int64, device=self.device)
         with forward_context(meta, self.backend):
             hidden = self.model(input_ids, positions)
         sample_rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
-        return self.model.compute_logits(hidden[sample_rows])
+        return self.model.compute_logits(hidden[sample_rows]), self._score_rows(hidden, step)
+
+    def _score_rows(self, hidden: torch.Tensor, step: StepInput) -> list[Logprobs]:
+        """Prompt logprobs: the head over the scored rows, a slice at a time so a long prompt chunk never holds
+        all its [rows, vocab] logits at once. Each row's numbers are its own (the head's kernels do not depend
+        on how many rows they get)."""
+        if not step.scored_rows:
+            return []
+        rows = torch.tensor(step.scored_rows, dtype=torch.int64, device=self.device)
+        targets = torch.tensor(step.scored_targets, dtype=torch.int64, device=self.device)
+        scored = []
+        for first in range(0, len(rows), SCORED_ROWS_PER_PASS):
+            part = slice(first, first + SCORED_ROWS_PER_PASS)
+            logits = self.model.compute_logits(hidden[rows[part]])
+            if logits is None:
+                continue
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            scored += logprobs_of(targets[part], logprobs, [step.scored_top_n] * logits.shape[0])[1]
+        return scored
 
     def sample(self, logits: torch.Tensor, reqs: list[Request],
                drafts: list[list[int]]) -> tuple[dict[str, list[int]], dict[str, list[Logprobs]]]:
@@ -268,6 +292,27 @@ class ModelRunner:
         tokens, logprobs = self.sampler(logits, reqs)
         return ({r.request_id: [t] for r, t in zip(reqs, tokens)},
                 {r.request_id: [lp] for r, lp in zip(reqs, logprobs) if lp is not None})
+
+    def finish_step(self, planned: PlannedStep, logits: torch.Tensor | None, scored: list[Logprobs]) -> StepResult:
+        """Rank 0, after forward_step: sample, and hand each scored request its prompt logprobs (with as many top
+        ids as it asked)."""
+        sampled, logprobs = self.sample(logits, planned.sampled, planned.drafts)
+        prompt_logprobs, at = {}, 0
+        for req, count in planned.scored:
+            n = req.sampling_params.prompt_logprobs
+            prompt_logprobs[req.request_id] = [with_top(lp, n) for lp in scored[at:at + count]]
+            at += count
+        return StepResult(sampled, logprobs, prompt_logprobs)
+
+
+SCORED_ROWS_PER_PASS = 256
+
+
+def with_top(logprobs: Logprobs, n: int) -> Logprobs:
+    """logprobs with only its n most likely ids (a step computes as many as its most demanding request asks)."""
+    if len(logprobs.top_token_ids) > n:
+        logprobs.top_token_ids, logprobs.top_logprobs = logprobs.top_token_ids[:n], logprobs.top_logprobs[:n]
+    return logprobs
 
 
 def this_rank_device(device_type: str) -> torch.device:

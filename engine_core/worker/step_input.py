@@ -1,8 +1,10 @@
 """One step's model input as plain lists: built once by the core, sent as-is to TP workers."""
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
+
+from common.protocol import Logprobs
 
 from engine_core.sched.request import Request
 
@@ -19,6 +21,11 @@ class StepInput(msgspec.Struct, array_like=True):
     block_tables: list[list[int]]
     num_decodes: int  # leading sequences with exactly one new token
     sample_rows: list[int]  # rows of the flat batch whose logits are sampled
+    # prompt logprobs: rows whose next token is a known prompt token, that token, and the most top ids any
+    # of those rows' requests asks for
+    scored_rows: list[int] = []
+    scored_targets: list[int] = []
+    scored_top_n: int = 0
 
 
 class StepBuilder:
@@ -29,11 +36,19 @@ class StepBuilder:
         self.block_size = block_size
         self.input_ids, self.positions, self.slots = [], [], []
         self.query_start_loc, self.seq_lens, self.tables, self.sample_rows = [0], [], [], []
+        self.scored_rows, self.scored_targets, self.scored_top_n = [], [], 0
 
-    def add(self, block_ids: list[int], token_ids: list[int], start: int, sample: bool) -> None:
+    def add(self, block_ids: list[int], token_ids: list[int], start: int, sample: bool,
+            scored_targets: list[int] = (), top_n: int = 0) -> None:
         """token_ids at positions start.. of the sequence whose blocks are block_ids; sample: its last row's
-        logits are wanted."""
+        logits are wanted; scored_targets: the tokens that follow its first rows, whose logprobs (and top_n
+        more) are wanted."""
         bs, end = self.block_size, start + len(token_ids)
+        first_row = self.query_start_loc[-1]
+        self.scored_rows.extend(range(first_row, first_row + len(scored_targets)))
+        self.scored_targets.extend(scored_targets)
+        if scored_targets:
+            self.scored_top_n = max(self.scored_top_n, top_n)
         self.input_ids.extend(token_ids)
         self.positions.extend(range(start, end))
         self.slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
@@ -47,19 +62,36 @@ class StepBuilder:
         lengths = [b - a for a, b in zip(self.query_start_loc, self.query_start_loc[1:])]
         num_decodes = next((i for i, n in enumerate(lengths) if n != 1), len(lengths))
         return StepInput(self.input_ids, self.positions, self.slots, self.query_start_loc, self.seq_lens,
-                         self.tables, num_decodes, self.sample_rows)
+                         self.tables, num_decodes, self.sample_rows, self.scored_rows, self.scored_targets,
+                         self.scored_top_n)
 
 
-def build_step_input(out: "SchedulerOutput", block_size: int) -> tuple[StepInput, list[Request], list[list[int]]]:
-    """The flat batch for `out`; the requests sampled this step (in sample_rows order) and the proposed
-    tokens each one verifies.
+class PlannedStep(NamedTuple):
+    step: StepInput
+    sampled: list[Request]  # the requests sampled this step, in sample_rows order
+    drafts: list[list[int]]  # the proposed tokens each sampled request verifies
+    scored: list[tuple[Request, int]]  # requests with prompt logprobs this step: how many of scored_rows each
+
+
+class StepResult(NamedTuple):
+    """What rank 0 returns for one step, by request id."""
+    sampled: dict[str, list[int]]  # new tokens
+    logprobs: dict[str, list[Logprobs]]  # theirs, where asked
+    prompt_logprobs: dict[str, list[Logprobs]]  # of the prompt tokens after this step's chunk rows, where asked
+
+
+def build_step_input(out: "SchedulerOutput", block_size: int) -> PlannedStep:
+    """The flat batch for `out`, and who its sampled and scored rows belong to.
+
+    A request that asks for prompt logprobs has the rows of its prompt chunk scored, each against the prompt
+    token that follows it, until it has output tokens (a recompute after preemption scores nothing again).
 
     A request with k proposals enters as k + 1 one-token sequences on its block table: its last known
     token, then each proposal, the j-th seeing the cache up to its own position (every layer writes the
     step's K/V before it attends). Every row is then computed exactly as the plain decode of that token
     would be, by the same decode kernels (CUDA graphs included), so verified tokens equal decoding's."""
     builder = StepBuilder(block_size)
-    sampled, drafts = [], []
+    sampled, drafts, scored = [], [], []
     for s in out.scheduled:
         req, start = s.request, s.num_computed_tokens_before
         known_end = start + s.num_new_tokens - len(s.spec_token_ids)
@@ -68,8 +100,20 @@ def build_step_input(out: "SchedulerOutput", block_size: int) -> tuple[StepInput
             for j, token in enumerate([req.all_token_ids[start]] + s.spec_token_ids):
                 builder.add(req.block_ids, [token], start + j, sample)
         else:
-            builder.add(req.block_ids, req.all_token_ids[start:known_end], start, sample)
+            targets = prompt_targets(req, start, known_end)
+            builder.add(req.block_ids, req.all_token_ids[start:known_end], start, sample, targets,
+                        req.sampling_params.prompt_logprobs or 0)
+            if targets:
+                scored.append((req, len(targets)))
         if sample:
             sampled.append(req)
             drafts.append(s.spec_token_ids)
-    return builder.build(), sampled, drafts
+    return PlannedStep(builder.build(), sampled, drafts, scored)
+
+
+def prompt_targets(req: Request, start: int, end: int) -> list[int]:
+    """The prompt tokens that follow positions start..end-1 of a request that asks for prompt logprobs and has
+    none of them reported yet (the last prompt position is followed by an output token, not scored)."""
+    if not req.scores_prompt:
+        return []
+    return req.prompt_token_ids[start + 1:min(end, req.num_prompt_tokens - 1) + 1]
