@@ -5,7 +5,7 @@ import argparse
 from common.cli.arg_types import add_log_level
 from common.cli.engine_args import add_engine_args
 from frontend import engine_seam
-from frontend.bench import cpu_suite, latency, llama_cpp, models_cmd
+from frontend.bench import cpu_suite, latency, llama_cpp, models_cmd, perplexity
 from frontend.cli.keys_cmd import register_keys
 from frontend.cli.serve_cmd import register_bench_serve, register_frontend, register_serve
 
@@ -66,6 +66,7 @@ def register_bench(sub) -> None:
     cpu_suite.register(kinds, FORMATTER)
     latency.register(kinds, FORMATTER)
     llama_cpp.register(kinds, FORMATTER)
+    perplexity.register(kinds, FORMATTER)
     models_cmd.register(kinds, FORMATTER)
 
 
