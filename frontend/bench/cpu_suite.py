@@ -150,7 +150,7 @@ def _one_run(args, engine: str, name: str, command: tuple[list[str], dict], fold
     if name == "serve":
         nvllm_flags = [f"--{a.split('=', 1)[0].replace('_', '-')}={a.split('=', 1)[1]}" for a in args.nvllm_arg]
         return run_serving(engine, cmd[0], env, folder, nvllm_flags, ROOT, args.server_log)
-    extra = [folder] if engine == "vllm" else list(args.nvllm_arg)
+    extra = [folder, f"--vllm-dtype={args.vllm_dtype}"] if engine == "vllm" else list(args.nvllm_arg)
     count = [f"--num-prompts={args.num_prompts}"] if args.num_prompts else []
     return _run_child(cmd + [name] + extra + count, env)
 
@@ -187,6 +187,8 @@ def register(kinds, formatter) -> None:
     p = kinds.add_parser("cpu", help="W32, prefill-only and decode-only workloads; against vLLM CPU with --vllm-venv",
                          formatter_class=formatter)
     p.add_argument("model", nargs="?", default=None, help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--vllm-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="vLLM's dtype (float32 is its faster choice on a CPU without AVX512-BF16)")
     p.add_argument("--vllm-venv", default=None,
                    help="a vLLM CPU venv (../shared/tools/vllm-cpu-setup.sh) to run the same workloads through")
     p.add_argument("--workloads", type=lambda s: s.split(","), default=list(ALL_WORKLOADS),

@@ -5,9 +5,10 @@ the project's for nvllm, a vLLM CPU venv's for vLLM (this file imports nothing o
 top level, so it runs there as a plain script):
 
     python -m frontend.bench.cpu_workloads nvllm w32 [--num-prompts=N] [KEY=VALUE ...]
-    VENV/bin/python frontend/bench/cpu_workloads.py vllm w32 MODEL_DIR [--num-prompts=N]
+    VENV/bin/python frontend/bench/cpu_workloads.py vllm w32 MODEL_DIR [--num-prompts=N] [--vllm-dtype=DTYPE]
 
-Workloads (random token ids, seeded, greedy, EOS ignored, max_model_len 2048; vLLM in bfloat16, nvllm in the
+Workloads (random token ids, seeded, greedy, EOS ignored, max_model_len 2048; vLLM in bfloat16 unless
+--vllm-dtype says otherwise (float32 is its faster choice on a CPU without AVX512-BF16), nvllm in the
 dtype `--dtype auto` picks on the CPU tier: bfloat16 on avx512_bf16 and amx, float32 below):
   w32      32 prompts of 64-512 tokens, 64-256 output tokens each (../shared/tools/w32.py's W32);
            the figure is output tok/s
@@ -23,6 +24,7 @@ import time
 
 WORKLOADS = ("w32", "prefill", "decode")
 NUM_PROMPTS = "--num-prompts="  # the first N requests of a workload (a quicker run)
+VLLM_DTYPE = "--vllm-dtype="
 
 
 def workload(name: str, count: int | None = None) -> tuple[list[list[int]], list[int]]:
@@ -69,7 +71,7 @@ def run_nvllm(name: str, engine_args: dict, count: int | None = None) -> dict:
     return figures(name, prompts, got, seconds)
 
 
-def run_vllm(name: str, model_dir: str, count: int | None = None) -> dict:
+def run_vllm(name: str, model_dir: str, count: int | None = None, dtype: str = "bfloat16") -> dict:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     # vLLM keeps one core for its API server by default; offline, give it every core, as nvllm has
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
@@ -77,7 +79,7 @@ def run_vllm(name: str, model_dir: str, count: int | None = None) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=2048, seed=0)
+    llm = LLM(model=model_dir, dtype=dtype, max_model_len=2048, seed=0)
     prompts, outs = workload(name, count)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in outs]
     llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], SamplingParams(max_tokens=4), use_tqdm=False)
@@ -99,12 +101,13 @@ def _value(text: str):
 
 def main(argv: list[str]) -> int:
     counts = [int(a.split("=", 1)[1]) for a in argv if a.startswith(NUM_PROMPTS)]
-    argv = [a for a in argv if not a.startswith(NUM_PROMPTS)]
+    dtypes = [a.split("=", 1)[1] for a in argv if a.startswith(VLLM_DTYPE)]
+    argv = [a for a in argv if not a.startswith((NUM_PROMPTS, VLLM_DTYPE))]
     engine, name, count = argv[0], argv[1], counts[-1] if counts else None
     if engine == "nvllm":
         result = run_nvllm(name, {k: _value(v) for k, v in (a.split("=", 1) for a in argv[2:])}, count)
     else:
-        result = run_vllm(name, argv[2], count)
+        result = run_vllm(name, argv[2], count, *dtypes[-1:])
     print("RESULT " + json.dumps(result | {"engine": engine}), flush=True)
     return 0
 
