@@ -343,3 +343,25 @@ def test_tp2_constrained_decoding_equals_tp1(models):
             llm.shutdown()
         assert re.fullmatch("[a-f]{3}-[0-9]{2,4}", texts[0]) and texts[2] in ("north", "south")
     assert results[0] == results[1]
+
+
+def test_tp2_prompt_logprobs_equal_tp1(models):
+    """The scored rows go through the vocabulary-parallel head on both ranks, a slice at a time, in chunks."""
+    from frontend.llm import LLM
+
+    prompt = " ".join(["prompt logprobs under tensor parallelism"] * 12)
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2)
+    scored = {}
+    for tp in (1, 2):
+        llm = LLM(models["llama-kv2"], tensor_parallel_size=tp, max_num_batched_tokens=16, **ENGINE)
+        try:
+            (out,) = llm.generate([prompt], params, use_tqdm=False)
+        finally:
+            llm.shutdown()
+        scored[tp] = [e and {t: (lp.logprob,) for t, lp in e.items()} for e in out.prompt_logprobs]
+    assert scored[1][0] is None and len(scored[1]) > 16
+    assert len(scored[2]) == len(scored[1])
+    for one, two in zip(scored[1][1:], scored[2][1:]):
+        assert one.keys() == two.keys()  # the prompt token and the top 2
+        for t in one:
+            assert two[t][0] == pytest.approx(one[t][0], abs=1e-5)

@@ -5,8 +5,9 @@ the file); nvllm reads none of them for the arithmetic. A field outside this lis
 own list is refused by name (spec.py): nvllm cannot tell whether it changes the result.
 """
 
+# (_model_name_or_path: where transformers keeps a GGUF file's general.name when it loads one)
 BOOKKEEPING = frozenset({
-    "_name_or_path", "_commit_hash", "_attn_implementation_autoset", "transformers_version", "architectures",
+    "_name_or_path", "_model_name_or_path", "_commit_hash", "_attn_implementation_autoset", "transformers_version", "architectures",
     "model_type", "auto_map", "torch_dtype", "dtype", "use_bfloat16", "id2label", "label2id", "problem_type",
     "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "return_dict", "output_attentions",
     "output_hidden_states", "torchscript", "tf_legacy_loss", "pruned_heads", "chunk_size_feed_forward",
