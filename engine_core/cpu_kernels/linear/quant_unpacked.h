@@ -70,10 +70,70 @@ static inline __attribute__((always_inline)) void unpacked_tile(const Quantized 
             store(lanes_total(lanes_add(acc[i][j], odd[i][j])), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
 }
 
-/* the full 2 x 2 tile, out of line: one copy per type, its sums in registers */
+/* the full 2 x 2 tile, out of line, one copy per type: unpacked_tile's steps in the same order, written out with
+ * its eight sums as named variables and the blocks in even/odd pairs, so they stay in registers (the generic
+ * shape's arrays and its branch on the block's parity had the compiler spill half of them every block) */
 static __attribute__((noinline)) void unpacked_2x2(const Quantized *a, long row, const Unpacked *u, const int type,
                                                    const float *bias, long n0, void *out, int out_bf16, long out_stride) {
-    unpacked_tile(a, row, u, type, bias, n0, out, out_bf16, out_stride, 2, 2);
+    const int signed_w = is_signed(type);
+    const long blocks = a->blocks, K = blocks * QBLOCK, groups = (blocks + GROUP - 1) / GROUP;
+    const uint8_t *w0 = u->ints, *w1 = u->ints + K;
+    const int8_t *x0 = a->q + row * K, *x1 = x0 + K;
+    lanes e00 = lanes_zero(), e01 = lanes_zero(), e10 = lanes_zero(), e11 = lanes_zero();
+    lanes o00 = lanes_zero(), o01 = lanes_zero(), o10 = lanes_zero(), o11 = lanes_zero();
+    for (long g = 0; g < groups; g++) {
+        const long count = blocks - g * GROUP < GROUP ? blocks - g * GROUP : GROUP;
+        const __m256 d0 = _mm256_loadu_ps(u->d + g * GROUP), d1 = _mm256_loadu_ps(u->d + groups * GROUP + g * GROUP);
+        const __m256 dx0 = _mm256_loadu_ps(a->d + row * a->slots + g * GROUP);
+        const __m256 dx1 = _mm256_loadu_ps(a->d + (row + 1) * a->slots + g * GROUP);
+        float s00[GROUP], s01[GROUP], s10[GROUP], s11[GROUP]; /* d_w d_x per block, rounded to fp32 */
+        _mm256_storeu_ps(s00, _mm256_mul_ps(d0, dx0));
+        _mm256_storeu_ps(s01, _mm256_mul_ps(d1, dx0));
+        _mm256_storeu_ps(s10, _mm256_mul_ps(d0, dx1));
+        _mm256_storeu_ps(s11, _mm256_mul_ps(d1, dx1));
+        const long first = g * GROUP * QBLOCK;
+        long b = 0;
+        for (; b + 2 <= count; b += 2) {
+            const long k = first + b * QBLOCK, k1 = k + QBLOCK;
+            __m256i wa = _mm256_loadu_si256((const __m256i *)(w0 + k)), wb = _mm256_loadu_si256((const __m256i *)(w1 + k));
+            __m256i x = _mm256_loadu_si256((const __m256i *)(x0 + k));
+            e00 = add_scaled(e00, block_dot(wa, x, signed_w), &s00[b]);
+            e01 = add_scaled(e01, block_dot(wb, x, signed_w), &s01[b]);
+            x = _mm256_loadu_si256((const __m256i *)(x1 + k));
+            e10 = add_scaled(e10, block_dot(wa, x, signed_w), &s10[b]);
+            e11 = add_scaled(e11, block_dot(wb, x, signed_w), &s11[b]);
+            wa = _mm256_loadu_si256((const __m256i *)(w0 + k1));
+            wb = _mm256_loadu_si256((const __m256i *)(w1 + k1));
+            x = _mm256_loadu_si256((const __m256i *)(x0 + k1));
+            o00 = add_scaled(o00, block_dot(wa, x, signed_w), &s00[b + 1]);
+            o01 = add_scaled(o01, block_dot(wb, x, signed_w), &s01[b + 1]);
+            x = _mm256_loadu_si256((const __m256i *)(x1 + k1));
+            o10 = add_scaled(o10, block_dot(wa, x, signed_w), &s10[b + 1]);
+            o11 = add_scaled(o11, block_dot(wb, x, signed_w), &s11[b + 1]);
+        }
+        if (b < count) { /* a last group's odd count: its last block is even */
+            const long k = first + b * QBLOCK;
+            const __m256i wa = _mm256_loadu_si256((const __m256i *)(w0 + k)), wb = _mm256_loadu_si256((const __m256i *)(w1 + k));
+            __m256i x = _mm256_loadu_si256((const __m256i *)(x0 + k));
+            e00 = add_scaled(e00, block_dot(wa, x, signed_w), &s00[b]);
+            e01 = add_scaled(e01, block_dot(wb, x, signed_w), &s01[b]);
+            x = _mm256_loadu_si256((const __m256i *)(x1 + k));
+            e10 = add_scaled(e10, block_dot(wa, x, signed_w), &s10[b]);
+            e11 = add_scaled(e11, block_dot(wb, x, signed_w), &s11[b]);
+        }
+        if (!signed_w) { /* the offset terms m_w (d_x sum q_x), after each group as tile adds them */
+            const float *m0 = u->m + g * GROUP, *m1 = u->m + groups * GROUP + g * GROUP;
+            const float *sx0 = a->s + row * a->slots + g * GROUP, *sx1 = a->s + (row + 1) * a->slots + g * GROUP;
+            e00 = add_products(e00, m0, sx0);
+            e01 = add_products(e01, m1, sx0);
+            e10 = add_products(e10, m0, sx1);
+            e11 = add_products(e11, m1, sx1);
+        }
+    }
+    store(lanes_total(lanes_add(e00, o00)), bias, n0, out, out_bf16, row * out_stride + n0);
+    store(lanes_total(lanes_add(e01, o01)), bias, n0 + 1, out, out_bf16, row * out_stride + n0 + 1);
+    store(lanes_total(lanes_add(e10, o10)), bias, n0, out, out_bf16, (row + 1) * out_stride + n0);
+    store(lanes_total(lanes_add(e11, o11)), bias, n0 + 1, out, out_bf16, (row + 1) * out_stride + n0 + 1);
 }
 
 /* columns [n_begin, n_end) of a per-32 weight for all M rows. Returns -1 when out of memory (nothing written). */
