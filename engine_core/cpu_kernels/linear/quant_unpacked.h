@@ -70,6 +70,21 @@ static inline __attribute__((always_inline)) void unpacked_tile(const Quantized 
             store(lanes_total(lanes_add(acc[i][j], odd[i][j])), bias, n0 + j, out, out_bf16, (row + i) * out_stride + n0 + j);
 }
 
+/* one block's four products, rows x0, x1 by columns w0, w1 (each at the block), into the four sums r<row><col>,
+ * each scaled by its d_w d_x (s<row><col>) */
+static inline __attribute__((always_inline)) void block_2x2(const uint8_t *w0, const uint8_t *w1, const int8_t *x0,
+                                                            const int8_t *x1, const int signed_w, const float *s00,
+                                                            const float *s01, const float *s10, const float *s11,
+                                                            lanes *r00, lanes *r01, lanes *r10, lanes *r11) {
+    const __m256i wa = _mm256_loadu_si256((const __m256i *)w0), wb = _mm256_loadu_si256((const __m256i *)w1);
+    __m256i x = _mm256_loadu_si256((const __m256i *)x0);
+    *r00 = add_scaled(*r00, block_dot(wa, x, signed_w), s00);
+    *r01 = add_scaled(*r01, block_dot(wb, x, signed_w), s01);
+    x = _mm256_loadu_si256((const __m256i *)x1);
+    *r10 = add_scaled(*r10, block_dot(wa, x, signed_w), s10);
+    *r11 = add_scaled(*r11, block_dot(wb, x, signed_w), s11);
+}
+
 /* the full 2 x 2 tile, out of line, one copy per type: unpacked_tile's steps in the same order, written out with
  * its eight sums as named variables and the blocks in even/odd pairs, so they stay in registers (the generic
  * shape's arrays and its branch on the block's parity had the compiler spill half of them every block) */
@@ -94,32 +109,14 @@ static __attribute__((noinline)) void unpacked_2x2(const Quantized *a, long row,
         const long first = g * GROUP * QBLOCK;
         long b = 0;
         for (; b + 2 <= count; b += 2) {
-            const long k = first + b * QBLOCK, k1 = k + QBLOCK;
-            __m256i wa = _mm256_loadu_si256((const __m256i *)(w0 + k)), wb = _mm256_loadu_si256((const __m256i *)(w1 + k));
-            __m256i x = _mm256_loadu_si256((const __m256i *)(x0 + k));
-            e00 = add_scaled(e00, block_dot(wa, x, signed_w), &s00[b]);
-            e01 = add_scaled(e01, block_dot(wb, x, signed_w), &s01[b]);
-            x = _mm256_loadu_si256((const __m256i *)(x1 + k));
-            e10 = add_scaled(e10, block_dot(wa, x, signed_w), &s10[b]);
-            e11 = add_scaled(e11, block_dot(wb, x, signed_w), &s11[b]);
-            wa = _mm256_loadu_si256((const __m256i *)(w0 + k1));
-            wb = _mm256_loadu_si256((const __m256i *)(w1 + k1));
-            x = _mm256_loadu_si256((const __m256i *)(x0 + k1));
-            o00 = add_scaled(o00, block_dot(wa, x, signed_w), &s00[b + 1]);
-            o01 = add_scaled(o01, block_dot(wb, x, signed_w), &s01[b + 1]);
-            x = _mm256_loadu_si256((const __m256i *)(x1 + k1));
-            o10 = add_scaled(o10, block_dot(wa, x, signed_w), &s10[b + 1]);
-            o11 = add_scaled(o11, block_dot(wb, x, signed_w), &s11[b + 1]);
+            const long k = first + b * QBLOCK;
+            block_2x2(w0 + k, w1 + k, x0 + k, x1 + k, signed_w, s00 + b, s01 + b, s10 + b, s11 + b, &e00, &e01, &e10, &e11);
+            block_2x2(w0 + k + QBLOCK, w1 + k + QBLOCK, x0 + k + QBLOCK, x1 + k + QBLOCK, signed_w, s00 + b + 1,
+                      s01 + b + 1, s10 + b + 1, s11 + b + 1, &o00, &o01, &o10, &o11);
         }
         if (b < count) { /* a last group's odd count: its last block is even */
             const long k = first + b * QBLOCK;
-            const __m256i wa = _mm256_loadu_si256((const __m256i *)(w0 + k)), wb = _mm256_loadu_si256((const __m256i *)(w1 + k));
-            __m256i x = _mm256_loadu_si256((const __m256i *)(x0 + k));
-            e00 = add_scaled(e00, block_dot(wa, x, signed_w), &s00[b]);
-            e01 = add_scaled(e01, block_dot(wb, x, signed_w), &s01[b]);
-            x = _mm256_loadu_si256((const __m256i *)(x1 + k));
-            e10 = add_scaled(e10, block_dot(wa, x, signed_w), &s10[b]);
-            e11 = add_scaled(e11, block_dot(wb, x, signed_w), &s11[b]);
+            block_2x2(w0 + k, w1 + k, x0 + k, x1 + k, signed_w, s00 + b, s01 + b, s10 + b, s11 + b, &e00, &e01, &e10, &e11);
         }
         if (!signed_w) { /* the offset terms m_w (d_x sum q_x), after each group as tile adds them */
             const float *m0 = u->m + g * GROUP, *m1 = u->m + groups * GROUP + g * GROUP;
