@@ -32,7 +32,9 @@ enum { GGUF_Q4_0 = 2, GGUF_Q4_1 = 3, GGUF_Q8_0 = 8 };
 #define SLAB_MIN_M 8 /* from this many rows, unpack slabs of panels once for all of them */
 #endif
 #define SLAB_BYTES (256 * 1024) /* float panels one thread unpacks at a time */
-#define PREFETCH_AHEAD 2048     /* bytes of a panel ahead of the one-row tile: it streams from memory */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 4096 /* bytes ahead of a few-rows tile in its run of panels: they stream from memory */
+#endif
 /* panels per few-rows tile: each panel's sums are a chain of fused multiply-adds, one per input (the dense
  * kernel's order); a one-row tile keeps four chains in flight, so their latency hides behind each other */
 #define QNR 4
@@ -161,11 +163,14 @@ static inline __attribute__((always_inline)) void qtile(const float *x, long x_s
         for (int j = 0; j < nr; j++) acc[i][j] = vzero();
     for (long b = 0; b < blocks; b++) {
         vec d[QNR], m[QNR];
+#if defined(__AVX2__)
+        /* the tile's panels are one run of bytes: the prefetches walk it in order, as far ahead as this block's
+         * pieces are into it (a prefetch per panel would leave the hardware a stream per panel to follow) */
+        for (long ahead = 0; ahead < nr * bb; ahead += 64)
+            _mm_prefetch((const char *)panels + nr * b * bb + PREFETCH_AHEAD + ahead, _MM_HINT_T0);
+#endif
         for (int j = 0; j < nr; j++) {
             const uint8_t *blk = panels + j * panel_bytes + b * bb;
-#if defined(__AVX2__)
-            for (long ahead = 0; ahead < bb; ahead += 64) _mm_prefetch((const char *)blk + PREFETCH_AHEAD + ahead, _MM_HINT_T0);
-#endif
             d[j] = vload_fp16((const uint16_t *)blk);
             m[j] = q8 ? vzero() : vload_fp16((const uint16_t *)(blk + 32));
         }

@@ -29,11 +29,13 @@ static inline __attribute__((always_inline)) void row_columns_of(const Quantized
         const long bytes = group_bytes(type, count);
         float scale[ROW_COLS][GROUP], m[ROW_COLS][GROUP];
         const __m256 dx = _mm256_loadu_ps(a->d + g * GROUP); /* zeros past the last block */
+        /* the weights stream from memory: the columns are one run of bytes, walked in order by the prefetches
+         * (as k_row_2cols does) */
+        for (long ahead = 0; ahead < nc * bytes; ahead += 64)
+            _mm_prefetch((const char *)(w + nc * at + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int j = 0; j < nc; j++) {
             const uint8_t *group = w + j * col_bytes + at;
-            for (long ahead = 0; ahead < bytes; ahead += 64) /* the weights stream from memory */
-                _mm_prefetch((const char *)(group + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
             float dw[GROUP];
             group_weight_scales(type, group, count, dw, m[j]);
             _mm256_storeu_ps(scale[j], _mm256_mul_ps(_mm256_loadu_ps(dw), dx));
