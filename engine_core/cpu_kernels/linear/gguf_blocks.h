@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "../bf16_scalar.h"
+#include "prefetch_run.h"
 
 enum { GGUF_Q4_0 = 2, GGUF_Q4_1 = 3, GGUF_Q5_0 = 6, GGUF_Q5_1 = 7, GGUF_Q8_0 = 8, GGUF_Q4_K = 12, GGUF_Q5_K = 13,
        GGUF_Q6_K = 14 };

@@ -72,11 +72,7 @@ static __attribute__((noinline)) void k_row_2cols(const Quantized *a, long row, 
     __m128 acc = _mm_setzero_ps(); /* column 0, column 1, their min terms */
     for (long s = 0; s < supers; s++) {
         const uint8_t *g0 = w + s * bytes, *g1 = g0 + col_bytes;
-        /* the weights stream from memory: the two columns are one run of bytes, read here two pieces at a time,
-         * so the prefetches walk that run in order, as far ahead as this step's pieces are into it (a prefetch
-         * per column restarts the hardware's stream at every column, a few hundred bytes each) */
-        for (long ahead = 0; ahead < 2 * bytes; ahead += 64)
-            _mm_prefetch((const char *)(w + 2 * s * bytes + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
+        prefetch_run(w + 2 * s * bytes, 2 * bytes, PREFETCH_AHEAD); /* the two columns' run, from memory */
         const KRegs r0 = k_regs(g0, type), r1 = k_regs(g1, type);
         __m256i s0 = _mm256_setzero_si256(), s1 = s0;
 #pragma GCC unroll 8

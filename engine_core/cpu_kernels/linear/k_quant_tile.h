@@ -229,9 +229,7 @@ static inline __attribute__((always_inline)) void k_tile(const Quantized *a, lon
         KScales k[NR];
         for (int j = 0; j < nr; j++) k_scales(type, w + j * col_bytes + s * bytes, &k[j]);
 #if defined(__AVX2__)
-        /* the tile's weights stream from memory: its columns are one run of bytes, prefetched in order */
-        for (long ahead = 0; ahead < nr * bytes; ahead += 64)
-            _mm_prefetch((const char *)(w + nr * s * bytes + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
+        prefetch_run(w + nr * s * bytes, nr * bytes, PREFETCH_AHEAD); /* the tile's columns, from memory */
 #endif
         k_sums sums[MR][4], mins[4];
         for (int i = 0; i < mr; i++)

@@ -456,9 +456,7 @@ static inline __attribute__((always_inline)) void tile(const Quantized *a, long 
             }
         }
 #if defined(__AVX2__)
-        /* the tile's weights stream from memory: its columns are one run of bytes, prefetched in order */
-        for (long ahead = 0; ahead < nr * bytes; ahead += 64)
-            _mm_prefetch((const char *)(w + nr * at + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
+        prefetch_run(w + nr * at, nr * bytes, PREFETCH_AHEAD); /* the tile's columns, from memory */
 #endif
 #if defined(__AVX512BW__)
         for (int c = 0; 2 * c + 1 < count; c++) {

@@ -21,6 +21,7 @@
  * Columns past N have d = m = 0.
  */
 #include "cpu_gemm_f32.c"
+#include "prefetch_run.h"
 
 #include <stdlib.h>
 
@@ -164,10 +165,7 @@ static inline __attribute__((always_inline)) void qtile(const float *x, long x_s
     for (long b = 0; b < blocks; b++) {
         vec d[QNR], m[QNR];
 #if defined(__AVX2__)
-        /* the tile's panels are one run of bytes: the prefetches walk it in order, as far ahead as this block's
-         * pieces are into it (a prefetch per panel would leave the hardware a stream per panel to follow) */
-        for (long ahead = 0; ahead < nr * bb; ahead += 64)
-            _mm_prefetch((const char *)panels + nr * b * bb + PREFETCH_AHEAD + ahead, _MM_HINT_T0);
+        prefetch_run(panels + nr * b * bb, nr * bb, PREFETCH_AHEAD); /* the tile's panels, from memory */
 #endif
         for (int j = 0; j < nr; j++) {
             const uint8_t *blk = panels + j * panel_bytes + b * bb;

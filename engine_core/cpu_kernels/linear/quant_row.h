@@ -29,10 +29,7 @@ static inline __attribute__((always_inline)) void row_columns_of(const Quantized
         const long bytes = group_bytes(type, count);
         float scale[ROW_COLS][GROUP], m[ROW_COLS][GROUP];
         const __m256 dx = _mm256_loadu_ps(a->d + g * GROUP); /* zeros past the last block */
-        /* the weights stream from memory: the columns are one run of bytes, walked in order by the prefetches
-         * (as k_row_2cols does) */
-        for (long ahead = 0; ahead < nc * bytes; ahead += 64)
-            _mm_prefetch((const char *)(w + nc * at + PREFETCH_AHEAD + ahead), _MM_HINT_T0);
+        prefetch_run(w + nc * at, nc * bytes, PREFETCH_AHEAD); /* the columns' run, from memory */
 #pragma GCC unroll 4
         for (int j = 0; j < nc; j++) {
             const uint8_t *group = w + j * col_bytes + at;
