@@ -11,13 +11,21 @@ LLAMA = Family(
 
 QWEN2 = Family(
     name="qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", gguf_architecture="qwen2",
-    gguf_qk_permuted=False, qkv_bias=True, reads=SLIDING_FIELDS | {"use_mrope"})  # false in text-only configs
+    gguf_qk_permuted=False, qkv_bias=True, reads=SLIDING_FIELDS | {"use_mrope"},  # false in text-only configs
+    windows="qwen")
 
 QWEN3 = Family(
     name="qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3", gguf_architecture="qwen3",
-    gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS)
+    gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS,
+    windows="qwen")
 
-FAMILIES = (LLAMA, QWEN2, QWEN3)
+# llama.cpp converts Mistral checkpoints to its llama architecture (q/k rows permuted as Llama's), so a GGUF file
+# reads as LLAMA; its layer_types would ask for Ministral's alternating layers, which MistralForCausalLM ignores
+MISTRAL = Family(
+    name="mistral", architecture="MistralForCausalLM", model_type="mistral", gguf_architecture="llama",
+    gguf_qk_permuted=True, qkv_bias=False, reads=frozenset({"sliding_window"}), windows="every_layer")
+
+FAMILIES = (LLAMA, QWEN2, QWEN3, MISTRAL)
 
 
 def family_for(architectures: list[str] | None, model_type: str | None = None) -> Family:
@@ -35,6 +43,7 @@ def family_for(architectures: list[str] | None, model_type: str | None = None) -
 
 
 def family_for_gguf(name: str) -> Family | None:
+    """The first family of that GGUF name (a Mistral file says llama, and reads as LLAMA: the same arithmetic)."""
     return next((f for f in FAMILIES if f.gguf_architecture == name), None)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from engine_core.families import config_fields
 from engine_core.families.spec import ModelSpec, UnsupportedConfig, activation_of, rope_of
+from engine_core.families.windows import WINDOW_RULES
 
 # fields every family reads (weights/model_folder.py fills the ones a config may leave out)
 COMMON_FIELDS = frozenset({
@@ -16,7 +17,7 @@ COMMON_FIELDS = frozenset({
     "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
     "tie_word_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
 })
-# sliding-window fields of the Qwen families: refused while a layer would slide (not implemented yet)
+# sliding-window fields of the Qwen families (windows.py reads them)
 SLIDING_FIELDS = frozenset({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"})
 
 
@@ -31,6 +32,7 @@ class Family:
     qk_norm: bool = False
     reads: frozenset[str] = frozenset()  # fields read beyond COMMON_FIELDS
     ignores: dict[str, str] = field(default_factory=dict)  # field -> why it never changes the outputs
+    windows: str = "none"  # how its config names sliding-window layers: a windows.WINDOW_RULES key
 
     def read(self, config: dict) -> ModelSpec:
         for name in config:
@@ -43,7 +45,6 @@ class Family:
             raise UnsupportedConfig("rope_interleaved", True, "nvllm implements the rotate-half layout")
         if config.get("use_mrope"):
             raise UnsupportedConfig("use_mrope", True, "multimodal rotary sections are not implemented")
-        self._refuse_sliding(config)
         return ModelSpec(
             family=self.name,
             architecture=self.architecture,
@@ -64,12 +65,5 @@ class Family:
             qk_norm=self.qk_norm,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             rope=rope_of(config),
+            layer_windows=WINDOW_RULES[self.windows](config),
         )
-
-    def _refuse_sliding(self, config: dict) -> None:
-        sliding = [kind for kind in config.get("layer_types") or [] if kind != "full_attention"]
-        if sliding:
-            raise UnsupportedConfig("layer_types", sliding[0], "nvllm implements full_attention layers only")
-        if config.get("use_sliding_window") and config.get("sliding_window") and \
-                config.get("max_window_layers", 0) < config["num_hidden_layers"]:
-            raise UnsupportedConfig("use_sliding_window", True, "sliding-window attention is not implemented yet")

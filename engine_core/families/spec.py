@@ -50,10 +50,21 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     qk_norm: bool = False  # RMSNorm of q and k per head before the rotary embedding
     tie_word_embeddings: bool = False
     rope: RopeSpec
-    sliding_window: int | None = None  # tokens a layer attends back; None: every layer attends to all
+    # per layer, the keys a query sees through its sliding window (positions p - w + 1 .. p), None: all
+    # keys before it; () where no layer slides (families/windows.py reads these)
+    layer_windows: tuple[int | None, ...] = ()
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     num_experts: int = 0  # 0: a dense MLP
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window, or None where it attends to every key before the query."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def every_layer_slides(self) -> bool:
+        """Keys older than the widest window are read by no layer (the scheduler may free their blocks)."""
+        return bool(self.layer_windows) and all(w is not None for w in self.layer_windows)
 
 
 def activation_of(name: Any) -> str:

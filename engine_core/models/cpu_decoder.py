@@ -124,7 +124,7 @@ IMPLEMENTED = {
     "norm_offset": (0.0,),
     "o_bias": (False,),  # a bias after a row-parallel linear
     "mlp_bias": (False,),
-    "sliding_window": (None,),
+    "layer_windows": ((),),  # sliding windows: the attention kernels take them, these loops pass none yet
     "attn_logit_softcap": (None,),
     "num_experts": (0,),
 }

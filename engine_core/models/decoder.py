@@ -1,7 +1,8 @@
 """The decoder of every family nvllm runs (Llama, Qwen2, Qwen3), built from a ModelSpec (families/spec.py).
 
 What sets the families apart is data in the spec, not subclasses: Qwen2's q/k/v biases, Qwen3's per-head
-q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling.
+q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling, each layer's
+sliding window (Mistral, Qwen2's use_sliding_window).
 """
 
 from typing import Iterable
@@ -18,7 +19,7 @@ from engine_core.layers.rotary import RotaryEmbedding
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
         hidden = spec.hidden_size
         self.total_heads = spec.num_heads
@@ -32,7 +33,7 @@ class DecoderAttention(nn.Module):
                                         input_start=self.qkv_proj.heads.q_start * head_dim,
                                         input_size=self.num_heads * head_dim)
         self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope.theta, spec.rope.scaling)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, spec.window(layer))
         self.q_norm = RMSNorm(head_dim, spec.norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(head_dim, spec.norm_eps) if spec.qk_norm else None
 
@@ -64,10 +65,10 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
-        self.self_attn = DecoderAttention(spec)
+        self.self_attn = DecoderAttention(spec, layer)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.mlp = DecoderMLP(spec)
 
@@ -88,7 +89,7 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.tie_word_embeddings = spec.tie_word_embeddings
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
