@@ -63,8 +63,13 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def every_layer_slides(self) -> bool:
-        """Keys older than the widest window are read by no layer (the scheduler may free their blocks)."""
         return bool(self.layer_windows) and all(w is not None for w in self.layer_windows)
+
+    @property
+    def attention_reach(self) -> int | None:
+        """The most keys any layer's query reads, itself included (the widest window), where every layer slides;
+        None where some layer reads all keys. Older keys are read by no layer: the scheduler frees their blocks."""
+        return max(self.layer_windows) if self.every_layer_slides else None
 
 
 def activation_of(name: Any) -> str:
