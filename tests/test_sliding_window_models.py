@@ -121,3 +121,25 @@ def test_the_torch_backend_honours_the_window(sliding_models, name):
     (second,) = run_step(runner, [(TOKENS[:22], 13, table)])
     (decode,) = run_step(runner, [(TOKENS, 22, table)])
     torch.testing.assert_close(torch.cat([first, second, decode]), ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(SLIDING))
+def test_greedy_generate_with_preemption_matches(sliding_models, name):
+    """Through the whole engine, a pool of 12 blocks of 4 tokens (each request up to 17 + 24 tokens, seven of
+    them): requests are preempted and recomputed, Mistral's blocks out of the window go back to the pool as it generates, and
+    greedy tokens still equal transformers' generate; every block is free at the end."""
+    from frontend import LLM, SamplingParams
+
+    path = sliding_models[name]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    prompts = [TOKENS[:9], TOKENS[3:20], TOKENS[5:11], TOKENS[:17], TOKENS[2:14], TOKENS[7:23], TOKENS[1:5]]
+    llm = LLM(path, dtype="float32", block_size=4, kv_cache_memory=12 * 2 * 2 * 4 * 2 * 16 * 4, max_model_len=48,
+              max_num_batched_tokens=16)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    stats = llm.get_stats()
+    assert stats.totals.num_preemptions > 0
+    assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
+        assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
