@@ -50,6 +50,7 @@ typedef struct {
     Linear qkv, o, gate_up, down;
     const float *qkv_bias, *gate_up_bias;                 /* fp32 in packed order, or NULL */
     bf16 *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
+    long window;                                          /* the layer's sliding window in keys; 0: none */
 } Layer;
 
 typedef struct {
@@ -131,12 +132,12 @@ int decoder_layers_bf16(const Model *m, const Step *s) {
         const long nd = s->num_decodes;
         if (nd && m->decode(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens, s->attn,
                             q_size, (int)nd, (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size,
-                            m->scale, 0, th)) /* no sliding windows here (models/cpu_decoder.py refuses them) */
+                            m->scale, (int)l->window, th))
             return failed;
         if (nd < s->num_seqs &&
             m->chunk(q, q_row, l->k_cache, l->v_cache, s->block_tables + nd * s->table_row, s->table_row,
                      s->seq_lens + nd, s->query_start_loc + nd, s->attn, q_size, (int)(s->num_seqs - nd),
-                     (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, 0, th))
+                     (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, (int)l->window, th))
             return failed;
         if (linear(m, s, s->attn, T, q_size, &l->o, NULL, s->x, H) ||
             m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||

@@ -55,6 +55,7 @@ typedef struct {
                                    * KIND_DOT + t: quant_dot.c's (the bf16 build: quant_dot.c's either way) */
     const float *qkv_bias, *gate_up_bias;                  /* fp32, or NULL */
     elem *k_cache, *v_cache;                               /* [blocks, block_size, kv_heads, head_dim] */
+    long window;                                           /* the layer's sliding window in keys; 0: none */
 } Layer;
 
 typedef struct {
@@ -114,8 +115,8 @@ int DECODER_ENTRY(const Model *m, const Step *s) {
         write_cache(l, s, k, k_row, v, qkv_width, kv_size);
         if (m->attention(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens,
                          s->query_start_loc, s->attn, q_size, (int)s->num_seqs, (int)m->num_heads,
-                         (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, ATTENTION_BF16, 0, (int)th))
-            /* window 0: no sliding windows here (models/cpu_decoder.py refuses them) */
+                         (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, ATTENTION_BF16, (int)l->window,
+                         (int)th))
             return failed;
         if (linear(m, s, s->attn, T, q_size, q_size, &l->o, NULL, s->x, H) ||
             m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
