@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from engine_core.families.catalog import FAMILIES, family_for_gguf
+from engine_core.families.catalog import FAMILIES, LLAMA, MISTRAL, family_for_gguf
 from engine_core.layers.gguf_types import GGUF_TYPES
 from engine_core.weights.loader import QUANTIZED_FILE
 from engine_core.weights.safetensors_stream import write_streamed
@@ -108,6 +108,17 @@ def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows
     def key(name, default=None):
         return meta.get(f"{arch}.{name}", default)
 
+    # llama.cpp's converter writes Mistral checkpoints as "llama" with no window key (and llama.cpp's llama graph
+    # reads none): such a file imports as Llama, every layer attending to all keys, as llama.cpp runs it. A llama
+    # file that does name a window is Mistral's every-layer window; another family's would need to say which layers
+    # slide, which no key here does
+    window = key("attention.sliding_window")
+    if window:
+        if family is not LLAMA:
+            raise ValueError(f"the GGUF names {arch}.attention.sliding_window = {window}, which nvllm reads for "
+                             "llama-architecture (Mistral) files only")
+        family = MISTRAL
+
     hidden = int(key("embedding_length"))
     n_heads = int(key("attention.head_count"))
     n_kv = key("attention.head_count_kv", n_heads)
@@ -138,6 +149,8 @@ def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
     if "mlp_bias" in family.reads:
         config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
+    if window:
+        config["sliding_window"] = int(window)
     rope_scaling = _rope_scaling(meta, arch)
     if rope_scaling:
         config["rope_scaling"] = rope_scaling
