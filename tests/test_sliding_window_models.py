@@ -143,3 +143,28 @@ def test_greedy_generate_with_preemption_matches(sliding_models, name):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
         assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+
+
+def test_the_window_is_transformers_convention():
+    """transformers' sliding-window mask (masking_utils, the installed version) lets the query at q see key k
+    exactly where nvllm's does: q - w < k <= q, w keys itself included; the torch backend's mask says the same."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    from engine_core.attention.metadata import AttentionMetadata
+    from engine_core.attention.torch_plan import TorchPlan
+
+    window, seq_len, q_len = 5, 14, 6
+    theirs = sliding_window_causal_mask_function(window)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(q_len, dtype=torch.int64), query_start_loc=torch.tensor([0, q_len], dtype=torch.int32),
+        seq_lens=torch.tensor([seq_len], dtype=torch.int32), block_tables=torch.arange(4, dtype=torch.int32)[None],
+        max_query_len=q_len, max_seq_len=seq_len, num_decodes=0, query_start_loc_cpu=[0, q_len],
+        seq_lens_cpu=[seq_len])
+    keys = TorchPlan.of(meta).windowed_prefill_gather(meta, 0, q_len, 4, torch.float32, window)
+    first_key = seq_len - q_len - window + 1  # the gather starts at the first row's window
+    for row, q in enumerate(range(seq_len - q_len, seq_len)):
+        for k in range(seq_len):
+            expected = bool(theirs(torch.tensor(0), torch.tensor(0), torch.tensor(q), torch.tensor(k)))
+            assert expected == (q - window < k <= q)
+            if k >= first_key:
+                assert (keys.mask[row, k - first_key] == 0).item() == expected, (q, k)

@@ -5,9 +5,9 @@ torch's scaled_dot_product_attention with grouped-query heads (`enable_gqa`), ov
 tables (padded to the longest, masked). Prefill chunks go one at a time: a chunk with nothing cached
 before it attends causally to its own keys; one that follows cached blocks gathers them and masks
 causally with an offset. Gather indices and masks are built once per step and shared by all layers
-(torch_plan.py). A sliding-window layer (`window`: the query at p sees keys p - window + 1 .. p) gathers only
-the keys inside its rows' windows, masked to each row's own. On bfloat16 CPUs the C kernels take over (cpu_kernel_backend.py), handing back what
-they decline to these same paths.
+(torch_plan.py). A sliding-window layer (`window`: the query at p sees keys p - window + 1 .. p) gathers
+only the keys inside its rows' windows, masked to each row's own. On bfloat16 CPUs the C kernels take over
+(cpu_kernel_backend.py), handing back what they decline to these same paths.
 """
 
 import torch

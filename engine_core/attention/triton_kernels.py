@@ -186,10 +186,11 @@ def _paged_attention_kernel(
     kv_end = context_len + tl.minimum(first_tok + BLOCK_Q, q_len)
     if SLIDING:  # from the first key the first row's window holds, in tiles aligned to absolute positions
         kv_begin = tl.maximum(context_len + first_tok - window + 1, 0)
+        first_tile = kv_begin // BLOCK_N * BLOCK_N
     else:
-        kv_begin = kv_end * 0
+        first_tile = 0
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(kv_begin // BLOCK_N * BLOCK_N, kv_end, BLOCK_N):
+    for n0 in range(first_tile, kv_end, BLOCK_N):
         k_pos = n0 + tl.arange(0, BLOCK_N)
         if SLIDING:
             k_valid = (k_pos < kv_end) & (k_pos >= kv_begin)

@@ -20,10 +20,6 @@ def _window_size(config: dict) -> int:
     return window
 
 
-def _per_layer(window: int, slides: list[bool]) -> tuple[int | None, ...]:
-    return tuple(window if s else None for s in slides) if any(slides) else ()
-
-
 def no_windows(config: dict) -> tuple[int | None, ...]:
     return ()
 
@@ -35,7 +31,7 @@ def qwen_windows(config: dict) -> tuple[int | None, ...]:
     has_window = bool(config.get("use_sliding_window")) and config.get("sliding_window") is not None
     layer_types = config.get("layer_types")
     if layer_types is None:
-        first = config.get("max_window_layers", num_layers)
+        first = config.get("max_window_layers", 28)  # transformers' Qwen2Config / Qwen3Config default
         slides = [has_window and i >= first for i in range(num_layers)]
     else:
         if len(layer_types) != num_layers:
@@ -45,7 +41,10 @@ def qwen_windows(config: dict) -> tuple[int | None, ...]:
             raise UnsupportedConfig("layer_types", unknown[0], f"nvllm implements {', '.join(LAYER_TYPES)} layers")
         # a sliding_attention layer without a window (use_sliding_window false) attends to all, as in transformers
         slides = [has_window and LAYER_TYPES[kind] for kind in layer_types]
-    return _per_layer(_window_size(config), slides) if any(slides) else ()
+    if not any(slides):
+        return ()
+    window = _window_size(config)
+    return tuple(window if s else None for s in slides)
 
 
 def every_layer_windows(config: dict) -> tuple[int | None, ...]:
