@@ -392,6 +392,7 @@ def workloads(draw):
         max_num_seqs=draw(st.integers(1, 6)),
         max_model_len=max_model_len,
         caching=draw(st.booleans()),
+        window=draw(st.sampled_from([None, None, 1, 3, 6])),  # every layer slides: blocks go back as requests grow
     )
     n = draw(st.integers(2, 8))
     reqs = []
@@ -418,7 +419,8 @@ def crowded_workloads(draw):
     fits_one = -(-max_model_len // block_size)
     cfg = dict(block_size=block_size, num_blocks=draw(st.integers(fits_one, fits_one + 3)),
                budget=draw(st.integers(1, 16)), max_num_seqs=draw(st.integers(2, 6)),
-               max_model_len=max_model_len, caching=draw(st.booleans()))
+               max_model_len=max_model_len, caching=draw(st.booleans()),
+               window=draw(st.sampled_from([None, 3, 6])))
     reqs = []
     for i in range(draw(st.integers(2, 6))):
         prefix = PREFIXES[draw(st.integers(0, len(PREFIXES) - 1))]
@@ -461,7 +463,7 @@ def drive(cfg: dict, reqs: list) -> dict:
         tokens, reason = outputs[rid]
         req = requests[rid]
         assert req.is_finished and req.output_token_ids == tokens
-        expected, expected_reason = reference(prompt, params, max_model_len)
+        expected, expected_reason = reference(prompt, params, max_model_len, window=cfg.get("window"))
         if rid in aborted:
             assert reason == FinishReason.ABORT and tokens == expected[:len(tokens)]
         elif reason == FinishReason.ERROR:
