@@ -157,3 +157,16 @@ def test_greedy_tokens_equal_transformers_generate(variant_models, variant):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)
         assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+
+
+def test_an_unsupported_architecture_is_an_error_where_the_user_called(tmp_path):
+    """LLM(...) raises the core's own reason (it names the architecture and the ones nvllm runs), not "see the
+    log"; a ValueError, since the caller's model is at fault."""
+    from frontend import LLM
+
+    folder = tmp_path / "gpt2"
+    transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128,
+                            architectures=["GPT2LMHeadModel"]).save_pretrained(folder)
+    supported = ", ".join(f.architecture for f in FAMILIES)
+    with pytest.raises(ValueError, match=f"architecture GPT2LMHeadModel is not supported; nvllm runs {supported}$"):
+        LLM(str(folder))

@@ -20,6 +20,10 @@ QWEN3 = Family(
 FAMILIES = (LLAMA, QWEN2, QWEN3)
 
 
+class UnsupportedArchitecture(ValueError):
+    """A model whose architecture no family in FAMILIES runs."""
+
+
 def family_for(architectures: list[str] | None, model_type: str | None = None) -> Family:
     """By config.json's architectures, else (a config without them, as transformers' Auto classes do) its model_type."""
     for arch in architectures or []:
@@ -30,8 +34,10 @@ def family_for(architectures: list[str] | None, model_type: str | None = None) -
         for family in FAMILIES:
             if family.model_type == model_type:
                 return family
-    raise ValueError(f"architectures {architectures} not supported; nvllm runs "
-                     f"{', '.join(f.architecture for f in FAMILIES)}")
+    named = (f"architecture {' / '.join(architectures)}" if architectures
+             else f"model_type {model_type!r} (config.json names no architectures)")
+    raise UnsupportedArchitecture(f"{named} is not supported; nvllm runs "
+                                  f"{', '.join(f.architecture for f in FAMILIES)}")
 
 
 def family_for_gguf(name: str) -> Family | None:
