@@ -60,6 +60,15 @@ def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int
     elif arch == "qwen3":
         config = transformers.Qwen3Config(**({"head_dim": 32} | common))
         model = transformers.Qwen3ForCausalLM(config)
+    elif arch == "gemma3":
+        # one sliding and one global layer, each with its own rotary base; a window wider than the tests' prompts
+        # unless a test names one
+        gemma = {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4096,
+                 "query_pre_attn_scalar": 24, "rope_parameters": {
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                     "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}}
+        config = transformers.Gemma3TextConfig(**(gemma | common))
+        model = transformers.Gemma3ForCausalLM(config)
     else:
         raise ValueError(arch)
     # random init leaves norms at 1 and biases at 0: perturb them so those paths are checked

@@ -81,13 +81,14 @@ def test_sliding_window_fields_that_slide_nothing_are_accepted(tmp_path):
     # Qwen2 distills say use_mrope false
     config = saved_config(tmp_path, "qwen2", use_sliding_window=False, sliding_window=4096)
     spec = read_spec(config | {"use_mrope": False})
-    assert spec.sliding_window is None
+    assert spec.layer_windows == ()
     with pytest.raises(UnsupportedConfig, match="use_mrope"):
         read_spec(saved_config(tmp_path, "qwen2") | {"use_mrope": True})
 
 
 def test_the_gguf_importer_names_come_from_the_families():
-    assert [family_for_gguf(f.gguf_architecture) for f in FAMILIES] == list(FAMILIES)
+    imported = [f for f in FAMILIES if f.gguf_architecture is not None]
+    assert [family_for_gguf(f.gguf_architecture) for f in imported] == imported
     assert family_for_gguf("gemma3") is None
 
 

@@ -1,6 +1,7 @@
 """The families nvllm runs, by config.json architecture and by GGUF architecture."""
 
 from engine_core.families.family import SLIDING_FIELDS, Family
+from engine_core.families.gemma import GEMMA3_READS, gemma3_values
 from engine_core.families.spec import ModelSpec
 
 LLAMA = Family(
@@ -17,7 +18,11 @@ QWEN3 = Family(
     name="qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3", gguf_architecture="qwen3",
     gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS)
 
-FAMILIES = (LLAMA, QWEN2, QWEN3)
+GEMMA3 = Family(
+    name="gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", gguf_architecture=None,
+    gguf_qk_permuted=False, qkv_bias=False, qk_norm=True, reads=GEMMA3_READS, own_values=gemma3_values)
+
+FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3)
 
 
 class UnsupportedArchitecture(ValueError):
@@ -41,7 +46,7 @@ def family_for(architectures: list[str] | None, model_type: str | None = None) -
 
 
 def family_for_gguf(name: str) -> Family | None:
-    return next((f for f in FAMILIES if f.gguf_architecture == name), None)
+    return next((f for f in FAMILIES if name is not None and f.gguf_architecture == name), None)
 
 
 def read_spec(config: dict) -> ModelSpec:

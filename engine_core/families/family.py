@@ -6,6 +6,9 @@ rest by name (spec.UnsupportedConfig).
 """
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+import msgspec
 
 from engine_core.families import config_fields
 from engine_core.families.spec import ModelSpec, UnsupportedConfig, activation_of, rope_of
@@ -25,12 +28,14 @@ class Family:
     name: str
     architecture: str  # config.json's architectures entry
     model_type: str
-    gguf_architecture: str  # llama.cpp's general.architecture
+    gguf_architecture: str | None  # llama.cpp's general.architecture; None: its GGUF files are not imported yet
     gguf_qk_permuted: bool  # llama.cpp stores q/k rows permuted for its own rotary layout
     qkv_bias: bool | None = None  # fixed by the family; None: the config's attention_bias says
     qk_norm: bool = False
     reads: frozenset[str] = frozenset()  # fields read beyond COMMON_FIELDS
     ignores: dict[str, str] = field(default_factory=dict)  # field -> why it never changes the outputs
+    # the family's own fields read into ModelSpec values (name -> value), over the ones read for every family
+    own_values: Callable[[dict], dict] | None = None
 
     def read(self, config: dict) -> ModelSpec:
         for name in config:
@@ -43,8 +48,9 @@ class Family:
             raise UnsupportedConfig("rope_interleaved", True, "nvllm implements the rotate-half layout")
         if config.get("use_mrope"):
             raise UnsupportedConfig("use_mrope", True, "multimodal rotary sections are not implemented")
-        self._refuse_sliding(config)
-        return ModelSpec(
+        if self.own_values is None:
+            self._refuse_sliding(config)
+        spec = ModelSpec(
             family=self.name,
             architecture=self.architecture,
             vocab_size=config["vocab_size"],
@@ -65,6 +71,7 @@ class Family:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             rope=rope_of(config),
         )
+        return spec if self.own_values is None else msgspec.structs.replace(spec, **self.own_values(config))
 
     def _refuse_sliding(self, config: dict) -> None:
         sliding = [kind for kind in config.get("layer_types") or [] if kind != "full_attention"]

@@ -50,10 +50,32 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     qk_norm: bool = False  # RMSNorm of q and k per head before the rotary embedding
     tie_word_embeddings: bool = False
     rope: RopeSpec
-    sliding_window: int | None = None  # tokens a layer attends back; None: every layer attends to all
+    # per layer, the keys a query sees through its sliding window (positions p - w + 1 .. p), None: all
+    # keys before it; () where no layer slides (families/windows.py reads these)
+    layer_windows: tuple[int | None, ...] = ()
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     num_experts: int = 0  # 0: a dense MLP
+    # Gemma's differences (families/gemma.py reads them)
+    embed_scale: float | None = None  # embeddings times this (rounded to the model's dtype, as transformers does)
+    attn_scale: float | None = None  # the attention's softmax scale; None: head_dim ** -0.5
+    sandwich_norms: bool = False  # norms after attention and MLP too, and one before the MLP (Gemma's four)
+    local_rope_theta: float | None = None  # the rotary base of sliding-window layers; None: rope.theta
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window, or None where it attends to every key before the query."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def every_layer_slides(self) -> bool:
+        """Keys older than the widest window are read by no layer (the scheduler may free their blocks)."""
+        return bool(self.layer_windows) and all(w is not None for w in self.layer_windows)
+
+    def rope_theta(self, layer: int) -> float:
+        """Layer `layer`'s rotary base (Gemma 3's sliding layers have their own)."""
+        if self.local_rope_theta is not None and self.window(layer) is not None:
+            return self.local_rope_theta
+        return self.rope.theta
 
 
 def activation_of(name: Any) -> str:

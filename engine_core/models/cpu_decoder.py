@@ -124,9 +124,12 @@ IMPLEMENTED = {
     "norm_offset": (0.0,),
     "o_bias": (False,),  # a bias after a row-parallel linear
     "mlp_bias": (False,),
-    "sliding_window": (None,),
+    "layer_windows": ((),),
     "attn_logit_softcap": (None,),
     "num_experts": (0,),
+    "embed_scale": (None,),
+    "attn_scale": (None,),
+    "sandwich_norms": (False,),
 }
 
 

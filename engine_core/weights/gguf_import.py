@@ -356,7 +356,7 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
     arch = meta.get("general.architecture")
     if family_for_gguf(arch) is None:
         raise ValueError(f"GGUF architecture {arch!r} of {gguf_path} is not supported; "
-                         f"nvllm imports {', '.join(f.gguf_architecture for f in FAMILIES)} GGUFs")
+                         f"nvllm imports {', '.join(f.gguf_architecture for f in FAMILIES if f.gguf_architecture)} GGUFs")
     _check_complete(reader, meta, gguf_path)
     tensor_names = {t.name for t in reader.tensors}
     embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
