@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from common.config import EngineArgs
+from common.random_models import RANDOM_MODELS
 from conftest import build_tiny_model
 from engine_core.engine_config import resolve_engine_config
 from engine_core.families.catalog import FAMILIES, family_for_gguf, read_spec
@@ -171,3 +172,13 @@ def test_an_unsupported_architecture_is_an_error_where_the_user_called(tmp_path)
     supported = ", ".join(f.architecture for f in FAMILIES)
     with pytest.raises(ValueError, match=f"architecture GPT2LMHeadModel is not supported; nvllm runs {supported}$"):
         LLM(str(folder))
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM_MODELS))
+def test_every_random_model_shape_reads_as_its_family(tmp_path, name):
+    """`nvllm bench throughput --random-model NAME` builds a model nvllm runs, of the family it is named for."""
+    fields = dict(RANDOM_MODELS[name])
+    config_class, architecture = getattr(transformers, fields.pop("config")), fields.pop("model")
+    config_class(**fields, architectures=[architecture]).save_pretrained(tmp_path)
+    spec = read_spec(read_hf_config(str(tmp_path)))
+    assert spec.architecture == architecture and spec.hidden_size == fields["hidden_size"]
