@@ -1,5 +1,6 @@
 """The families nvllm runs, by config.json architecture and by GGUF architecture."""
 
+from engine_core.families import moe_fields
 from engine_core.families.family import SLIDING_FIELDS, Family
 from engine_core.families.spec import ModelSpec
 
@@ -17,7 +18,22 @@ QWEN3 = Family(
     name="qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3", gguf_architecture="qwen3",
     gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS)
 
-FAMILIES = (LLAMA, QWEN2, QWEN3)
+QWEN2_MOE = Family(
+    name="qwen2_moe", architecture="Qwen2MoeForCausalLM", model_type="qwen2_moe", gguf_architecture="qwen2moe",
+    gguf_qk_permuted=False, qkv_bias=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
+    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | moe_fields.SHARED_EXPERT_FIELDS | {"qkv_bias"})
+
+QWEN3_MOE = Family(
+    name="qwen3_moe", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", gguf_architecture="qwen3moe",
+    gguf_qk_permuted=False, qk_norm=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
+    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | {"attention_bias"})
+
+# llama.cpp writes Mixtral as "llama" (experts in blk.N.ffn_*_exps): the GGUF importer tells them apart
+MIXTRAL = Family(
+    name="mixtral", architecture="MixtralForCausalLM", model_type="mixtral", gguf_architecture="llama",
+    gguf_qk_permuted=True, moe="mixtral", ignores=moe_fields.MIXTRAL_TRAINING, reads=moe_fields.MIXTRAL_FIELDS)
+
+FAMILIES = (LLAMA, QWEN2, QWEN3, QWEN2_MOE, QWEN3_MOE, MIXTRAL)
 
 
 def family_for(architectures: list[str] | None, model_type: str | None = None) -> Family:

@@ -1,7 +1,9 @@
-"""The decoder of every family nvllm runs (Llama, Qwen2, Qwen3), built from a ModelSpec (families/spec.py).
+"""The decoder of every family nvllm runs (Llama, Qwen2, Qwen3 and their MoE kin), built from a ModelSpec
+(families/spec.py).
 
 What sets the families apart is data in the spec, not subclasses: Qwen2's q/k/v biases, Qwen3's per-head
-q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling.
+q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling, and which layers'
+MLP is a mixture of experts (layers/moe.py).
 """
 
 from typing import Iterable
@@ -13,6 +15,8 @@ from engine_core.layers.attention import PagedAttention
 from engine_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine_core.families.spec import ModelSpec
 from engine_core.layers.linear import GateUpLinear, QKVParallelLinear, RowParallelLinear
+from engine_core.layers.moe import SparseMoeBlock
+from engine_core.models.moe_checkpoint import per_expert
 from engine_core.layers.norm import RMSNorm
 from engine_core.layers.rotary import RotaryEmbedding
 
@@ -64,12 +68,12 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.self_attn = DecoderAttention(spec)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
-        self.mlp = DecoderMLP(spec)
+        self.mlp = SparseMoeBlock(spec) if index in spec.sparse_layers else DecoderMLP(spec)
 
     def forward(self, positions, hidden, residual):
         if residual is None:
@@ -88,7 +92,7 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.tie_word_embeddings = spec.tie_word_embeddings
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
@@ -118,7 +122,7 @@ class DecoderForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded = set()
-        for name, tensor in weights:
+        for name, tensor in per_expert(weights):
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (name == "lm_head.weight" and self.tie_word_embeddings):
                 continue

@@ -9,6 +9,9 @@ MODELS: dict[str, type[nn.Module]] = {
     "llama": DecoderForCausalLM,
     "qwen2": DecoderForCausalLM,
     "qwen3": DecoderForCausalLM,
+    "qwen2_moe": DecoderForCausalLM,
+    "qwen3_moe": DecoderForCausalLM,
+    "mixtral": DecoderForCausalLM,
 }
 
 
