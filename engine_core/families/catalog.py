@@ -50,8 +50,13 @@ def family_for(architectures: list[str] | None, model_type: str | None = None) -
                      f"{', '.join(f.architecture for f in FAMILIES)}")
 
 
-def family_for_gguf(name: str) -> Family | None:
-    return next((f for f in FAMILIES if f.gguf_architecture == name), None)
+def family_for_gguf(name: str, has_experts: bool | None = None) -> Family | None:
+    """The family of a GGUF general.architecture; `has_experts` (the file's expert_count) tells a llama.cpp "llama"
+    with experts (Mixtral) from a dense one; None: the first family of that name."""
+    named = [f for f in FAMILIES if f.gguf_architecture == name]
+    if has_experts is not None:
+        named = [f for f in named if (f.moe is not None) == has_experts] or named
+    return named[0] if named else None
 
 
 def read_spec(config: dict) -> ModelSpec:

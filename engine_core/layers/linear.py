@@ -106,6 +106,10 @@ class ReplicatedLinear(cpu_packing.PackableWeight, nn.Module):
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x)
