@@ -216,9 +216,10 @@ def test_uneven_routing_in_a_model_matches_transformers(moe_models, tmp_path, mo
         assert layer[2] >= 20 and layer[6] == layer[7] == 0, counts
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
 def test_greedy_generate_with_preemption_matches(moe_models, arch):
-    """Through the whole engine, with a pool so small that requests are preempted and recomputed."""
+    """Through the whole engine, with a pool so small that requests are preempted and recomputed. (Qwen3-MoE's
+    layer differs only in data, checked by the logits tests; transformers' generate of it takes 15 s here.)"""
     from frontend import LLM, SamplingParams
 
     path = moe_models[arch]
