@@ -67,6 +67,24 @@ def test_mixtral_always_renormalises_and_refuses_a_sliding_window(tmp_path):
         read_spec(config | {"sliding_window": 4096})
 
 
+def test_a_released_qwen1_5_moe_config_reads():
+    """Qwen1.5-MoE-A2.7B's config.json as published (older transformers: rope_theta at the top, no qkv_bias, a
+    sliding window named but switched off)."""
+    config = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+              "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+              "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+              "model_type": "qwen2_moe", "num_attention_heads": 16, "num_hidden_layers": 24,
+              "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+              "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0",
+              "use_cache": True, "use_sliding_window": False, "vocab_size": 151936, "decoder_sparse_step": 1,
+              "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4,
+              "num_experts": 60, "norm_topk_prob": False, "output_router_logits": False,
+              "router_aux_loss_coef": 0.001}
+    spec = read_spec(config | {"head_dim": 128, "rope_scaling": None})  # as model_folder.py fills them in
+    assert (spec.num_experts, spec.experts_per_token, spec.shared_expert_intermediate_size) == (60, 4, 5632)
+    assert spec.sparse_layers == tuple(range(24)) and spec.qkv_bias and spec.sliding_window is None
+
+
 def test_moe_fields_are_refused_by_name_where_they_make_no_sense(tmp_path):
     config = saved_config(tmp_path, transformers.Qwen3MoeConfig, num_experts=4, num_experts_per_tok=2)
     with pytest.raises(UnsupportedConfig, match="num_experts_per_tok"):
