@@ -33,7 +33,8 @@ _LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn
                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                 "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
                 "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+                "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+                "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
                 "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
                 "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
 
@@ -140,3 +141,29 @@ def test_q8_0_experts_stay_quantized_one_tensor_per_expert(hf_models, tmp_path):
     (kept_logits,) = run_step(quantized, [(TOKENS, 0, [3, 1, 2, 0])])
     (float_logits,) = run_step(dequantized, [(TOKENS, 0, [3, 1, 2, 0])])
     torch.testing.assert_close(kept_logits, float_logits, atol=1e-4, rtol=0)
+
+
+def test_tp2_keeps_each_ranks_expert_shards_quantized(default_model_dir, tmp_path):
+    """Q8_0 experts 64 wide over two ranks: each rank keeps its 32 rows of gate/up and its 32 inputs of down (one
+    whole block) quantized, and the greedy tokens and logprobs equal the dequantized TP=2 engine's."""
+    from frontend.llm import LLM
+    from common.sampling_params import SamplingParams
+
+    hf_folder = build_tiny_model(str(tmp_path / "hf"), "qwen3_moe", default_model_dir, vocab_size=VOCAB,
+                                 moe_intermediate_size=64)
+    write_moe_gguf(hf_folder, str(tmp_path / "q.gguf"), "qwen3_moe", q8_experts=True)
+    folder = import_gguf(str(tmp_path / "q.gguf"), str(tmp_path / "imported"))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
+    answers = {}
+    for mode in ("auto", "none"):
+        llm = LLM(folder, tensor_parallel_size=2, quantization=mode, multiprocess=False, dtype="float32",
+                  kv_cache_memory="16MiB", max_model_len=64)
+        try:
+            runner = llm.client.core.executor.runner
+            # 2 layers x 8 experts x (gate_up, down)
+            assert runner.quantization == ("none" if mode == "none" else "32 layers q8_0")
+            answers[mode] = [(o.outputs[0].token_ids, o.outputs[0].logprobs)
+                             for o in llm.generate([TOKENS, TOKENS[:5]], params, use_tqdm=False)]
+        finally:
+            llm.shutdown()
+    assert answers["auto"] == answers["none"]
