@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from engine_core.families.catalog import FAMILIES, family_for_gguf
+from engine_core.families.family import Family
 from engine_core.layers.gguf_types import GGUF_TYPES
 from engine_core.weights.loader import QUANTIZED_FILE
 from engine_core.weights.safetensors_stream import write_streamed
@@ -122,7 +123,7 @@ class _Metadata:
         return out[0] if len(out) == 1 else out
 
 
-def _build_config(meta: _Metadata, arch: str, family, tensor_names: set[str], vocab_rows: int,
+def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[str], vocab_rows: int,
                   dtype: torch.dtype) -> dict:
     def key(name, default=None):
         return meta.get(f"{arch}.{name}", default)
@@ -168,7 +169,7 @@ def _build_config(meta: _Metadata, arch: str, family, tensor_names: set[str], vo
     return config
 
 
-def _moe_config(meta: _Metadata, arch: str, family, tensor_names: set[str]) -> dict:
+def _moe_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[str]) -> dict:
     """The MoE fields of the family's config.json (families/moe_fields.py), from llama.cpp's expert keys."""
     if family.moe is None:
         return {}
@@ -298,7 +299,7 @@ class _Tensor:
         return np.frombuffer(data, dtype=view.dtype).reshape(self.block_shape)
 
 
-def _tensors(reader, arch: str, family, n_heads: int, n_kv: int) -> list[_Tensor]:
+def _tensors(reader, arch: str, family: Family, n_heads: int, n_kv: int) -> list[_Tensor]:
     permuted = family.gguf_qk_permuted
     out = []
     for tensor in reader.tensors:
