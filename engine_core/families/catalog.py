@@ -1,5 +1,6 @@
 """The families nvllm runs, by config.json architecture and by GGUF architecture."""
 
+from engine_core.families import moe_fields
 from engine_core.families.family import SLIDING_FIELDS, Family
 from engine_core.families.gemma import GEMMA3_READS, gemma3_values
 from engine_core.families.spec import ModelSpec
@@ -22,7 +23,22 @@ GEMMA3 = Family(
     name="gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", gguf_architecture=None,
     gguf_qk_permuted=False, qkv_bias=False, qk_norm=True, reads=GEMMA3_READS, own_values=gemma3_values)
 
-FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3)
+QWEN2_MOE = Family(
+    name="qwen2_moe", architecture="Qwen2MoeForCausalLM", model_type="qwen2_moe", gguf_architecture="qwen2moe",
+    gguf_qk_permuted=False, qkv_bias=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
+    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | moe_fields.SHARED_EXPERT_FIELDS | {"qkv_bias"})
+
+QWEN3_MOE = Family(
+    name="qwen3_moe", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", gguf_architecture="qwen3moe",
+    gguf_qk_permuted=False, qk_norm=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
+    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | {"attention_bias"})
+
+# llama.cpp writes Mixtral as "llama" (experts in blk.N.ffn_*_exps): the GGUF importer tells them apart
+MIXTRAL = Family(
+    name="mixtral", architecture="MixtralForCausalLM", model_type="mixtral", gguf_architecture="llama",
+    gguf_qk_permuted=True, moe="mixtral", ignores=moe_fields.MIXTRAL_TRAINING, reads=moe_fields.MIXTRAL_FIELDS)
+
+FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3, QWEN2_MOE, QWEN3_MOE, MIXTRAL)
 
 
 class UnsupportedArchitecture(ValueError):
@@ -45,8 +61,13 @@ def family_for(architectures: list[str] | None, model_type: str | None = None) -
                                   f"{', '.join(f.architecture for f in FAMILIES)}")
 
 
-def family_for_gguf(name: str) -> Family | None:
-    return next((f for f in FAMILIES if name is not None and f.gguf_architecture == name), None)
+def family_for_gguf(name: str, has_experts: bool | None = None) -> Family | None:
+    """The family of a GGUF general.architecture; `has_experts` (the file's expert_count) tells a llama.cpp "llama"
+    with experts (Mixtral) from a dense one; None: the first family of that name."""
+    named = [f for f in FAMILIES if name is not None and f.gguf_architecture == name]
+    if has_experts is not None:
+        named = [f for f in named if (f.moe is not None) == has_experts] or named
+    return named[0] if named else None
 
 
 def read_spec(config: dict) -> ModelSpec:

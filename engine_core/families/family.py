@@ -11,6 +11,7 @@ from typing import Callable
 import msgspec
 
 from engine_core.families import config_fields
+from engine_core.families.moe_fields import moe_values
 from engine_core.families.spec import ModelSpec, UnsupportedConfig, activation_of, rope_of
 
 # fields every family reads (weights/model_folder.py fills the ones a config may leave out)
@@ -32,6 +33,7 @@ class Family:
     gguf_qk_permuted: bool  # llama.cpp stores q/k rows permuted for its own rotary layout
     qkv_bias: bool | None = None  # fixed by the family; None: the config's attention_bias says
     qk_norm: bool = False
+    moe: str | None = None  # the mixture-of-experts layout its config uses (moe_fields.py): qwen | mixtral
     reads: frozenset[str] = frozenset()  # fields read beyond COMMON_FIELDS
     ignores: dict[str, str] = field(default_factory=dict)  # field -> why it never changes the outputs
     # the family's own fields read into ModelSpec values (name -> value), over the ones read for every family
@@ -44,6 +46,9 @@ class Family:
                 raise UnsupportedConfig(name, config[name], f"not a field nvllm knows for {self.name} models, so it "
                                         "cannot tell whether it changes the outputs")
         attention_bias = bool(config.get("attention_bias", False))
+        qkv_bias = attention_bias if self.qkv_bias is None else self.qkv_bias
+        if "qkv_bias" in self.reads:  # Qwen2-MoE's own switch (transformers 5 writes it; older configs lack it)
+            qkv_bias = bool(config.get("qkv_bias", qkv_bias))
         if config.get("rope_interleaved"):
             raise UnsupportedConfig("rope_interleaved", True, "nvllm implements the rotate-half layout")
         if config.get("use_mrope"):
@@ -63,13 +68,14 @@ class Family:
             max_position=config["max_position_embeddings"],
             norm_eps=float(config["rms_norm_eps"]),
             activation=activation_of(config.get("hidden_act", "silu")),
-            qkv_bias=attention_bias if self.qkv_bias is None else self.qkv_bias,
+            qkv_bias=qkv_bias,
             # attention_bias biases o_proj too, in families whose q/k/v biases it decides (Llama, Qwen3)
             o_bias=attention_bias and self.qkv_bias is None,
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=self.qk_norm,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             rope=rope_of(config),
+            **moe_values(config, self.moe),
         )
         return spec if self.own_values is None else msgspec.structs.replace(spec, **self.own_values(config))
 

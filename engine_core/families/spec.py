@@ -55,7 +55,13 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     layer_windows: tuple[int | None, ...] = ()
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
-    num_experts: int = 0  # 0: a dense MLP
+    # mixture of experts (families/moe_fields.py); num_experts 0: every layer's MLP is dense
+    num_experts: int = 0  # routed experts of a sparse layer
+    experts_per_token: int = 0  # top-k of the router's softmax
+    renormalize_topk: bool = False  # the k weights divided by their sum (Mixtral always; Qwen: norm_topk_prob)
+    moe_intermediate_size: int = 0  # each routed expert's gated MLP
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert, scaled by a sigmoid gate; 0: none
+    sparse_layers: tuple[int, ...] = ()  # layers whose MLP is the MoE; the others keep the dense intermediate_size
     # Gemma's differences (families/gemma.py reads them)
     embed_scale: float | None = None  # embeddings times this (rounded to the model's dtype, as transformers does)
     attn_scale: float | None = None  # the attention's softmax scale; None: head_dim ** -0.5

@@ -1,8 +1,9 @@
 """The decoder of every family nvllm runs (families/catalog.py), built from a ModelSpec (families/spec.py).
 
 What sets the families apart is data in the spec, not subclasses: Qwen2's q/k/v biases, Qwen3's per-head
-q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling, Gemma's norm offset,
-embedding scale, softmax scale, per-layer rotary base and sandwich norms (SandwichDecoderLayer).
+q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling, which layers'
+MLP is a mixture of experts (layers/moe.py), Gemma's norm offset, embedding scale, softmax scale, per-layer
+rotary base and sandwich norms (SandwichDecoderLayer).
 """
 
 from typing import Iterable
@@ -14,6 +15,8 @@ from engine_core.layers.attention import PagedAttention
 from engine_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine_core.families.spec import ModelSpec
 from engine_core.layers.linear import GateUpLinear, QKVParallelLinear, RowParallelLinear
+from engine_core.layers.moe import SparseMoeBlock
+from engine_core.models.moe_checkpoint import per_expert
 from engine_core.layers.norm import RMSNorm
 from engine_core.layers.rotary import RotaryEmbedding
 
@@ -71,7 +74,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps, spec.norm_offset)
         self.self_attn = DecoderAttention(spec, layer)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps, spec.norm_offset)
-        self.mlp = DecoderMLP(spec)
+        self.mlp = SparseMoeBlock(spec) if layer in spec.sparse_layers else DecoderMLP(spec)
 
     def forward(self, positions, hidden, residual):
         if residual is None:
@@ -148,7 +151,7 @@ class DecoderForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded = set()
-        for name, tensor in weights:
+        for name, tensor in per_expert(weights):
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (name == "lm_head.weight" and self.tie_word_embeddings):
                 continue

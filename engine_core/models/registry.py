@@ -10,6 +10,9 @@ MODELS: dict[str, type[nn.Module]] = {
     "qwen2": DecoderForCausalLM,
     "qwen3": DecoderForCausalLM,
     "gemma3": DecoderForCausalLM,
+    "qwen2_moe": DecoderForCausalLM,
+    "qwen3_moe": DecoderForCausalLM,
+    "mixtral": DecoderForCausalLM,
 }
 
 
