@@ -33,6 +33,7 @@ what stays here is the socket, the connection monitor and the core child process
 
 import asyncio
 import logging
+import os
 import time
 import weakref
 from collections import deque
@@ -45,6 +46,7 @@ from common import protocol as P
 from common.config import EngineArgs
 from common.protocol import EngineCoreOutputs, EngineCoreRequest
 from common.transport import DEAD_AFTER_SECONDS, limit_socket, new_identity, private_ipc_address
+from common.start_failure import read_start_failure, start_error
 from frontend.core_client import EngineDeadError
 from frontend.core_process import start_core_process, stop_core_process
 from frontend.core_protocol import (CoreLost, CoreProtocol, CoreReady, HelloRejected, OutputsArrived, ReconnectNeeded,
@@ -77,9 +79,12 @@ class MPClientBase:
         self.args = args
         self.proc = None
         self.restart_core = restart_core
+        # where a child core says why it could not start; its address's path with a suffix (a private folder)
+        self._start_failure_file = None
         if address is None:
             address = private_ipc_address()
-            self.proc = start_core_process(args, address)
+            self._start_failure_file = address.removeprefix("ipc://") + ".start-failure"
+            self.proc = start_core_process(args, address, start_failure_file=self._start_failure_file)
         self._procs = [self.proc]  # the current child core, for the finalizer (a restart replaces it)
         self.address = address
         self.client_name = client_name
@@ -100,7 +105,8 @@ class MPClientBase:
         self.sock.connect(address)
         # a client dropped without shutdown() must still close its sockets (else the context's own
         # finalizer blocks forever in term()) and stop its child core
-        self._release = weakref.finalize(self, _release, self.sock, self.monitor, self.ctx, self._procs)
+        self._release = weakref.finalize(self, _release, self.sock, self.monitor, self.ctx, self._procs,
+                                         self._start_failure_file)
         self.protocol = CoreProtocol(client_name, time.monotonic())
         self.dead_reason: str | None = None
         self.connected = False  # a finished (CURVE) handshake with the core's socket
@@ -148,8 +154,7 @@ class MPClientBase:
         """A child core that exited is a start error, unless it had been up and is to be restarted."""
         restartable = self.restart_core and self.model_info is not None
         if self.proc is not None and self.proc.poll() is not None and not restartable:
-            raise RuntimeError(f"the engine core process failed to start (exit code {self.proc.returncode}); "
-                               "its log above says why")
+            raise start_error(read_start_failure(self._start_failure_file), self.proc.returncode)
 
     def _die(self, reason: str) -> None:
         if self.dead_reason is None:
@@ -238,7 +243,7 @@ class MPClientBase:
         return delay
 
     def _start_new_core(self) -> None:
-        self.proc = start_core_process(self.args, self.address)
+        self.proc = start_core_process(self.args, self.address, start_failure_file=self._start_failure_file)
         self._procs[0] = self.proc
 
     def waiting_reason(self) -> str:
@@ -286,7 +291,8 @@ class MPClientBase:
         self._release()
 
 
-def _release(sock: zmq.Socket, monitor: zmq.Socket, ctx: zmq.Context, procs: list) -> None:
+def _release(sock: zmq.Socket, monitor: zmq.Socket, ctx: zmq.Context, procs: list,
+             start_failure_file: str | None) -> None:
     try:
         sock.disable_monitor()
     except zmq.ZMQError:
@@ -295,6 +301,8 @@ def _release(sock: zmq.Socket, monitor: zmq.Socket, ctx: zmq.Context, procs: lis
     sock.close(linger=100)
     if procs[0] is not None:
         stop_core_process(procs[0])
+    if start_failure_file is not None and os.path.exists(start_failure_file):
+        os.remove(start_failure_file)
     ctx.term()
 
 

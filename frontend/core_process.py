@@ -15,11 +15,15 @@ from common.child_process import spawn_module
 from common.config import EngineArgs
 
 
-def start_core_process(args: EngineArgs, listen: str, engine_index: int = 0) -> subprocess.Popen:
-    return spawn_module("engine_core", ["--args-json", msgspec.json.encode(args).decode(), "--listen", listen,
-                                        "--engine-index", str(engine_index), "--parent-pid", str(os.getpid()),
-                                        "--log-level", os.environ.get("NVLLM_LOG_LEVEL", "INFO")],
-                        hugepages.with_tunable(os.environ))
+def start_core_process(args: EngineArgs, listen: str, engine_index: int = 0,
+                       start_failure_file: str | None = None) -> subprocess.Popen:
+    """start_failure_file: where the child writes why it could not start (common/start_failure.py)."""
+    argv = ["--args-json", msgspec.json.encode(args).decode(), "--listen", listen, "--engine-index",
+            str(engine_index), "--parent-pid", str(os.getpid()), "--log-level",
+            os.environ.get("NVLLM_LOG_LEVEL", "INFO")]
+    if start_failure_file is not None:
+        argv += ["--start-failure-file", start_failure_file]
+    return spawn_module("engine_core", argv, hugepages.with_tunable(os.environ))
 
 
 def stop_core_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:

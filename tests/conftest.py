@@ -63,13 +63,37 @@ def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int
     elif arch == "mistral":  # every layer slides: a window smaller than the tests' 23-token prompts
         config = transformers.MistralConfig(**({"sliding_window": 8} | common))
         model = transformers.MistralForCausalLM(config)
+    elif arch == "gemma3":
+        # one sliding and one global layer, each with its own rotary base; a window wider than the tests' prompts
+        # unless a test names one
+        gemma = {"head_dim": 16, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4096,
+                 "query_pre_attn_scalar": 24, "rope_parameters": {
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                     "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}}
+        config = transformers.Gemma3TextConfig(**(gemma | common))
+        model = transformers.Gemma3ForCausalLM(config)
+    elif arch == "qwen2_moe":  # 8 experts, top 2, a shared expert; layer 1 sparse, layer 0 dense by default
+        moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                   decoder_sparse_step=1, mlp_only_layers=[0])
+        config = transformers.Qwen2MoeConfig(**(moe | common))
+        model = transformers.Qwen2MoeForCausalLM(config)
+    elif arch == "qwen3_moe":  # 8 experts, top 4, renormalised
+        moe = dict(num_experts=8, num_experts_per_tok=4, moe_intermediate_size=32, norm_topk_prob=True, head_dim=32)
+        config = transformers.Qwen3MoeConfig(**(moe | common))
+        model = transformers.Qwen3MoeForCausalLM(config)
+    elif arch == "mixtral":  # 8 experts of intermediate_size, top 2
+        config = transformers.MixtralConfig(**(dict(num_local_experts=8, num_experts_per_tok=2, head_dim=16) | common))
+        model = transformers.MixtralForCausalLM(config)
     else:
         raise ValueError(arch)
-    # random init leaves norms at 1 and biases at 0: perturb them so those paths are checked
+    # random init leaves norms at 1 and biases at 0 (and MoE routers at 0: every expert equally likely):
+    # perturb them so those paths are checked
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or "bias" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)
     model.to(save_dtype).save_pretrained(path, safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         src = os.path.join(tokenizer_dir, name)

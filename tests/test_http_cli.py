@@ -178,16 +178,29 @@ def test_serve_gguf_file_with_api_key_flag(tmp_path):
     assert code == 0, proc.log()[-3000:]
 
 
-def test_serve_exits_when_the_engine_cannot_start(tmp_path):
+def gpt2_folder(path) -> str:
+    """A model folder of an architecture nvllm does not run."""
+    import transformers
+    transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128,
+                            architectures=["GPT2LMHeadModel"]).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("model, reason", [
+    (lambda tmp: str(tmp / "missing.gguf"), "not found"),
+    (lambda tmp: gpt2_folder(tmp / "gpt2"), "architecture GPT2LMHeadModel is not supported; nvllm runs"),
+])
+def test_serve_exits_when_the_engine_cannot_start(tmp_path, model, reason):
+    """Exit code 1, and the server's own log line gives the core's reason."""
     port = free_port()
-    proc = Proc(["serve", str(tmp_path / "missing.gguf"), "--host", "127.0.0.1", "--port", str(port)],
-                str(tmp_path / "serve.log"))
+    proc = Proc(["serve", model(tmp_path), "--host", "127.0.0.1", "--port", str(port)], str(tmp_path / "serve.log"))
     try:
         proc.proc.wait(timeout=120)
     finally:
         code = proc.stop()
     assert code == 1
-    assert "not found" in proc.log() and "failed to start" in proc.log()
+    failed = [line for line in proc.log().splitlines() if "the engine core failed to start: " in line]
+    assert failed and reason in failed[0]
 
 
 def test_split_frontend_then_engine_core_then_core_death(tiny_models, tmp_path):

@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from common.config import EngineArgs
+from common.random_models import RANDOM_MODELS
 from conftest import build_tiny_model
 from engine_core.engine_config import resolve_engine_config
 from engine_core.families.catalog import FAMILIES, family_for_gguf, read_spec
@@ -113,9 +114,11 @@ def test_a_mistral_config_with_layer_types_is_refused(tmp_path):
 
 
 def test_the_gguf_importer_names_come_from_the_families():
-    # llama.cpp writes Mistral checkpoints as its llama architecture: such a file reads as the Llama family
-    assert [family_for_gguf(f.gguf_architecture) for f in FAMILIES] == [
-        FAMILIES[0] if f.name == "mistral" else f for f in FAMILIES]
+    # llama.cpp writes Mixtral as a llama with experts: the importer tells it apart by its expert count; a Mistral
+    # file says llama too, and reads as the Llama family (tests/test_gguf_import.py: a window key makes it Mistral)
+    imported = [f for f in FAMILIES if f.gguf_architecture is not None and f.name != "mistral"]
+    assert [family_for_gguf(f.gguf_architecture, f.moe is not None) for f in imported] == imported
+    assert family_for_gguf("llama").name == "llama" and family_for_gguf("llama", False).name == "llama"
     assert family_for_gguf("gemma3") is None
 
 
@@ -185,3 +188,26 @@ def test_greedy_tokens_equal_transformers_generate(variant_models, variant):
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20)
         assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+
+
+def test_an_unsupported_architecture_is_an_error_where_the_user_called(tmp_path):
+    """LLM(...) raises the core's own reason (it names the architecture and the ones nvllm runs), not "see the
+    log"; a ValueError, since the caller's model is at fault."""
+    from frontend import LLM
+
+    folder = tmp_path / "gpt2"
+    transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128,
+                            architectures=["GPT2LMHeadModel"]).save_pretrained(folder)
+    supported = ", ".join(f.architecture for f in FAMILIES)
+    with pytest.raises(ValueError, match=f"architecture GPT2LMHeadModel is not supported; nvllm runs {supported}$"):
+        LLM(str(folder))
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM_MODELS))
+def test_every_random_model_shape_reads_as_its_family(tmp_path, name):
+    """`nvllm bench throughput --random-model NAME` builds a model nvllm runs, of the family it is named for."""
+    fields = dict(RANDOM_MODELS[name])
+    config_class, architecture = getattr(transformers, fields.pop("config")), fields.pop("model")
+    config_class(**fields, architectures=[architecture]).save_pretrained(tmp_path)
+    spec = read_spec(read_hf_config(str(tmp_path)))
+    assert spec.architecture == architecture and spec.hidden_size == fields["hidden_size"]

@@ -168,3 +168,17 @@ def test_the_window_is_transformers_convention():
             assert expected == (q - window < k <= q)
             if k >= first_key:
                 assert (keys.mask[row, k - first_key] == 0).item() == expected, (q, k)
+
+
+def test_mixtral_with_a_window_matches_transformers(tmp_path, default_model_dir):
+    """Mixtral slides every layer as Mistral does (its experts are the MoE tests'): prefill, a chunk after cached
+    blocks and a decode against transformers' logits."""
+    path = build_tiny_model(str(tmp_path / "mixtral"), "mixtral", default_model_dir, sliding_window=WINDOW)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    runner = make_runner(path)
+    assert [layer.self_attn.attn.sliding_window for layer in runner.model.layers] == [WINDOW, WINDOW]
+    table = [30, 31, 17, 40, 2, 9]
+    (first,) = run_step(runner, [(TOKENS[:13], 0, table)])
+    (second,) = run_step(runner, [(TOKENS[:22], 13, table)])
+    (decode,) = run_step(runner, [(TOKENS, 22, table)])
+    torch.testing.assert_close(torch.cat([first, second, decode]), hf_logits(hf, TOKENS), atol=ATOL, rtol=0)

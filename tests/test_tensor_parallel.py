@@ -140,6 +140,22 @@ def test_tp2_greedy_equals_tp1(models, name):
     assert generate(models[name], prompts, tensor_parallel_size=2) == expected
 
 
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory, default_model_dir):
+    """Qwen2-MoE (a dense layer, a shared expert and its gate) and Qwen3-MoE with experts 33 wide, so their rows
+    split unevenly (17 and 16); Mixtral's layer is the same module under other checkpoint names."""
+    root = tmp_path_factory.mktemp("tp-moe")
+    sizes = {"qwen3_moe": dict(moe_intermediate_size=33)}
+    return {arch: build_tiny_model(str(root / arch), arch, default_model_dir, **sizes.get(arch, {}))
+            for arch in ("qwen2_moe", "qwen3_moe")}
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe"])
+def test_tp2_moe_greedy_equals_tp1(moe_models, arch):
+    """Each expert (and the shared one) splits its rows over the ranks, the router is replicated."""
+    assert generate(moe_models[arch], tensor_parallel_size=2) == reference(moe_models[arch])
+
+
 def test_tp2_chunked_prefill_mixed_batches(models):
     """Small step budgets: prefill chunks and decodes share steps on both ranks alike."""
     long_prompts = PROMPTS + [" ".join(["tensor parallel"] * 30)]

@@ -11,15 +11,8 @@ import torch
 
 from engine_core.weights.model_folder import TOKENIZER_FILES
 from common.cache_dir import cache_dir
+from common.random_models import RANDOM_MODELS
 from engine_core.weights.model_resolver import resolve_model
-
-# transformers config fields of the models --random-model can build
-RANDOM_MODELS = {
-    "qwen3-0.6b": dict(architecture="Qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
-                       tie_word_embeddings=True, max_position_embeddings=40960, rope_theta=1000000.0,
-                       rms_norm_eps=1e-6),
-}
 
 
 def random_model_folder(name: str, root: str | None = None, **overrides) -> str:
@@ -48,10 +41,10 @@ def _write_random_model(folder: str, fields: dict) -> None:
     import transformers
 
     fields = dict(fields)
-    arch = fields.pop("architecture")
-    config = getattr(transformers, f"{arch}Config")(bos_token_id=1, eos_token_id=2, **fields)
+    config_class, model_class = getattr(transformers, fields.pop("config")), getattr(transformers, fields.pop("model"))
+    config = config_class(bos_token_id=1, eos_token_id=2, **fields)
     torch.manual_seed(0)
-    model = getattr(transformers, f"{arch}ForCausalLM")(config).to(torch.bfloat16)
+    model = model_class(config).to(torch.bfloat16)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer_dir = resolve_model(None)
     for file in TOKENIZER_FILES:

@@ -1,6 +1,8 @@
 """The families nvllm runs, by config.json architecture and by GGUF architecture."""
 
+from engine_core.families import moe_fields
 from engine_core.families.family import SLIDING_FIELDS, Family
+from engine_core.families.gemma import GEMMA3_READS, gemma3_values
 from engine_core.families.spec import ModelSpec
 
 LLAMA = Family(
@@ -19,13 +21,38 @@ QWEN3 = Family(
     gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS,
     windows="qwen")
 
+GEMMA3 = Family(
+    name="gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", gguf_architecture=None,
+    gguf_qk_permuted=False, qkv_bias=False, qk_norm=True, reads=GEMMA3_READS, own_values=gemma3_values)
+
+QWEN2_MOE = Family(
+    name="qwen2_moe", architecture="Qwen2MoeForCausalLM", model_type="qwen2_moe", gguf_architecture="qwen2moe",
+    gguf_qk_permuted=False, qkv_bias=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
+    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | moe_fields.SHARED_EXPERT_FIELDS | {"qkv_bias"},
+    windows="refuse")  # its own layer_types rule (odd layers below max_window_layers) is not read yet
+
+QWEN3_MOE = Family(
+    name="qwen3_moe", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", gguf_architecture="qwen3moe",
+    gguf_qk_permuted=False, qk_norm=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
+    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | {"attention_bias"}, windows="refuse")
+
+# llama.cpp writes Mixtral as "llama" (experts in blk.N.ffn_*_exps): the GGUF importer tells them apart
+MIXTRAL = Family(
+    name="mixtral", architecture="MixtralForCausalLM", model_type="mixtral", gguf_architecture="llama",
+    gguf_qk_permuted=True, moe="mixtral", ignores=moe_fields.MIXTRAL_TRAINING, reads=moe_fields.MIXTRAL_FIELDS,
+    windows="every_layer")  # sliding_window (null: none) holds for every layer, as Mistral's
+
 # llama.cpp converts Mistral checkpoints to its llama architecture (q/k rows permuted as Llama's), so a GGUF file
 # reads as LLAMA; its layer_types would ask for Ministral's alternating layers, which MistralForCausalLM ignores
 MISTRAL = Family(
     name="mistral", architecture="MistralForCausalLM", model_type="mistral", gguf_architecture="llama",
     gguf_qk_permuted=True, qkv_bias=False, reads=frozenset({"sliding_window"}), windows="every_layer")
 
-FAMILIES = (LLAMA, QWEN2, QWEN3, MISTRAL)
+FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, MISTRAL)
+
+
+class UnsupportedArchitecture(ValueError):
+    """A model whose architecture no family in FAMILIES runs."""
 
 
 def family_for(architectures: list[str] | None, model_type: str | None = None) -> Family:
@@ -38,13 +65,19 @@ def family_for(architectures: list[str] | None, model_type: str | None = None) -
         for family in FAMILIES:
             if family.model_type == model_type:
                 return family
-    raise ValueError(f"architectures {architectures} not supported; nvllm runs "
-                     f"{', '.join(f.architecture for f in FAMILIES)}")
+    named = (f"architecture {' / '.join(architectures)}" if architectures
+             else f"model_type {model_type!r} (config.json names no architectures)")
+    raise UnsupportedArchitecture(f"{named} is not supported; nvllm runs "
+                                  f"{', '.join(f.architecture for f in FAMILIES)}")
 
 
-def family_for_gguf(name: str) -> Family | None:
-    """The first family of that GGUF name (a Mistral file says llama, and reads as LLAMA: the same arithmetic)."""
-    return next((f for f in FAMILIES if f.gguf_architecture == name), None)
+def family_for_gguf(name: str, has_experts: bool | None = None) -> Family | None:
+    """The family of a GGUF general.architecture; `has_experts` (the file's expert_count) tells a llama.cpp "llama"
+    with experts (Mixtral) from a dense one; None: the first family of that name."""
+    named = [f for f in FAMILIES if name is not None and f.gguf_architecture == name]
+    if has_experts is not None:
+        named = [f for f in named if (f.moe is not None) == has_experts] or named
+    return named[0] if named else None
 
 
 def read_spec(config: dict) -> ModelSpec:

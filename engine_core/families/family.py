@@ -6,8 +6,12 @@ rest by name (spec.UnsupportedConfig).
 """
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+import msgspec
 
 from engine_core.families import config_fields
+from engine_core.families.moe_fields import moe_values
 from engine_core.families.spec import ModelSpec, UnsupportedConfig, activation_of, rope_of
 from engine_core.families.windows import WINDOW_RULES
 
@@ -26,13 +30,16 @@ class Family:
     name: str
     architecture: str  # config.json's architectures entry
     model_type: str
-    gguf_architecture: str  # llama.cpp's general.architecture
+    gguf_architecture: str | None  # llama.cpp's general.architecture; None: its GGUF files are not imported yet
     gguf_qk_permuted: bool  # llama.cpp stores q/k rows permuted for its own rotary layout
     qkv_bias: bool | None = None  # fixed by the family; None: the config's attention_bias says
     qk_norm: bool = False
+    moe: str | None = None  # the mixture-of-experts layout its config uses (moe_fields.py): qwen | mixtral
     reads: frozenset[str] = frozenset()  # fields read beyond COMMON_FIELDS
     ignores: dict[str, str] = field(default_factory=dict)  # field -> why it never changes the outputs
     windows: str = "none"  # how its config names sliding-window layers: a windows.WINDOW_RULES key
+    # the family's own fields read into ModelSpec values (name -> value), over the ones read for every family
+    own_values: Callable[[dict], dict] | None = None
 
     def read(self, config: dict) -> ModelSpec:
         for name in config:
@@ -41,11 +48,14 @@ class Family:
                 raise UnsupportedConfig(name, config[name], f"not a field nvllm knows for {self.name} models, so it "
                                         "cannot tell whether it changes the outputs")
         attention_bias = bool(config.get("attention_bias", False))
+        qkv_bias = attention_bias if self.qkv_bias is None else self.qkv_bias
+        if "qkv_bias" in self.reads:  # Qwen2-MoE's own switch (transformers 5 writes it; older configs lack it)
+            qkv_bias = bool(config.get("qkv_bias", qkv_bias))
         if config.get("rope_interleaved"):
             raise UnsupportedConfig("rope_interleaved", True, "nvllm implements the rotate-half layout")
         if config.get("use_mrope"):
             raise UnsupportedConfig("use_mrope", True, "multimodal rotary sections are not implemented")
-        return ModelSpec(
+        spec = ModelSpec(
             family=self.name,
             architecture=self.architecture,
             vocab_size=config["vocab_size"],
@@ -58,7 +68,7 @@ class Family:
             max_position=config["max_position_embeddings"],
             norm_eps=float(config["rms_norm_eps"]),
             activation=activation_of(config.get("hidden_act", "silu")),
-            qkv_bias=attention_bias if self.qkv_bias is None else self.qkv_bias,
+            qkv_bias=qkv_bias,
             # attention_bias biases o_proj too, in families whose q/k/v biases it decides (Llama, Qwen3)
             o_bias=attention_bias and self.qkv_bias is None,
             mlp_bias=bool(config.get("mlp_bias", False)),
@@ -66,4 +76,6 @@ class Family:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             rope=rope_of(config),
             layer_windows=WINDOW_RULES[self.windows](config),
+            **moe_values(config, self.moe),
         )
+        return spec if self.own_values is None else msgspec.structs.replace(spec, **self.own_values(config))

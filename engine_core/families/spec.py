@@ -55,7 +55,33 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     layer_windows: tuple[int | None, ...] = ()
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
-    num_experts: int = 0  # 0: a dense MLP
+    # mixture of experts (families/moe_fields.py); num_experts 0: every layer's MLP is dense
+    num_experts: int = 0  # routed experts of a sparse layer
+    experts_per_token: int = 0  # top-k of the router's softmax
+    renormalize_topk: bool = False  # the k weights divided by their sum (Mixtral always; Qwen: norm_topk_prob)
+    moe_intermediate_size: int = 0  # each routed expert's gated MLP
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert, scaled by a sigmoid gate; 0: none
+    sparse_layers: tuple[int, ...] = ()  # layers whose MLP is the MoE; the others keep the dense intermediate_size
+    # Gemma's differences (families/gemma.py reads them)
+    embed_scale: float | None = None  # embeddings times this (rounded to the model's dtype, as transformers does)
+    attn_scale: float | None = None  # the attention's softmax scale; None: head_dim ** -0.5
+    sandwich_norms: bool = False  # norms after attention and MLP too, and one before the MLP (Gemma's four)
+    local_rope_theta: float | None = None  # the rotary base of sliding-window layers; None: rope.theta
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window, or None where it attends to every key before the query."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def every_layer_slides(self) -> bool:
+        """Keys older than the widest window are read by no layer (the scheduler may free their blocks)."""
+        return bool(self.layer_windows) and all(w is not None for w in self.layer_windows)
+
+    def rope_theta(self, layer: int) -> float:
+        """Layer `layer`'s rotary base (Gemma 3's sliding layers have their own)."""
+        if self.local_rope_theta is not None and self.window(layer) is not None:
+            return self.local_rope_theta
+        return self.rope.theta
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None where it attends to every key before the query."""

@@ -54,5 +54,16 @@ def every_layer_windows(config: dict) -> tuple[int | None, ...]:
     return (_window_size(config),) * config["num_hidden_layers"]
 
 
+def refused_windows(config: dict) -> tuple[int | None, ...]:
+    """A family whose sliding layers nvllm does not read yet: accepted only where no layer would slide."""
+    sliding = [kind for kind in config.get("layer_types") or [] if kind != "full_attention"]
+    if sliding:
+        raise UnsupportedConfig("layer_types", sliding[0], "nvllm reads this family's full_attention layers only")
+    if config.get("use_sliding_window") and config.get("sliding_window") and \
+            config.get("max_window_layers", 0) < config["num_hidden_layers"]:
+        raise UnsupportedConfig("use_sliding_window", True, "this family's sliding layers are not read yet")
+    return ()
+
+
 WINDOW_RULES: dict[str, Callable[[dict], tuple[int | None, ...]]] = {
-    "none": no_windows, "qwen": qwen_windows, "every_layer": every_layer_windows}
+    "none": no_windows, "qwen": qwen_windows, "every_layer": every_layer_windows, "refuse": refused_windows}

@@ -100,13 +100,32 @@ class QKVParallelLinear(ColumnParallelLinear):
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
 
+class ReplicatedLinear(cpu_packing.PackableWeight, nn.Module):
+    """The whole weight on every rank (a MoE router: each rank routes every token itself, the same way)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x)
+
+
 class RowParallelLinear(cpu_packing.PackableWeight, nn.Module):
     """Input features split over ranks (evenly, or the slice [input_start, input_start + input_size)
-    given by the caller, e.g. the rows of this rank's attention heads); outputs all-reduced."""
+    given by the caller, e.g. the rows of this rank's attention heads); outputs all-reduced, unless the
+    caller sums several partial products first (`reduce=False`: a MoE layer's experts, one all-reduce in all)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 input_start: int | None = None, input_size: int | None = None):
+                 input_start: int | None = None, input_size: int | None = None, reduce: bool = True):
         super().__init__()
+        if bias and not reduce:
+            raise ValueError("a bias is added after the all-reduce: the caller of reduce=False would have to add it")
+        self.reduce = reduce
         if input_start is None:
             input_start, input_size = split_evenly(in_features, tp_size(), tp_rank())
         self.in_start, self.in_per_rank = input_start, input_size
@@ -122,6 +141,8 @@ class RowParallelLinear(cpu_packing.PackableWeight, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.matmul(x)
+        if not self.reduce:
+            return y
         y = all_reduce(y)
         # the bias is added once, after the sum of the partial products
         return y + self.bias if self.bias is not None else y

@@ -6,10 +6,20 @@ from engine_core.layers import cpu_ops, cpu_rms
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
+    def __init__(self, hidden_size: int, eps: float = 1e-6, offset: float = 0.0):
+        """offset: scale by (offset + weight) (Gemma's 1). Such a norm keeps offset + weight in float32 and scales
+        before rounding to the model's dtype, as transformers' Gemma does; the fused kernels take no offset."""
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.offset = offset
+        if offset:
+            self.weight = nn.Parameter(torch.full((hidden_size,), offset, dtype=torch.float32), requires_grad=False)
+            self.weight.weight_loader = self._load_with_offset
+        else:
+            self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+
+    def _load_with_offset(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        param.data.copy_(loaded.float() + self.offset)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # in float32, as transformers does, so float32 runs match it to rounding
@@ -20,6 +30,8 @@ class RMSNorm(nn.Module):
         scale = cpu_rms.inverse_rms(x, self.eps) if batch_invariant() else None
         if scale is None:
             scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (self.weight * (x * scale)).to(dtype)
         return self.weight * (x * scale).to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
@@ -27,7 +39,7 @@ class RMSNorm(nn.Module):
 
         bfloat16 on AVX512 CPUs: one fused pass (cpu_ops), bit-identical; with a residual it works in
         place, so x and residual are overwritten by the results."""
-        fused = cpu_ops.rms_norm(x, residual, self.weight, self.eps)
+        fused = None if self.offset else cpu_ops.rms_norm(x, residual, self.weight, self.eps)
         if fused is not None:
             return fused
         if residual is None:

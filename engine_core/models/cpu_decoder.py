@@ -128,6 +128,9 @@ IMPLEMENTED = {
     "mlp_bias": (False,),
     "attn_logit_softcap": (None,),
     "num_experts": (0,),
+    "embed_scale": (None,),
+    "attn_scale": (None,),
+    "sandwich_norms": (False,),
 }
 
 

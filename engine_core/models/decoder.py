@@ -1,8 +1,10 @@
-"""The decoder of every family nvllm runs (Llama, Qwen2, Qwen3), built from a ModelSpec (families/spec.py).
+"""The decoder of every family nvllm runs (families/catalog.py), built from a ModelSpec (families/spec.py).
 
 What sets the families apart is data in the spec, not subclasses: Qwen2's q/k/v biases, Qwen3's per-head
 q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling, each layer's
-sliding window (Mistral, Qwen2's use_sliding_window).
+sliding window (Mistral, Mixtral, Qwen2's use_sliding_window, Gemma 3), which layers' MLP is a mixture of
+experts (layers/moe.py), Gemma's norm offset, embedding scale, softmax scale, per-layer rotary base and
+sandwich norms (SandwichDecoderLayer).
 """
 
 from typing import Iterable
@@ -14,6 +16,8 @@ from engine_core.layers.attention import PagedAttention
 from engine_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine_core.families.spec import ModelSpec
 from engine_core.layers.linear import GateUpLinear, QKVParallelLinear, RowParallelLinear
+from engine_core.layers.moe import SparseMoeBlock
+from engine_core.models.moe_checkpoint import per_expert
 from engine_core.layers.norm import RMSNorm
 from engine_core.layers.rotary import RotaryEmbedding
 
@@ -32,10 +36,11 @@ class DecoderAttention(nn.Module):
         self.o_proj = RowParallelLinear(self.total_heads * head_dim, hidden, bias=spec.o_bias,
                                         input_start=self.qkv_proj.heads.q_start * head_dim,
                                         input_size=self.num_heads * head_dim)
-        self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope.theta, spec.rope.scaling)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, head_dim**-0.5, spec.window(layer))
-        self.q_norm = RMSNorm(head_dim, spec.norm_eps) if spec.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, spec.norm_eps) if spec.qk_norm else None
+        self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope_theta(layer), spec.rope.scaling)
+        scale = spec.attn_scale if spec.attn_scale is not None else head_dim**-0.5
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, scale, spec.window(layer))
+        self.q_norm = RMSNorm(head_dim, spec.norm_eps, spec.norm_offset) if spec.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, spec.norm_eps, spec.norm_offset) if spec.qk_norm else None
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
@@ -67,10 +72,10 @@ class DecoderMLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps, spec.norm_offset)
         self.self_attn = DecoderAttention(spec, layer)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
-        self.mlp = DecoderMLP(spec)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps, spec.norm_offset)
+        self.mlp = SparseMoeBlock(spec) if layer in spec.sparse_layers else DecoderMLP(spec)
 
     def forward(self, positions, hidden, residual):
         if residual is None:
@@ -82,6 +87,27 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+class SandwichDecoderLayer(DecoderLayer):
+    """Gemma's layer: the attention's and the MLP's outputs are normed too before they join the residual
+    stream, and the MLP has its own input norm. Named as Gemma's checkpoints name them, post_attention_layernorm
+    is the norm of the attention's output here (in DecoderLayer it is the MLP's input norm)."""
+
+    def __init__(self, spec: ModelSpec, layer: int = 0):
+        super().__init__(spec, layer)
+        self.pre_feedforward_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps, spec.norm_offset)
+        self.post_feedforward_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps, spec.norm_offset)
+
+    def forward(self, positions, hidden, residual):
+        # (hidden, residual) is the stream split in two, as in DecoderLayer: their sum is what Gemma adds to
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.post_attention_layernorm(self.self_attn(positions, hidden))
+        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+
+
 class DecoderForCausalLM(nn.Module):
     cpu_decoder = None  # a CpuDecoder (cpu_decoder.py) runs the layers from C where the model runner sets one
 
@@ -89,8 +115,9 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        layer_class = SandwichDecoderLayer if spec.sandwich_norms else DecoderLayer
+        self.layers = nn.ModuleList(layer_class(spec, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.norm_eps, spec.norm_offset)
         self.tie_word_embeddings = spec.tie_word_embeddings
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
         self.lm_head.keeps_weight = spec.tie_word_embeddings
@@ -100,6 +127,8 @@ class DecoderForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states [T, hidden] for the flat batch of new tokens."""
         hidden, residual = self.embed_tokens(input_ids), None
+        if self.spec.embed_scale is not None:  # rounded to the model's dtype first, as transformers' Gemma does
+            hidden = hidden * torch.tensor(self.spec.embed_scale, dtype=hidden.dtype)
         ran = self.cpu_decoder.run(hidden, positions) if self.cpu_decoder is not None else None
         if ran is not None:
             hidden, residual = ran
@@ -110,7 +139,11 @@ class DecoderForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        cap = self.spec.final_logit_softcap
+        if cap is not None and logits is not None:  # cap * tanh(logits / cap), as Gemma 2 computes it
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     # checkpoint name piece -> (our fused parameter piece, shard id)
     fused = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -119,7 +152,7 @@ class DecoderForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded = set()
-        for name, tensor in weights:
+        for name, tensor in per_expert(weights):
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (name == "lm_head.weight" and self.tie_word_embeddings):
                 continue

@@ -46,6 +46,7 @@ from common.request_ids import scoped_id, unscoped_id
 from common.transport import (CORE_RCVHWM, CORE_SNDHWM, HEARTBEAT_SECONDS, MAX_REQUEST_FRAME_BYTES,
                               frontend_silent_seconds, is_loopback, limit_socket)
 from common.validation import check_request
+from common.start_failure import write_start_failure
 from engine_core.proc.core import EngineCore
 from engine_core.proc.frontend_sessions import FrontendSessions, Session
 from engine_core.proc.stats_log import ThroughputLog
@@ -424,8 +425,13 @@ class EngineCoreProc:
 
 
 def run_engine_core(args: EngineArgs, listen: str, engine_index: int = 0, parent_pid: int | None = None,
-                    curve: ServerKeys | None = None) -> int:
-    proc = EngineCoreProc(args, listen, engine_index, parent_pid, curve)
+                    curve: ServerKeys | None = None, start_failure_file: str | None = None) -> int:
+    try:
+        proc = EngineCoreProc(args, listen, engine_index, parent_pid, curve)
+    except Exception as e:
+        if start_failure_file is not None:  # the frontend that started this process raises it where its user called
+            write_start_failure(start_failure_file, e)
+        raise
     logger.info("engine core ready: model %s, max_model_len %d", proc.core.model_info().model_name,
                 proc.core.max_model_len)
     return proc.run()

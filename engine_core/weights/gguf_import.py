@@ -1,6 +1,10 @@
 """Import a GGUF file once into an HF-style folder (config.json, tokenizer files and the weights), cached, so a
-later start reads it directly. Supported GGUF architectures: llama (SmolLM2, Llama, Mistral-as-llama), qwen2 and
-qwen3.
+later start reads it directly. Supported GGUF architectures: llama (SmolLM2, Llama, Mistral-as-llama; with experts,
+Mixtral), qwen2, qwen3, qwen2moe and qwen3moe.
+
+Mixture-of-experts layers: llama.cpp stores each kind of expert weight as one 3-D tensor (blk.N.ffn_{gate,up,
+down}_exps, [experts, rows, columns] in HF order); each expert's slice of it is imported as that expert's own
+tensor (model.layers.N.mlp.experts.E.*), kept quantized like any other, so experts load as HF's per-expert names.
 
 Weights: the tensors of the types the quantized kernels take (layers/gguf_types.py: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 Q4_K, Q5_K, Q6_K) are written as the file has them, blocks untouched (QUANTIZED_FILE, safetensors format, {name:
@@ -29,6 +33,7 @@ import numpy as np
 import torch
 
 from engine_core.families.catalog import FAMILIES, LLAMA, MISTRAL, family_for_gguf
+from engine_core.families.family import Family
 from engine_core.layers.gguf_types import GGUF_TYPES
 from engine_core.weights.loader import QUANTIZED_FILE
 from engine_core.weights.safetensors_stream import write_streamed
@@ -58,7 +63,14 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # the MoE router
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",  # Qwen2-MoE's shared expert and its gate
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# 3-D tensors of every expert of a layer -> the projection each expert's slice is
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 # tensors llama.cpp adds that HF checkpoints do not have
 _SKIPPED = {"rope_freqs.weight"}
 
@@ -74,6 +86,15 @@ def hf_tensor_name(gguf_name: str) -> str | None:
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
         return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
     return None
+
+
+def hf_expert_names(gguf_name: str, experts: int) -> list[str] | None:
+    """The HF names of each expert's slice of a GGUF expert tensor ('blk.3.ffn_up_exps.weight' ->
+    ['model.layers.3.mlp.experts.0.up_proj.weight', ...]); None for any other tensor."""
+    parts = gguf_name.split(".")
+    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _EXPERT_NAMES or parts[3] != "weight":
+        return None
+    return [f"model.layers.{parts[1]}.mlp.experts.{e}.{_EXPERT_NAMES[parts[2]]}.weight" for e in range(experts)]
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -102,22 +123,22 @@ class _Metadata:
         return out[0] if len(out) == 1 else out
 
 
-def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows: int, dtype: torch.dtype) -> dict:
-    family = family_for_gguf(arch)
-
+def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[str], vocab_rows: int,
+                  dtype: torch.dtype) -> dict:
     def key(name, default=None):
         return meta.get(f"{arch}.{name}", default)
 
     # llama.cpp's converter writes Mistral checkpoints as "llama" with no window key (and llama.cpp's llama graph
     # reads none): such a file imports as Llama, every layer attending to all keys, as llama.cpp runs it. A llama
-    # file that does name a window is Mistral's every-layer window; another family's would need to say which layers
-    # slide, which no key here does
+    # file that does name a window is Mistral's (or, with experts, Mixtral's) every-layer window; another family's
+    # would need to say which layers slide, which no key here does
     window = key("attention.sliding_window")
     if window:
-        if family is not LLAMA:
+        if family is LLAMA:
+            family = MISTRAL
+        elif family.windows != "every_layer":
             raise ValueError(f"the GGUF names {arch}.attention.sliding_window = {window}, which nvllm reads for "
-                             "llama-architecture (Mistral) files only")
-        family = MISTRAL
+                             "llama-architecture (Mistral, Mixtral) files only")
 
     hidden = int(key("embedding_length"))
     n_heads = int(key("attention.head_count"))
@@ -131,7 +152,7 @@ def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows
         "architectures": [family.architecture],
         "model_type": family.model_type,
         "hidden_size": hidden,
-        "intermediate_size": int(key("feed_forward_length")),
+        "intermediate_size": int(key("feed_forward_length") or key("expert_feed_forward_length")),
         "num_hidden_layers": int(key("block_count")),
         "num_attention_heads": n_heads,
         "num_key_value_heads": int(n_kv),
@@ -149,6 +170,7 @@ def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows
         config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
     if "mlp_bias" in family.reads:
         config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
+    config |= _moe_config(meta, arch, family, tensor_names)
     if window:
         config["sliding_window"] = int(window)
     rope_scaling = _rope_scaling(meta, arch)
@@ -158,6 +180,26 @@ def _build_config(meta: _Metadata, arch: str, tensor_names: set[str], vocab_rows
         token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
         if token_id is not None:
             config["pad_token_id" if name == "padding" else f"{name}_token_id"] = int(token_id)
+    return config
+
+
+def _moe_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[str]) -> dict:
+    """The MoE fields of the family's config.json (families/moe_fields.py), from llama.cpp's expert keys."""
+    if family.moe is None:
+        return {}
+    layers = int(meta.get(f"{arch}.block_count"))
+    config = {"num_experts_per_tok": int(meta.get(f"{arch}.expert_used_count"))}
+    experts = int(meta.get(f"{arch}.expert_count"))
+    if family.moe == "mixtral":
+        return config | {"num_local_experts": experts}
+    # llama.cpp renormalises Qwen3-MoE's top-k weights and not Qwen2-MoE's unless the file says otherwise
+    norm = meta.get(f"{arch}.expert_weights_norm", family.name == "qwen3_moe")
+    config |= {"num_experts": experts, "norm_topk_prob": bool(norm),
+               "moe_intermediate_size": int(meta.get(f"{arch}.expert_feed_forward_length")),
+               # a layer without a router keeps a dense MLP (llama.cpp's own files have none)
+               "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names]}
+    if "shared_expert_intermediate_size" in family.reads:
+        config["shared_expert_intermediate_size"] = int(meta.get(f"{arch}.expert_shared_feed_forward_length", 0))
     return config
 
 
@@ -230,11 +272,21 @@ class _Tensor:
     """One GGUF tensor's way into the import: its HF name, and whether it stays quantized (its blocks, as they
     are, go to QUANTIZED_FILE) or is written as floats."""
 
-    def __init__(self, tensor, name: str, heads: int | None, path: str):
-        self.tensor, self.name, self.heads, self._path = tensor, name, heads, path
+    def __init__(self, tensor, name: str, heads: int | None, path: str, expert: int | None = None,
+                 shape: tuple[int, ...] | None = None):
+        """expert: this is that expert's slice of a 3-D expert tensor; shape: the HF shape where it differs from
+        the file's (Qwen2-MoE's shared expert gate, a vector in the file, a [1, hidden] matrix in HF)."""
+        self.tensor, self.name, self.heads, self._path, self.expert = tensor, name, heads, path, expert
         self.type = tensor.tensor_type.name
         self.kept = self.type in KEPT_TYPES
         self.shape = tuple(int(d) for d in reversed(tensor.shape))  # the HF shape of its values
+        self.block_shape = tuple(int(d) for d in tensor.data.shape)  # the reader's view of its bytes
+        self.nbytes = int(tensor.n_bytes)
+        if expert is not None:
+            self.shape, self.block_shape = self.shape[1:], self.block_shape[1:]
+            self.nbytes //= int(tensor.data.shape[0])
+        if shape is not None:
+            self.shape = shape
 
     def blocks(self) -> torch.Tensor:
         """The quantized rows uint8 [rows, row bytes], un-permuted where llama.cpp permuted them."""
@@ -246,26 +298,31 @@ class _Tensor:
         from gguf.quants import dequantize
 
         w = np.array(dequantize(self._read(), self.tensor.tensor_type), dtype=np.float32, copy=False)
-        return torch.from_numpy(np.ascontiguousarray(unpermute_qk(w, self.heads) if self.heads else w))
+        w = np.ascontiguousarray(unpermute_qk(w, self.heads) if self.heads else w)
+        return torch.from_numpy(w.reshape(self.shape))
 
     def _read(self) -> np.ndarray:
         """The tensor's data as the reader's view has it (dtype, shape), read from the file into memory of its
         own: not through the reader's memory map, whose pages would stay resident (a 4 GB file, 4 GB)."""
         view = self.tensor.data
-        data = bytearray(int(self.tensor.n_bytes))
+        data = bytearray(self.nbytes)
         with open(self._path, "rb") as f:
-            f.seek(int(self.tensor.data_offset))
+            f.seek(int(self.tensor.data_offset) + (self.expert or 0) * self.nbytes)
             if f.readinto(data) != len(data):
                 raise ValueError(f"{self._path} is truncated: tensor {self.tensor.name!r} is cut short")
-        return np.frombuffer(data, dtype=view.dtype).reshape(view.shape)
+        return np.frombuffer(data, dtype=view.dtype).reshape(self.block_shape)
 
 
-def _tensors(reader, arch: str, n_heads: int, n_kv: int) -> list[_Tensor]:
-    permuted = family_for_gguf(arch).gguf_qk_permuted
+def _tensors(reader, arch: str, family: Family, n_heads: int, n_kv: int) -> list[_Tensor]:
+    permuted = family.gguf_qk_permuted
     out = []
     for tensor in reader.tensors:
         if tensor.name in _SKIPPED:
             logger.warning("GGUF import: skipping %s (llama.cpp-only tensor)", tensor.name)
+            continue
+        experts = hf_expert_names(tensor.name, int(tensor.shape[-1]))
+        if experts is not None:
+            out += [_Tensor(tensor, name, None, reader.data.filename, expert=e) for e, name in enumerate(experts)]
             continue
         name = hf_tensor_name(tensor.name)
         if name is None:
@@ -274,14 +331,15 @@ def _tensors(reader, arch: str, n_heads: int, n_kv: int) -> list[_Tensor]:
         heads = None
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
             heads = n_heads if "q_proj" in name else n_kv
-        out.append(_Tensor(tensor, name, heads, reader.data.filename))
+        shape = (1, int(tensor.shape[0])) if name.endswith("shared_expert_gate.weight") else None
+        out.append(_Tensor(tensor, name, heads, reader.data.filename, shape=shape))
     return out
 
 
 def _log_types(path: str, tensors: list[_Tensor], dtype: torch.dtype) -> None:
     """What stays quantized, and what is dequantized that a kernel could have kept (with what it costs)."""
     kept = [t for t in tensors if t.kept]
-    kept_bytes = sum(int(t.tensor.n_bytes) for t in kept)
+    kept_bytes = sum(t.nbytes for t in kept)
     counts: dict[str, int] = {}
     for t in kept:
         counts[t.type] = counts.get(t.type, 0) + 1
@@ -294,7 +352,7 @@ def _log_types(path: str, tensors: list[_Tensor], dtype: torch.dtype) -> None:
             lost.setdefault(t.type, []).append(t)
     size = torch.empty(0, dtype=dtype).element_size()
     for kind, group in sorted(lost.items()):
-        file_bytes = sum(int(t.tensor.n_bytes) for t in group)
+        file_bytes = sum(t.nbytes for t in group)
         values = sum(math.prod(t.shape) for t in group)
         logger.warning("GGUF import of %s: %d %s tensors dequantized (no kernel keeps %s; it keeps %s): %.1f MB in "
                        "the file become %.1f MB of %s, read on every decode step", os.path.basename(path), len(group),
@@ -308,7 +366,7 @@ def _write_weights(tensors: list[_Tensor], out_dir: str, dtype: torch.dtype) -> 
     kept = [t for t in tensors if t.kept]
     if kept:
         write_streamed(os.path.join(out_dir, QUANTIZED_FILE),
-                       [(t.name, torch.uint8, tuple(int(d) for d in t.tensor.data.shape), t.blocks) for t in kept],
+                       [(t.name, torch.uint8, t.block_shape, t.blocks) for t in kept],
                        metadata={t.name: KEPT_TYPES[t.type] for t in kept})
     floats = [t for t in tensors if not t.kept]
     size = torch.empty(0, dtype=dtype).element_size()
@@ -367,14 +425,15 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
         raise ValueError(f"{gguf_path} is not a GGUF file nvllm can read: {type(e).__name__}: {e}") from e
     meta = _Metadata(reader)
     arch = meta.get("general.architecture")
-    if family_for_gguf(arch) is None:
+    family = family_for_gguf(arch, bool(meta.get(f"{arch}.expert_count")))
+    if family is None:
         raise ValueError(f"GGUF architecture {arch!r} of {gguf_path} is not supported; "
-                         f"nvllm imports {', '.join(f.gguf_architecture for f in FAMILIES)} GGUFs")
+                         f"nvllm imports {', '.join(dict.fromkeys(f.gguf_architecture for f in FAMILIES if f.gguf_architecture))} GGUFs")
     _check_complete(reader, meta, gguf_path)
     tensor_names = {t.name for t in reader.tensors}
     embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    config = _build_config(meta, arch, tensor_names, int(embed.shape[-1]), torch.float32)
-    tensors = _tensors(reader, arch, config["num_attention_heads"], config["num_key_value_heads"])
+    config = _build_config(meta, arch, family, tensor_names, int(embed.shape[-1]), torch.float32)
+    tensors = _tensors(reader, arch, family, config["num_attention_heads"], config["num_key_value_heads"])
     if dtype is None:  # the floats written: what is not kept quantized
         n_params = sum(math.prod(t.shape) for t in tensors if not t.kept)
         dtype = torch.float32 if n_params * 4 <= FLOAT32_LIMIT_BYTES else torch.bfloat16

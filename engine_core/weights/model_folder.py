@@ -26,9 +26,10 @@ def read_hf_config(folder: str) -> dict:
     raw["rope_scaling"] = scaling
     raw.setdefault("rms_norm_eps", 1e-6)
     raw.setdefault("max_position_embeddings", 2048)
-    raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
-    if not raw.get("head_dim"):
-        raw["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
+    if "num_attention_heads" in raw:  # else not a decoder nvllm runs: families/catalog.py says so by name
+        raw.setdefault("num_key_value_heads", raw["num_attention_heads"])
+        if not raw.get("head_dim"):
+            raw["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
     return raw
 
 

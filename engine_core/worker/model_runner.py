@@ -212,6 +212,8 @@ class ModelRunner:
             why = f"the {self.backend.name} attention backend sizes decode steps on the host"
         elif tp_size() > 1:
             why = "tensor parallelism does not capture its collectives yet"
+        elif self.model.spec.num_experts:
+            why = "the MoE layers count each expert's tokens on the host (layers/moe.py)"
         if why:
             if tp_rank() == 0:
                 logger.info("CUDA graphs: off (%s); decode steps run eagerly", why)

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from common.start_failure import EngineStartError
 from frontend.api import serving_chat, serving_completion, serving_tokenize
 from frontend.api.errors import engine_unavailable, install_error_handlers
 from frontend.api.chat_options import ChatOptions
@@ -72,8 +73,9 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            state.startup_error = f"it failed to start: {e}"
-            logger.error("the engine core failed to start: %s", e)
+            why = e.why if isinstance(e, EngineStartError) else str(e)
+            state.startup_error = f"it failed to start: {why}"
+            logger.error("the engine core failed to start: %s", why)
             if on_failure is not None:
                 on_failure(e)
             return

@@ -4,6 +4,7 @@ import argparse
 
 from common.cli.arg_types import add_log_level
 from common.cli.engine_args import add_engine_args
+from common.random_models import RANDOM_MODELS
 from frontend import engine_seam
 from frontend.bench import cpu_suite, latency, llama_cpp, models_cmd, perplexity
 from frontend.cli.keys_cmd import register_keys
@@ -37,8 +38,9 @@ def register_bench(sub) -> None:
                     help="run the workload PAIRS times with --structured-share (default 0.5) and without, "
                          "alternating, and print the median ratio")
     tp.add_argument("--output-json", default=None, help="write the figures here")
-    tp.add_argument("--random-model", default=None, choices=["qwen3-0.6b"],
-                    help="benchmark a random-weight model of this shape (written once into the model cache) "
+    tp.add_argument("--random-model", default=None, choices=sorted(RANDOM_MODELS),
+                    help="benchmark a random-weight model of this shape, one per family (common/random_models.py; "
+                         "written once into the model cache) "
                          "instead of a model folder. nano-vllm's GPU workload: --random-model qwen3-0.6b "
                          "--num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 "
                          "--max-output-len 1024")

@@ -1,0 +1,85 @@
+"""Gemma 3's config fields, read into ModelSpec values (the family record is in catalog.py).
+
+Gemma differs from Llama in ways that are all data: RMSNorm scales by (1 + weight); the embeddings are scaled by
+sqrt(hidden_size); each layer has four norms (the sandwich: after attention and after the MLP as well); the
+softmax scale is query_pre_attn_scalar ** -0.5; the MLP's activation is named `hidden_activation`; some layers
+attend through a sliding window (five of every six by default), and those layers have their own rotary base.
+"""
+
+import math
+
+from engine_core.families.spec import RopeSpec, UnsupportedConfig, activation_of
+
+# what Gemma3TextConfig writes beyond the common fields
+GEMMA3_READS = frozenset({
+    "hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types", "sliding_window_pattern",
+    "_sliding_window_pattern", "rope_local_base_freq", "final_logit_softcapping", "attn_logit_softcapping",
+    "use_bidirectional_attention", "attention_bias",
+})
+LOCAL_THETA = 10000.0  # transformers' default rotary base of Gemma 3's sliding layers
+GLOBAL_THETA = 1000000.0
+
+
+def gemma3_values(config: dict) -> dict:
+    """ModelSpec fields (name -> value) that Gemma 3 sets beyond the ones every family reads."""
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedConfig("use_bidirectional_attention", True, "nvllm runs causal language models")
+    if config.get("attn_logit_softcapping") is not None:
+        raise UnsupportedConfig("attn_logit_softcapping", config["attn_logit_softcapping"],
+                                "soft-capped attention scores are not implemented yet")
+    if config.get("attention_bias"):
+        raise UnsupportedConfig("attention_bias", True, "Gemma 3 has no attention biases")
+    global_rope, local_theta = _rope(config)
+    act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    return dict(
+        activation=activation_of(act),
+        norm_offset=1.0,
+        embed_scale=math.sqrt(config["hidden_size"]),
+        attn_scale=float(config.get("query_pre_attn_scalar", 256)) ** -0.5,
+        sandwich_norms=True,
+        rope=global_rope,
+        local_rope_theta=local_theta,
+        layer_windows=_windows(config),
+        final_logit_softcap=config.get("final_logit_softcapping"),
+    )
+
+
+def _windows(config: dict) -> tuple[int | None, ...]:
+    """layer_types where written; else (older configs) every sliding_window_pattern-th layer is global."""
+    layers = config["num_hidden_layers"]
+    kinds = config.get("layer_types")
+    if kinds is None:
+        pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 6))
+        kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    if len(kinds) != layers:
+        raise UnsupportedConfig("layer_types", kinds, f"names {len(kinds)} layers of {layers}")
+    unknown = [k for k in kinds if k not in ("sliding_attention", "full_attention")]
+    if unknown:
+        raise UnsupportedConfig("layer_types", unknown[0], "nvllm implements sliding_attention and full_attention")
+    window = config.get("sliding_window")
+    if not any(k == "sliding_attention" for k in kinds):
+        return ()
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise UnsupportedConfig("sliding_window", window, "a window is a whole number of tokens, 1 or more")
+    return tuple(window if k == "sliding_attention" else None for k in kinds)
+
+
+def _rope(config: dict) -> tuple[RopeSpec, float]:
+    """The global layers' rotary (theta, scaling) and the sliding layers' theta: from rope_parameters keyed by
+    layer type (newer configs) or rope_theta / rope_local_base_freq (older ones)."""
+    params = config.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+        global_theta = float(full.get("rope_theta", GLOBAL_THETA))
+        local_theta = float(local.get("rope_theta", LOCAL_THETA))
+        scaling, local_scaling = full, local
+    else:
+        global_theta = float(config.get("rope_theta") or GLOBAL_THETA)
+        local_theta = float(config.get("rope_local_base_freq", LOCAL_THETA))
+        scaling, local_scaling = config.get("rope_scaling") or {}, {}
+    for name, kind in (("rope_parameters.full_attention", scaling), ("rope_parameters.sliding_attention",
+                                                                     local_scaling)):
+        rope_type = kind.get("rope_type", kind.get("type", "default"))
+        if rope_type != "default":
+            raise UnsupportedConfig(f"{name}.rope_type", rope_type, "Gemma 3's scaled rotary is not implemented yet")
+    return RopeSpec(theta=global_theta), local_theta

@@ -1,0 +1,105 @@
+"""Gemma 3 (Gemma3ForCausalLM): float32 logits equal transformers' through the paged KV cache's paths, greedy
+tokens equal its generate through the whole engine (with preemption), TP=2 equal to TP=1, and both forms of its
+config.json read alike."""
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from conftest import build_tiny_model
+from engine_core.families.catalog import read_spec
+from engine_core.families.spec import UnsupportedConfig
+from engine_core.weights.model_folder import read_hf_config
+from test_model_vs_transformers import ATOL, TOKENS, hf_logits, make_runner, run_step
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory, default_model_dir):
+    return build_tiny_model(str(tmp_path_factory.mktemp("gemma") / "gemma3"), "gemma3", default_model_dir)
+
+
+@pytest.fixture(scope="module")
+def pair(gemma):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gemma, torch_dtype=torch.float32).eval()
+    return make_runner(gemma), hf
+
+
+def test_the_spec_carries_gemmas_differences(gemma):
+    spec = read_spec(read_hf_config(gemma))
+    assert (spec.family, spec.activation, spec.norm_offset, spec.sandwich_norms) == ("gemma3", "gelu_tanh", 1.0, True)
+    assert spec.embed_scale == 64 ** 0.5 and spec.attn_scale == 24 ** -0.5
+    assert spec.layer_windows == (4096, None)
+    assert (spec.rope_theta(0), spec.rope_theta(1)) == (10000.0, 1000000.0)
+
+
+def test_an_older_config_reads_as_the_newer_one(tmp_path, gemma):
+    """Configs on the Hub written before layer_types and per-layer-type rope_parameters: sliding_window_pattern,
+    rope_theta and rope_local_base_freq."""
+    with open(f"{gemma}/config.json") as f:
+        config = json.load(f)
+    old = {k: v for k, v in config.items() if k not in ("layer_types", "rope_parameters", "_sliding_window_pattern")}
+    old |= {"sliding_window_pattern": 2, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": None}
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert read_spec(read_hf_config(str(tmp_path))) == read_spec(read_hf_config(gemma))
+
+
+@pytest.mark.parametrize("field, value", [("attn_logit_softcapping", 50.0), ("use_bidirectional_attention", True)])
+def test_what_nvllm_does_not_implement_is_refused_by_name(gemma, field, value):
+    config = read_hf_config(gemma) | {field: value}
+    with pytest.raises(UnsupportedConfig, match=field):
+        read_spec(config)
+
+
+def test_prefill_decode_and_chunked_prefill(pair):
+    runner, hf = pair
+    ref = hf_logits(hf, TOKENS)
+    (prefill,) = run_step(runner, [(TOKENS, 0, [5, 2, 9, 1, 7, 3])])
+    torch.testing.assert_close(prefill, ref, atol=ATOL, rtol=0)
+    table = [11, 4, 20, 8, 13, 6]
+    chunks = [run_step(runner, [(TOKENS[:end], start, table)])[0] for start, end in ((0, 7), (7, 16), (16, 22))]
+    (decode,) = run_step(runner, [(TOKENS, 22, table)])
+    torch.testing.assert_close(torch.cat(chunks + [decode]), ref, atol=ATOL, rtol=0)
+
+
+def test_prefix_hit_in_a_mixed_batch(pair):
+    runner, hf = pair
+    a, b = TOKENS[:12] + [7, 8, 9], TOKENS[:12] + [100, 200, 300, 400, 500]
+    run_step(runner, [(a[:-1], 0, [1, 2, 3, 4])])
+    rows_a, rows_b = run_step(runner, [(a, len(a) - 1, [1, 2, 3, 4]), (b, 12, [1, 2, 3, 50, 51])])
+    torch.testing.assert_close(rows_a[0], hf_logits(hf, a)[-1], atol=ATOL, rtol=0)
+    torch.testing.assert_close(rows_b, hf_logits(hf, b)[12:], atol=ATOL, rtol=0)
+
+
+def greedy(model: str, prompts, **engine) -> list[list[int]]:
+    from frontend import LLM, SamplingParams
+
+    llm = LLM(model, dtype="float32", block_size=4, max_model_len=96, **engine)
+    try:
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+        stats = llm.get_stats()
+        assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
+        return [o.outputs[0].token_ids for o in outs], stats.totals.num_preemptions
+    finally:
+        llm.shutdown()
+
+
+PROMPTS = [TOKENS[:9], TOKENS[3:20], TOKENS[5:11], TOKENS[:17]]
+
+
+def test_greedy_generate_with_preemption_and_tp2(gemma):
+    """A pool too small for the four requests (preempted, recomputed) gives transformers' tokens; so does TP=2."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gemma, torch_dtype=torch.float32).eval()
+    expected = []
+    for prompt in PROMPTS:
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, min_new_tokens=16)
+        expected.append(out[0, len(prompt):].tolist())
+    block = 2 * 2 * 4 * 2 * 16 * 4  # K and V, 2 layers, 4 tokens, 2 KV heads of 16 float32s
+    tokens, preemptions = greedy(gemma, PROMPTS, kv_cache_memory=24 * block, max_num_batched_tokens=16)
+    assert preemptions > 0 and tokens == expected
+    assert greedy(gemma, PROMPTS, tensor_parallel_size=2)[0] == expected
