@@ -170,13 +170,14 @@ def test_the_window_is_transformers_convention():
                 assert (keys.mask[row, k - first_key] == 0).item() == expected, (q, k)
 
 
-def test_mixtral_with_a_window_matches_transformers(tmp_path, default_model_dir):
-    """Mixtral slides every layer as Mistral does (its experts are the MoE tests'): prefill, a chunk after cached
-    blocks and a decode against transformers' logits."""
-    path = build_tiny_model(str(tmp_path / "mixtral"), "mixtral", default_model_dir, sliding_window=WINDOW)
+@pytest.mark.parametrize("arch, windows", [("mixtral", [WINDOW, WINDOW]), ("gemma3", [WINDOW, None])])
+def test_other_families_windows_match_transformers(tmp_path, default_model_dir, arch, windows):
+    """Mixtral slides every layer as Mistral does, Gemma 3 its sliding_attention layers (the families' other
+    parts are their own tests'): prefill, a chunk after cached blocks and a decode against transformers' logits."""
+    path = build_tiny_model(str(tmp_path / arch), arch, default_model_dir, sliding_window=WINDOW)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     runner = make_runner(path)
-    assert [layer.self_attn.attn.sliding_window for layer in runner.model.layers] == [WINDOW, WINDOW]
+    assert [layer.self_attn.attn.sliding_window for layer in runner.model.layers] == windows
     table = [30, 31, 17, 40, 2, 9]
     (first,) = run_step(runner, [(TOKENS[:13], 0, table)])
     (second,) = run_step(runner, [(TOKENS[:22], 13, table)])
