@@ -60,6 +60,9 @@ def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int
     elif arch == "qwen3":
         config = transformers.Qwen3Config(**({"head_dim": 32} | common))
         model = transformers.Qwen3ForCausalLM(config)
+    elif arch == "phi3":  # q/k/v and gate/up stored fused; head_dim 16 (hidden / heads)
+        config = transformers.Phi3Config(**common)
+        model = transformers.Phi3ForCausalLM(config)
     else:
         raise ValueError(arch)
     # random init leaves norms at 1 and biases at 0: perturb them so those paths are checked

@@ -17,7 +17,16 @@ QWEN3 = Family(
     name="qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3", gguf_architecture="qwen3",
     gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS)
 
-FAMILIES = (LLAMA, QWEN2, QWEN3)
+# Phi-3 and Phi-4-mini (partial_rotary_factor 0.75, tied embeddings): q/k/v and gate/up stored fused, LongRoPE
+PHI3 = Family(
+    name="phi3", architecture="Phi3ForCausalLM", model_type="phi3", gguf_architecture="phi3",
+    gguf_qk_permuted=False, qkv_bias=False,
+    reads=frozenset({"partial_rotary_factor", "original_max_position_embeddings", "sliding_window"}),
+    ignores={"resid_pdrop": "dropout: training only", "embd_pdrop": "dropout: training only"},
+    rope_aliases={"su": "longrope", "yarn": "longrope"},  # transformers' Phi3Config renames both
+    window_without_switch=True)
+
+FAMILIES = (LLAMA, QWEN2, QWEN3, PHI3)
 
 
 def family_for(architectures: list[str] | None, model_type: str | None = None) -> Family:

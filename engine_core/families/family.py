@@ -31,6 +31,9 @@ class Family:
     qk_norm: bool = False
     reads: frozenset[str] = frozenset()  # fields read beyond COMMON_FIELDS
     ignores: dict[str, str] = field(default_factory=dict)  # field -> why it never changes the outputs
+    rope_aliases: dict[str, str] = field(default_factory=dict)  # older rope type names -> the type transformers runs
+    # sliding_window alone decides the window of every layer (Phi-3), with no use_sliding_window switch
+    window_without_switch: bool = False
 
     def read(self, config: dict) -> ModelSpec:
         for name in config:
@@ -63,10 +66,14 @@ class Family:
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=self.qk_norm,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            rope=rope_of(config),
+            rope=rope_of(config, partial_rotary="partial_rotary_factor" in self.reads, aliases=self.rope_aliases),
         )
 
     def _refuse_sliding(self, config: dict) -> None:
+        window = config.get("sliding_window")
+        # a window at least max_position_embeddings long never binds: every layer attends to all its tokens
+        if self.window_without_switch and window is not None and window < config["max_position_embeddings"]:
+            raise UnsupportedConfig("sliding_window", window, "sliding-window attention is not implemented yet")
         sliding = [kind for kind in config.get("layer_types") or [] if kind != "full_attention"]
         if sliding:
             raise UnsupportedConfig("layer_types", sliding[0], "nvllm implements full_attention layers only")

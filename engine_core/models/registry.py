@@ -9,6 +9,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "llama": DecoderForCausalLM,
     "qwen2": DecoderForCausalLM,
     "qwen3": DecoderForCausalLM,
+    "phi3": DecoderForCausalLM,
 }
 
 
