@@ -6,6 +6,8 @@ the original context, else the short ones. Short: equal to transformers; long: e
 prompt longer than the original context, and to transformers made to use its long factors for a shorter one.
 """
 
+import math
+
 import pytest
 import torch
 import transformers
@@ -223,3 +225,88 @@ def test_partial_rotary_is_refused_where_the_family_rotates_whole_heads(folders)
     with pytest.raises(UnsupportedConfig, match="partial_rotary_factor"):
         read_spec(_config(folders["llama-yarn"], rope_scaling={"rope_type": "linear", "factor": 2.0,
                                                                "partial_rotary_factor": 0.5}))
+
+
+# ---- llama.cpp's phi3 GGUF ---------------------------------------------------------------------------------------
+
+def _write_phi3_gguf(path: str, seed: int = 0) -> tuple[dict, dict]:
+    """A random Phi-4-mini-shaped model as llama.cpp's converter writes it (fused attn_qkv, ffn_up holding gate;up
+    in Q8_0, rope_factors_long / rope_factors_short, rope.dimension_count the rotated dims, tied embeddings).
+    Returns its HF (Phi3ForCausalLM) float32 state dict and config fields."""
+    import gguf
+    import numpy as np
+    from test_gguf_import import _add_tiny_tokenizer
+
+    heads, kv, head_dim, hidden, inter, layers, context = 4, 2, 16, 64, 48, 2, 128
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, "phi3")
+    vocab = _add_tiny_tokenizer(writer)
+    writer.add_context_length(context)
+    writer.add_rope_scaling_orig_ctx_len(ORIGINAL)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(inter)
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(12)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_sliding_window(0)
+    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(context / ORIGINAL) / math.log(ORIGINAL)))
+    state = {}
+
+    def add(gguf_name, hf_name, shape, q8=False):
+        w = rng.standard_normal(shape).astype(np.float32) * (0.2 if len(shape) == 2 else 1.0)
+        if q8:
+            q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            w = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(gguf_name, w)
+        state[hf_name] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+
+    add("token_embd.weight", "model.embed_tokens.weight", (vocab, hidden))
+    for i in range(layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        add(b + "attn_norm.weight", p + "input_layernorm.weight", (hidden,))
+        add(b + "attn_qkv.weight", p + "self_attn.qkv_proj.weight", ((heads + 2 * kv) * head_dim, hidden))
+        add(b + "attn_output.weight", p + "self_attn.o_proj.weight", (hidden, heads * head_dim))
+        add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", (hidden,))
+        add(b + "ffn_up.weight", p + "mlp.gate_up_proj.weight", (2 * inter, hidden), q8=True)
+        add(b + "ffn_down.weight", p + "mlp.down_proj.weight", (hidden, inter))
+    add("output_norm.weight", "model.norm.weight", (hidden,))
+    writer.add_tensor("rope_factors_long.weight", np.array(LONG, dtype=np.float32))
+    writer.add_tensor("rope_factors_short.weight", np.array(SHORT, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    fields = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=context,
+                  original_max_position_embeddings=ORIGINAL, partial_rotary_factor=0.75, rms_norm_eps=1e-5,
+                  tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                  rope_scaling={"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG})
+    return state, fields
+
+
+def test_phi3_gguf_imports_as_transformers_runs_it(tmp_path):
+    from engine_core.weights.gguf_import import import_gguf
+
+    gguf_path = str(tmp_path / "tiny-phi3.gguf")
+    state, fields = _write_phi3_gguf(gguf_path)
+    folder = import_gguf(gguf_path, str(tmp_path / "out"))
+    spec = read_spec(read_hf_config(folder))
+    assert (spec.family, spec.head_dim, spec.rope.rotary_dim, spec.sliding_window) == ("phi3", 16, 12, None)
+    as_stored = {key: torch.tensor(values).tolist() for key, values in (("short_factor", SHORT), ("long_factor", LONG))}
+    assert {key: spec.rope.scaling[key] for key in as_stored} == as_stored  # float32 in the file
+    hf = transformers.Phi3ForCausalLM(transformers.Phi3Config(**fields)).eval()
+    hf.load_state_dict(state, strict=False)  # lm_head: tied to the embeddings
+    tokens = [t % fields["vocab_size"] for t in TOKENS]
+    for quantization in ("none", "gguf"):  # dequantized; the Q8_0 gate;up rows kept as blocks, split
+        args = EngineArgs(model=folder, dtype="float32", device="cpu", block_size=BLOCK, kv_cache_memory="16MiB",
+                          max_model_len=ORIGINAL, quantization=quantization)
+        runner = ModelRunner(resolve_engine_config(args))
+        runner.allocate_kv_cache(64)
+        (ours,) = run_step(runner, [(tokens, 0, [5, 2, 9, 1, 7, 3])])
+        torch.testing.assert_close(ours, hf_logits(hf, tokens), atol=ATOL if quantization == "none" else 1e-3,
+                                   rtol=0)
