@@ -197,8 +197,7 @@ def test_phi3_config_reads(folders):
 
 
 def _config(folder: str, **changes) -> dict:
-    config = read_hf_config(folder)
-    return {k: v for k, v in (config | changes).items() if v is not ...}
+    return read_hf_config(folder) | changes
 
 
 @pytest.mark.parametrize("changes, field", [
@@ -213,6 +212,15 @@ def test_phi3_refuses_by_name(folders, changes, field):
     with pytest.raises(UnsupportedConfig) as refused:
         read_spec(_config(folders["phi3"], **changes))
     assert refused.value.field == field
+
+
+def test_phi4_mini_fields_read_at_the_values_transformers_runs(folders):
+    fields = dict(attention_bias=False, mlp_bias=False, lm_head_bias=False, full_attn_mod=1, interpolate_factor=1)
+    assert read_spec(_config(folders["phi3"], **fields)).family == "phi3"
+    with pytest.raises(UnsupportedConfig, match="full_attn_mod"):
+        read_spec(_config(folders["phi3"], **(fields | {"full_attn_mod": 2})))
+    with pytest.raises(UnsupportedConfig, match="attention_bias"):
+        read_spec(_config(folders["phi3"], attention_bias=True))
 
 
 def test_a_window_that_never_binds_and_older_rope_names_are_read(folders):

@@ -6,6 +6,7 @@ rest by name (spec.UnsupportedConfig).
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine_core.families import config_fields
 from engine_core.families.spec import ModelSpec, UnsupportedConfig, activation_of, rope_of
@@ -31,16 +32,20 @@ class Family:
     qk_norm: bool = False
     reads: frozenset[str] = frozenset()  # fields read beyond COMMON_FIELDS
     ignores: dict[str, str] = field(default_factory=dict)  # field -> why it never changes the outputs
+    # field -> (the one value nvllm implements, why): read, and refused by name at any other value
+    fixed: dict[str, tuple[Any, str]] = field(default_factory=dict)
     rope_aliases: dict[str, str] = field(default_factory=dict)  # older rope type names -> the type transformers runs
     # sliding_window alone decides the window of every layer (Phi-3), with no use_sliding_window switch
     window_without_switch: bool = False
 
     def read(self, config: dict) -> ModelSpec:
         for name in config:
-            if not (name in COMMON_FIELDS or name in self.reads or name in self.ignores
+            if not (name in COMMON_FIELDS or name in self.reads or name in self.ignores or name in self.fixed
                     or name in config_fields.NEVER_CHANGE_OUTPUTS):
                 raise UnsupportedConfig(name, config[name], f"not a field nvllm knows for {self.name} models, so it "
                                         "cannot tell whether it changes the outputs")
+            if name in self.fixed and config[name] != self.fixed[name][0]:
+                raise UnsupportedConfig(name, config[name], self.fixed[name][1])
         attention_bias = bool(config.get("attention_bias", False))
         if config.get("rope_interleaved"):
             raise UnsupportedConfig("rope_interleaved", True, "nvllm implements the rotate-half layout")
