@@ -41,6 +41,8 @@ MODELS = {
     "qwen3-yarn": dict(arch="qwen3", rope_scaling={"rope_type": "yarn", "factor": 2.0, "beta_fast": 16,
                                                    "beta_slow": 2, "mscale": 1.0, "mscale_all_dim": 0.5,
                                                    "truncate": False, "original_max_position_embeddings": 64}),
+    "qwen2-yarn": dict(arch="qwen2", rope_scaling={"type": "yarn", "factor": 4.0,
+                                                   "original_max_position_embeddings": 32}),  # Qwen2.5's form
     "llama-linear": dict(arch="llama", rope_scaling={"rope_type": "linear", "factor": 2.0}),
 }
 
