@@ -320,3 +320,17 @@ def test_phi3_gguf_imports_as_transformers_runs_it(tmp_path):
         (ours,) = run_step(runner, [(tokens, 0, [5, 2, 9, 1, 7, 3])])
         torch.testing.assert_close(ours, hf_logits(hf, tokens), atol=ATOL if quantization == "none" else 1e-3,
                                    rtol=0)
+
+
+def test_a_yarn_gguf_names_its_ramp_bounds():
+    from engine_core.weights.gguf_import import _rope_scaling
+
+    class Meta:
+        values = {"qwen3.rope.scaling.type": "yarn", "qwen3.rope.scaling.factor": 4.0,
+                  "qwen3.rope.scaling.original_context_length": 32768, "qwen3.rope.scaling.yarn_beta_fast": 16.0}
+
+        def get(self, key, default=None):
+            return self.values.get(key, default)
+
+    assert _rope_scaling(Meta(), "qwen3") == {"rope_type": "yarn", "factor": 4.0, "beta_fast": 16.0,
+                                              "original_max_position_embeddings": 32768}

@@ -166,6 +166,11 @@ def _rope_scaling(meta: _Metadata, arch: str) -> dict | None:
     original = meta.get(f"{arch}.rope.scaling.original_context_length")
     if original:
         scaling["original_max_position_embeddings"] = int(original)
+    if kind == "yarn":  # llama.cpp's YaRN ramp bounds, where the file names them (transformers' defaults if not)
+        for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            value = meta.get(f"{arch}.rope.scaling.{gguf_key}")
+            if value:
+                scaling[hf_key] = float(value)
     return scaling
 
 
