@@ -67,7 +67,8 @@ def rope_of(config: dict, partial_rotary: bool = False, aliases: dict[str, str] 
         raise UnsupportedConfig("partial_rotary_factor", factor, "this family rotates whole heads")
     rotary_dim = int(config["head_dim"] * factor)
     if rotary_dim <= 0 or rotary_dim % 2:
-        raise UnsupportedConfig("partial_rotary_factor", factor, f"{rotary_dim} rotated dims: not a positive even number")
+        raise UnsupportedConfig("partial_rotary_factor", factor,
+                                f"{rotary_dim} rotated dims: not a positive even number")
     theta = float(scaling.pop("rope_theta", None) or config["rope_theta"])
     return RopeSpec(theta=theta, scaling=rope_scaling.resolve(scaling, config, rotary_dim, aliases or {}),
                     rotary_dim=None if rotary_dim == config["head_dim"] else rotary_dim)

@@ -175,8 +175,8 @@ def rotary(positions: torch.Tensor, heads: torch.Tensor, cos: torch.Tensor, sin:
     tokens, num_heads, d = heads.shape
     if (kernel is None or heads.stride(2) != 1 or heads.stride(1) != d or d % 2 or not positions.is_contiguous()
             or positions.shape != (tokens,) or not positions.is_cpu or cos.dtype is not torch.float32
-            or cos.shape[1] > d or cos.shape[1] % 2 or not cos.is_cpu or not cos.is_contiguous() or not sin.is_contiguous()
-            or sin.shape != cos.shape or sin.dtype is not torch.float32 or not sin.is_cpu):
+            or cos.shape[1] > d or cos.shape[1] % 2 or not cos.is_cpu or not cos.is_contiguous()
+            or not sin.is_contiguous() or sin.shape != cos.shape or sin.dtype is not torch.float32 or not sin.is_cpu):
         return False
-    return kernel(heads.data_ptr(), heads.stride(0), d, tokens, num_heads, cos.shape[1], positions.data_ptr(), cos.data_ptr(),
-                  sin.data_ptr(), cos.shape[0], torch.get_num_threads()) == 0
+    return kernel(heads.data_ptr(), heads.stride(0), d, tokens, num_heads, cos.shape[1], positions.data_ptr(),
+                  cos.data_ptr(), sin.data_ptr(), cos.shape[0], torch.get_num_threads()) == 0

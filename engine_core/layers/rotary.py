@@ -56,8 +56,9 @@ def _longrope_inv_freq(dim: int, theta: float, scaling: dict, max_position: int)
     # token's result would depend on how long its sequence (or, batched, its neighbours) had grown, and keys
     # cached under one set would be read by queries under the other. nvllm, as vLLM, picks one set per engine:
     # the long set where it runs sequences longer than the original context (max_position here is the engine's
-    # max_model_len, see spec.for_context), else the short set. Within the original context that equals
-    # transformers; beyond it, it equals transformers for a sequence prefilled in one call.
+    # max_model_len, see spec.for_context), else the short set. An engine whose max_model_len is within the
+    # original context equals transformers; one past it equals transformers for a prompt longer than the original
+    # context prefilled in one call, and rotates a shorter sequence with the long set where transformers would not.
     long = max_position > scaling["original_max_position_embeddings"]
     factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
     return 1.0 / (factors * theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))

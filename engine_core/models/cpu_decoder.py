@@ -118,8 +118,8 @@ def _fused_gate_up(packed) -> bool:
 
 
 # The ModelSpec values (families/spec.py) the C loops implement, bf16 and float32 alike; a model with any other
-# value of these fields runs its modules. q/k/v biases, q/k norms, rotary scaling and partial rotary (cos/sin rows narrower than a head) are implemented
-# either way.
+# value of these fields runs its modules. q/k/v biases, q/k norms, rotary scaling and partial rotary (cos/sin rows
+# narrower than a head: rotary_dim) are implemented either way.
 IMPLEMENTED = {
     "activation": ("silu",),
     "norm_offset": (0.0,),
