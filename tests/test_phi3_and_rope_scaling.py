@@ -152,6 +152,29 @@ def test_partial_rotary_through_the_c_loop_on_each_tier(folders, cpu_tier):
     torch.testing.assert_close(torch.cat([ours, last]), hf_logits(hf, TOKENS), atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("cpu_tier", tier_params("own", "portable"))
+def test_the_bf16_c_loop_rotates_a_partial_head_as_the_modules_do(folders, cpu_tier):
+    """bfloat16: the tier's C loop (cpu_decoder.c on AVX512-BF16, else the generic one) gives the modules' tokens
+    and logprobs to the bit, over chunked prefills, prefix-cache hits and decodes."""
+    from frontend.llm import LLM
+    from test_cpu_decoder import _model, _prompts, _run
+
+    with forced_tier(cpu_tier):
+        llm = LLM(folders["phi3-longrope"], multiprocess=False, dtype="bfloat16", kv_cache_memory="64MiB",
+                  max_model_len=128, max_num_batched_tokens=32)
+        try:
+            model = _model(llm)
+            if model.cpu_decoder is None:
+                pytest.skip("no bf16 C loop on this tier")
+            prompts = _prompts(3, seed=5)
+            with_c = _run(llm, prompts)
+            llm.reset_prefix_cache()
+            model.cpu_decoder = None
+            assert _run(llm, prompts) == with_c
+        finally:
+            llm.shutdown()
+
+
 @pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2", "portable"))
 def test_bf16_rotary_kernel_rotates_only_the_leading_dims(cpu_tier):
     """cpu_ops' fused kernel (bf16, in place) equals the module's torch path with 12 of 16 dims rotated."""
