@@ -38,7 +38,22 @@ MIXTRAL = Family(
     name="mixtral", architecture="MixtralForCausalLM", model_type="mixtral", gguf_architecture="llama",
     gguf_qk_permuted=True, moe="mixtral", ignores=moe_fields.MIXTRAL_TRAINING, reads=moe_fields.MIXTRAL_FIELDS)
 
-FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3, QWEN2_MOE, QWEN3_MOE, MIXTRAL)
+# Phi-3 and Phi-4-mini (partial_rotary_factor 0.75, tied embeddings): q/k/v and gate/up stored fused, LongRoPE
+PHI3 = Family(
+    name="phi3", architecture="Phi3ForCausalLM", model_type="phi3", gguf_architecture="phi3",
+    gguf_qk_permuted=False, qkv_bias=False,
+    reads=frozenset({"partial_rotary_factor", "original_max_position_embeddings", "sliding_window"}),
+    ignores={"resid_pdrop": "dropout: training only", "embd_pdrop": "dropout: training only"},
+    # Phi-4-mini's config.json names these (for its own modeling code) at the values transformers' Phi3 runs
+    fixed={"attention_bias": (False, "transformers' Phi-3 has no attention biases"),
+           "mlp_bias": (False, "transformers' Phi-3 has no MLP biases"),
+           "lm_head_bias": (False, "transformers' Phi-3 has no LM head bias"),
+           "full_attn_mod": (1, "1: every layer full attention; others interleave sliding-window layers"),
+           "interpolate_factor": (1, "1: positions as they are; nvllm implements no position interpolation")},
+    rope_aliases={"su": "longrope", "yarn": "longrope"},  # transformers' Phi3Config renames both
+    window_without_switch=True)
+
+FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3, PHI3, QWEN2_MOE, QWEN3_MOE, MIXTRAL)
 
 
 class UnsupportedArchitecture(ValueError):

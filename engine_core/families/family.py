@@ -6,7 +6,7 @@ rest by name (spec.UnsupportedConfig).
 """
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import msgspec
 
@@ -38,13 +38,20 @@ class Family:
     ignores: dict[str, str] = field(default_factory=dict)  # field -> why it never changes the outputs
     # the family's own fields read into ModelSpec values (name -> value), over the ones read for every family
     own_values: Callable[[dict], dict] | None = None
+    # field -> (the one value nvllm implements, why): read, and refused by name at any other value
+    fixed: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    rope_aliases: dict[str, str] = field(default_factory=dict)  # older rope type names -> the type transformers runs
+    # sliding_window alone decides the window of every layer (Phi-3), with no use_sliding_window switch
+    window_without_switch: bool = False
 
     def read(self, config: dict) -> ModelSpec:
         for name in config:
-            if not (name in COMMON_FIELDS or name in self.reads or name in self.ignores
+            if not (name in COMMON_FIELDS or name in self.reads or name in self.ignores or name in self.fixed
                     or name in config_fields.NEVER_CHANGE_OUTPUTS):
                 raise UnsupportedConfig(name, config[name], f"not a field nvllm knows for {self.name} models, so it "
                                         "cannot tell whether it changes the outputs")
+            if name in self.fixed and config[name] != self.fixed[name][0]:
+                raise UnsupportedConfig(name, config[name], self.fixed[name][1])
         attention_bias = bool(config.get("attention_bias", False))
         qkv_bias = attention_bias if self.qkv_bias is None else self.qkv_bias
         if "qkv_bias" in self.reads:  # Qwen2-MoE's own switch (transformers 5 writes it; older configs lack it)
@@ -74,12 +81,16 @@ class Family:
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=self.qk_norm,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            rope=rope_of(config),
+            rope=rope_of(config, partial_rotary="partial_rotary_factor" in self.reads, aliases=self.rope_aliases),
             **moe_values(config, self.moe),
         )
         return spec if self.own_values is None else msgspec.structs.replace(spec, **self.own_values(config))
 
     def _refuse_sliding(self, config: dict) -> None:
+        window = config.get("sliding_window")
+        # a window at least max_position_embeddings long never binds: every layer attends to all its tokens
+        if self.window_without_switch and window is not None and window < config["max_position_embeddings"]:
+            raise UnsupportedConfig("sliding_window", window, "sliding-window attention is not implemented yet")
         sliding = [kind for kind in config.get("layer_types") or [] if kind != "full_attention"]
         if sliding:
             raise UnsupportedConfig("layer_types", sliding[0], "nvllm implements full_attention layers only")
