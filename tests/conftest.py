@@ -84,6 +84,9 @@ def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int
     elif arch == "mixtral":  # 8 experts of intermediate_size, top 2
         config = transformers.MixtralConfig(**(dict(num_local_experts=8, num_experts_per_tok=2, head_dim=16) | common))
         model = transformers.MixtralForCausalLM(config)
+    elif arch == "phi3":  # q/k/v and gate/up stored fused; head_dim 16 (hidden / heads)
+        config = transformers.Phi3Config(**common)
+        model = transformers.Phi3ForCausalLM(config)
     else:
         raise ValueError(arch)
     # random init leaves norms at 1 and biases at 0 (and MoE routers at 0: every expert equally likely):

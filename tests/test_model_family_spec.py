@@ -60,7 +60,7 @@ def test_biases_activation_and_rope_come_from_the_config(tmp_path):
 
 @pytest.mark.parametrize("family, fields, field", [
     ("llama", {"hidden_act": "relu2"}, "hidden_act"),
-    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type"),
+    ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_scaling.rope_type"),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "layer_types": ["full_attention", "chunked_attention"]},
      "layer_types"),
     ("mistral", {"sliding_window": 0}, "sliding_window"),

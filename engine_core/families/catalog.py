@@ -48,7 +48,22 @@ MISTRAL = Family(
     name="mistral", architecture="MistralForCausalLM", model_type="mistral", gguf_architecture="llama",
     gguf_qk_permuted=True, qkv_bias=False, reads=frozenset({"sliding_window"}), windows="every_layer")
 
-FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, MISTRAL)
+# Phi-3 and Phi-4-mini (partial_rotary_factor 0.75, tied embeddings): q/k/v and gate/up stored fused, LongRoPE
+PHI3 = Family(
+    name="phi3", architecture="Phi3ForCausalLM", model_type="phi3", gguf_architecture="phi3",
+    gguf_qk_permuted=False, qkv_bias=False,
+    reads=frozenset({"partial_rotary_factor", "original_max_position_embeddings", "sliding_window"}),
+    ignores={"resid_pdrop": "dropout: training only", "embd_pdrop": "dropout: training only"},
+    # Phi-4-mini's config.json names these (for its own modeling code) at the values transformers' Phi3 runs
+    fixed={"attention_bias": (False, "transformers' Phi-3 has no attention biases"),
+           "mlp_bias": (False, "transformers' Phi-3 has no MLP biases"),
+           "lm_head_bias": (False, "transformers' Phi-3 has no LM head bias"),
+           "full_attn_mod": (1, "1: every layer full attention; others interleave sliding-window layers"),
+           "interpolate_factor": (1, "1: positions as they are; nvllm implements no position interpolation")},
+    rope_aliases={"su": "longrope", "yarn": "longrope"},  # transformers' Phi3Config renames both
+    windows="every_layer")  # sliding_window for every layer, as transformers' Phi3 (no use_sliding_window switch)
+
+FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3, PHI3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, MISTRAL)
 
 
 class UnsupportedArchitecture(ValueError):

@@ -6,7 +6,7 @@ rest by name (spec.UnsupportedConfig).
 """
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import msgspec
 
@@ -40,13 +40,18 @@ class Family:
     windows: str = "none"  # how its config names sliding-window layers: a windows.WINDOW_RULES key
     # the family's own fields read into ModelSpec values (name -> value), over the ones read for every family
     own_values: Callable[[dict], dict] | None = None
+    # field -> (the one value nvllm implements, why): read, and refused by name at any other value
+    fixed: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    rope_aliases: dict[str, str] = field(default_factory=dict)  # older rope type names -> the type transformers runs
 
     def read(self, config: dict) -> ModelSpec:
         for name in config:
-            if not (name in COMMON_FIELDS or name in self.reads or name in self.ignores
+            if not (name in COMMON_FIELDS or name in self.reads or name in self.ignores or name in self.fixed
                     or name in config_fields.NEVER_CHANGE_OUTPUTS):
                 raise UnsupportedConfig(name, config[name], f"not a field nvllm knows for {self.name} models, so it "
                                         "cannot tell whether it changes the outputs")
+            if name in self.fixed and config[name] != self.fixed[name][0]:
+                raise UnsupportedConfig(name, config[name], self.fixed[name][1])
         attention_bias = bool(config.get("attention_bias", False))
         qkv_bias = attention_bias if self.qkv_bias is None else self.qkv_bias
         if "qkv_bias" in self.reads:  # Qwen2-MoE's own switch (transformers 5 writes it; older configs lack it)
@@ -74,7 +79,7 @@ class Family:
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=self.qk_norm,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            rope=rope_of(config),
+            rope=rope_of(config, partial_rotary="partial_rotary_factor" in self.reads, aliases=self.rope_aliases),
             layer_windows=WINDOW_RULES[self.windows](config),
             **moe_values(config, self.moe),
         )

@@ -11,23 +11,19 @@ from typing import Any
 
 import msgspec
 
+from engine_core.families import rope_scaling
+from engine_core.families.errors import UnsupportedConfig
+
 # transformers' activation names -> the gated MLP activations nvllm implements
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh"}
-ROPE_TYPES = ("default", "llama3")
-
-
-class UnsupportedConfig(ValueError):
-    """A config.json field nvllm does not know, or a value of it nvllm does not implement."""
-
-    def __init__(self, field: str, value: Any, why: str):
-        self.field, self.value = field, value
-        super().__init__(f"config.json field {field!r} = {value!r}: {why}")
 
 
 class RopeSpec(msgspec.Struct, frozen=True, kw_only=True):
     theta: float
-    scaling: dict[str, Any] | None = None  # rope_type llama3 and its factors; None: unscaled
+    # rope_type and every value its tables need, defaults filled in (rope_scaling.py); None: unscaled
+    scaling: dict[str, Any] | None = None
+    rotary_dim: int | None = None  # the leading dims of each head that rotate (the rest pass); None: all of them
 
 
 class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,12 +100,23 @@ def activation_of(name: Any) -> str:
     return ACTIVATIONS[name]
 
 
-def rope_of(config: dict) -> RopeSpec:
-    scaling = config.get("rope_scaling")
-    if scaling:
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        if rope_type not in ROPE_TYPES:
-            raise UnsupportedConfig("rope_scaling.rope_type", rope_type, f"nvllm implements {', '.join(ROPE_TYPES)}")
-        if rope_type == "default":
-            scaling = None
-    return RopeSpec(theta=float(config["rope_theta"]), scaling=dict(scaling) if scaling else None)
+def rope_of(config: dict, partial_rotary: bool = False, aliases: dict[str, str] | None = None) -> RopeSpec:
+    """The rotary embedding of a normalised config.json. partial_rotary: the family reads partial_rotary_factor
+    (Phi-3); aliases: the family's older names of rope types (Phi-3's "su")."""
+    scaling = dict(config.get("rope_scaling") or {})
+    factor = scaling.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if factor != 1.0 and not partial_rotary:
+        raise UnsupportedConfig("partial_rotary_factor", factor, "this family rotates whole heads")
+    rotary_dim = int(config["head_dim"] * factor)
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise UnsupportedConfig("partial_rotary_factor", factor,
+                                f"{rotary_dim} rotated dims: not a positive even number")
+    theta = float(scaling.pop("rope_theta", None) or config["rope_theta"])
+    return RopeSpec(theta=theta, scaling=rope_scaling.resolve(scaling, config, rotary_dim, aliases or {}),
+                    rotary_dim=None if rotary_dim == config["head_dim"] else rotary_dim)
+
+
+def for_context(spec: ModelSpec, max_model_len: int) -> ModelSpec:
+    """The spec of a model instance that runs sequences of up to max_model_len tokens: its rotary tables hold that
+    many positions, and LongRoPE takes its long factors only where that passes the original context (rotary.py)."""
+    return msgspec.structs.replace(spec, max_position=min(spec.max_position, max_model_len))

@@ -48,8 +48,10 @@ def qwen_windows(config: dict) -> tuple[int | None, ...]:
 
 
 def every_layer_windows(config: dict) -> tuple[int | None, ...]:
-    """Mistral: sliding_window (null: none) holds for every layer."""
-    if config.get("sliding_window") is None:
+    """Mistral, Mixtral, Phi-3: sliding_window (null: none) holds for every layer. A window as long as
+    max_position_embeddings never binds (no position sees further back): every layer attends to all its keys."""
+    window = config.get("sliding_window")
+    if window is None or (isinstance(window, int) and window >= config["max_position_embeddings"]):
         return ()
     return (_window_size(config),) * config["num_hidden_layers"]
 

@@ -167,15 +167,16 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
 
 def rotary(positions: torch.Tensor, heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Rotates heads [T, H, D] (heads rows contiguous) IN PLACE by positions [T] (int64) with the
-    float32 tables cos/sin [max_position, D]. False, heads untouched, where the kernel does not apply."""
+    float32 tables cos/sin [max_position, R]: each head's first R <= D dims (R < D: Phi-3's partial rotary; the
+    rest pass unchanged). False, heads untouched, where the kernel does not apply."""
     if not heads.is_cpu or heads.dim() != 3 or positions.dtype is not torch.int64:
         return False
     kernel = _kernel(heads.dtype, "rotary")
     tokens, num_heads, d = heads.shape
     if (kernel is None or heads.stride(2) != 1 or heads.stride(1) != d or d % 2 or not positions.is_contiguous()
             or positions.shape != (tokens,) or not positions.is_cpu or cos.dtype is not torch.float32
-            or cos.shape[1] != d or not cos.is_cpu or not cos.is_contiguous() or not sin.is_contiguous()
-            or sin.shape != cos.shape or sin.dtype is not torch.float32 or not sin.is_cpu):
+            or cos.shape[1] > d or cos.shape[1] % 2 or not cos.is_cpu or not cos.is_contiguous()
+            or not sin.is_contiguous() or sin.shape != cos.shape or sin.dtype is not torch.float32 or not sin.is_cpu):
         return False
-    return kernel(heads.data_ptr(), heads.stride(0), d, tokens, num_heads, d, positions.data_ptr(), cos.data_ptr(),
-                  sin.data_ptr(), cos.shape[0], torch.get_num_threads()) == 0
+    return kernel(heads.data_ptr(), heads.stride(0), d, tokens, num_heads, cos.shape[1], positions.data_ptr(),
+                  cos.data_ptr(), sin.data_ptr(), cos.shape[0], torch.get_num_threads()) == 0

@@ -42,7 +42,13 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.shards = [split_evenly(n, tp_size(), tp_rank()) for n in out_sizes]
         super().__init__(in_features, sum(out_sizes), bias, out_per_rank=sum(c for _, c in self.shards))
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int = 0) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = 0) -> None:
+        """One projection's checkpoint rows (shard_id its index), or None: all of them stacked, as checkpoints
+        that store them fused do (Phi-3's gate_up_proj: gate rows, then up rows)."""
+        if shard_id is None:
+            for index, piece in enumerate(loaded.split(self.out_sizes)):
+                self.weight_loader(param, piece, index)
+            return
         start, count = self.shards[shard_id]
         offset = sum(c for _, c in self.shards[:shard_id])
         param.data.narrow(0, offset, count).copy_(loaded.narrow(0, start, count))
@@ -86,11 +92,19 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads = self.heads.num_q
         self.num_kv_heads = self.heads.num_kv
         self.num_kv_heads_total = num_kv_heads
+        self.heads_total = num_heads
         out = (num_heads + 2 * num_kv_heads) * head_dim
         super().__init__(hidden_size, out, bias, out_per_rank=(self.num_heads + 2 * self.num_kv_heads) * head_dim)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str = "q") -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = "q") -> None:
+        """The checkpoint's q, k or v rows (shard_id), or None: all three stacked (q;k;v, every head), as
+        checkpoints that store them fused do (Phi-3's qkv_proj); this rank keeps its heads of each."""
         d = self.head_dim
+        if shard_id is None:
+            sizes = [self.heads_total * d, self.num_kv_heads_total * d, self.num_kv_heads_total * d]
+            for piece, shard in zip(loaded.split(sizes), "qkv"):
+                self.weight_loader(param, piece, shard)
+            return
         q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
         if shard_id == "q":
             offset, start, size = 0, self.heads.q_start * d, q_size

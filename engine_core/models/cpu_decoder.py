@@ -60,7 +60,7 @@ class _Model(ctypes.Structure):
     _fields_ = ([(name, _ptr) for name in ("linear", "gated", "quant_linear", "quant_gated", "dot", "silu", "norm",
                                            "rotary", "decode", "chunk", "silu_table", "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
-                                              "head_dim", "intermediate", "block_size")]
+                                              "head_dim", "intermediate", "block_size", "rotary_dim")]
                 + [(name, _float) for name in ("eps", "qk_eps", "scale")]
                 + [("layers", ctypes.POINTER(_Layer))])
 
@@ -119,8 +119,9 @@ def _fused_gate_up(packed) -> bool:
 
 
 # The ModelSpec values (families/spec.py) the C loops implement, bf16 and float32 alike; a model with any other
-# value of these fields runs its modules. q/k/v biases, q/k norms, rotary scaling and per-layer sliding windows
-# (each layer passes its window to the attention kernels) are implemented either way.
+# value of these fields runs its modules. q/k/v biases, q/k norms, rotary scaling, partial rotary (cos/sin rows
+# narrower than a head: rotary_dim) and per-layer sliding windows (each layer passes its window to the attention
+# kernels) are implemented either way.
 IMPLEMENTED = {
     "activation": ("silu",),
     "norm_offset": (0.0,),
@@ -224,7 +225,7 @@ class CpuDecoder:
             norm=address(ops, "rms_norm_bf16"), rotary=address(ops, "rotary_bf16"),
             decode=address(attention, "paged_decode_attention"), chunk=address(attention, "paged_attention"),
             silu_table=self._tables[0].data_ptr(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(),
-            max_position=rotary.cos.shape[0], num_layers=len(self.model.layers),
+            max_position=rotary.cos.shape[0], rotary_dim=rotary.cos.shape[1], num_layers=len(self.model.layers),
             hidden=first.input_layernorm.weight.shape[0], num_heads=self.heads, num_kv_heads=self.kv_heads,
             head_dim=self.head_dim, intermediate=self.intermediate, block_size=first.self_attn.attn.k_cache.shape[1],
             eps=first.input_layernorm.eps, qk_eps=first.self_attn.q_norm.eps if self.qk_norm else 0.0,

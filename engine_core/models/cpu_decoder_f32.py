@@ -28,7 +28,7 @@ class _Model(ctypes.Structure):
     _fields_ = ([(name, _ptr) for name in ("dense", "dense_bf16w", "quant", "dot", "norm", "rotary", "silu",
                                            "attention", "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
-                                              "head_dim", "intermediate", "block_size")]
+                                              "head_dim", "intermediate", "block_size", "rotary_dim")]
                 + [(name, _float) for name in ("eps", "qk_eps", "scale")]
                 + [("layers", ctypes.POINTER(_Layer))])
 
@@ -125,7 +125,8 @@ class CpuDecoderF32(CpuDecoder):
         rotary = first.self_attn.rotary
         return _Model(
             **self._kernels(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(), max_position=rotary.cos.shape[0],
-            num_layers=len(self.model.layers), hidden=first.input_layernorm.weight.shape[0], num_heads=self.heads,
+            rotary_dim=rotary.cos.shape[1], num_layers=len(self.model.layers),
+            hidden=first.input_layernorm.weight.shape[0], num_heads=self.heads,
             num_kv_heads=self.kv_heads, head_dim=self.head_dim, intermediate=self.intermediate,
             block_size=first.self_attn.attn.k_cache.shape[1], eps=first.input_layernorm.eps,
             qk_eps=first.self_attn.q_norm.eps if self.qk_norm else 0.0, scale=first.self_attn.attn.scale,

@@ -1,10 +1,12 @@
 """The decoder of every family nvllm runs (families/catalog.py), built from a ModelSpec (families/spec.py).
 
 What sets the families apart is data in the spec, not subclasses: Qwen2's q/k/v biases, Qwen3's per-head
-q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling, each layer's
-sliding window (Mistral, Mixtral, Qwen2's use_sliding_window, Gemma 3), which layers' MLP is a mixture of
-experts (layers/moe.py), Gemma's norm offset, embedding scale, softmax scale, per-layer rotary base and
-sandwich norms (SandwichDecoderLayer).
+q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling, Phi-3's partial
+rotary, each layer's sliding window (Mistral, Mixtral, Phi-3, Qwen2's use_sliding_window, Gemma 3), which
+layers' MLP is a mixture of experts (layers/moe.py), Gemma's norm offset, embedding scale, softmax scale,
+per-layer rotary base and sandwich norms (SandwichDecoderLayer). Checkpoints that store q/k/v or gate/up
+fused (Phi-3's qkv_proj, gate_up_proj) load through the same layers, whose weight loaders split the fused
+tensor.
 """
 
 from typing import Iterable
@@ -36,7 +38,8 @@ class DecoderAttention(nn.Module):
         self.o_proj = RowParallelLinear(self.total_heads * head_dim, hidden, bias=spec.o_bias,
                                         input_start=self.qkv_proj.heads.q_start * head_dim,
                                         input_size=self.num_heads * head_dim)
-        self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope_theta(layer), spec.rope.scaling)
+        self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope_theta(layer), spec.rope.scaling,
+                                      spec.rope.rotary_dim)
         scale = spec.attn_scale if spec.attn_scale is not None else head_dim**-0.5
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, scale, spec.window(layer))
         self.q_norm = RMSNorm(head_dim, spec.norm_eps, spec.norm_offset) if spec.qk_norm else None
@@ -161,6 +164,7 @@ class DecoderForCausalLM(nn.Module):
                 if f".{piece}." in name:
                     name, shard = name.replace(piece, fused_piece), shard_id
                     break
+            # a fused checkpoint tensor (qkv_proj, gate_up_proj) keeps shard None: its loader splits it
             if name not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
             param = params[name]

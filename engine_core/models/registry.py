@@ -13,6 +13,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "qwen2_moe": DecoderForCausalLM,
     "qwen3_moe": DecoderForCausalLM,
     "mixtral": DecoderForCausalLM,
+    "phi3": DecoderForCausalLM,
     "mistral": DecoderForCausalLM,
 }
 

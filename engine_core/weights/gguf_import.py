@@ -1,6 +1,7 @@
 """Import a GGUF file once into an HF-style folder (config.json, tokenizer files and the weights), cached, so a
 later start reads it directly. Supported GGUF architectures: llama (SmolLM2, Llama, Mistral-as-llama; with experts,
-Mixtral), qwen2, qwen3, qwen2moe and qwen3moe.
+Mixtral), qwen2, qwen3, qwen2moe, qwen3moe and phi3 (Phi-3, Phi-4-mini: its fused attn_qkv and ffn_up (gate;up) are
+split into the HF pieces, its rope_factors_long / rope_factors_short tensors become LongRoPE's rope_scaling).
 
 Mixture-of-experts layers: llama.cpp stores each kind of expert weight as one 3-D tensor (blk.N.ffn_{gate,up,
 down}_exps, [experts, rows, columns] in HF order); each expert's slice of it is imported as that expert's own
@@ -56,6 +57,7 @@ _BLOCK_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # phi3: q;k;v rows fused (split at import: _split)
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
     "attn_norm": "input_layernorm",
@@ -73,6 +75,8 @@ _BLOCK_NAMES = {
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 # tensors llama.cpp adds that HF checkpoints do not have
 _SKIPPED = {"rope_freqs.weight"}
+# phi3's LongRoPE factors: read into config.json's rope_scaling, not weights
+_ROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -130,22 +134,23 @@ def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[
 
     # llama.cpp's converter writes Mistral checkpoints as "llama" with no window key (and llama.cpp's llama graph
     # reads none): such a file imports as Llama, every layer attending to all keys, as llama.cpp runs it. A llama
-    # file that does name a window is Mistral's (or, with experts, Mixtral's) every-layer window; another family's
-    # would need to say which layers slide, which no key here does
+    # file that does name a window is Mistral's (or, with experts, Mixtral's) every-layer window, as a phi3 file's is
+    # Phi-3's; another family's would need to say which layers slide, which no key here does
     window = key("attention.sliding_window")
     if window:
         if family is LLAMA:
             family = MISTRAL
         elif family.windows != "every_layer":
             raise ValueError(f"the GGUF names {arch}.attention.sliding_window = {window}, which nvllm reads for "
-                             "llama-architecture (Mistral, Mixtral) files only")
+                             "families whose every layer slides (llama: Mistral, Mixtral; phi3) only")
 
     hidden = int(key("embedding_length"))
     n_heads = int(key("attention.head_count"))
     n_kv = key("attention.head_count_kv", n_heads)
     if isinstance(n_kv, list):  # per-layer counts: all equal for the supported architectures
         n_kv = max(n_kv)
-    head_dim = key("attention.key_length") or key("rope.dimension_count") or hidden // n_heads
+    partial = "partial_rotary_factor" in family.reads  # phi3: rope.dimension_count is the rotated dims only
+    head_dim = key("attention.key_length") or (None if partial else key("rope.dimension_count")) or hidden // n_heads
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = key("vocab_size") or (len(tokens) if tokens else vocab_rows)
     config = {
@@ -176,6 +181,8 @@ def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[
     rope_scaling = _rope_scaling(meta, arch)
     if rope_scaling:
         config["rope_scaling"] = rope_scaling
+    if partial:
+        config.update(_phi3_fields(meta, arch, int(head_dim)))
     for name in ("bos", "eos", "padding"):
         token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
         if token_id is not None:
@@ -214,6 +221,34 @@ def _rope_scaling(meta: _Metadata, arch: str) -> dict | None:
     original = meta.get(f"{arch}.rope.scaling.original_context_length")
     if original:
         scaling["original_max_position_embeddings"] = int(original)
+    if kind == "yarn":  # llama.cpp's YaRN ramp bounds, where the file names them (transformers' defaults if not)
+        for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            value = meta.get(f"{arch}.rope.scaling.{gguf_key}")
+            if value:
+                scaling[hf_key] = float(value)
+    return scaling
+
+
+def _phi3_fields(meta: _Metadata, arch: str, head_dim: int) -> dict:
+    """Phi-3's own config fields from llama.cpp's phi3 metadata (its converter's keys): the rotated share of
+    each head, the original context, the window (0: none, Phi-4-mini). Its LongRoPE factors are tensors
+    (_longrope_scaling)."""
+    rotary = meta.get(f"{arch}.rope.dimension_count") or head_dim
+    fields = {"partial_rotary_factor": int(rotary) / head_dim}
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if original:
+        fields["original_max_position_embeddings"] = int(original)
+    window = meta.get(f"{arch}.attention.sliding_window")
+    fields["sliding_window"] = int(window) if window else None
+    return fields
+
+
+def _longrope_scaling(meta: _Metadata, arch: str, factors: dict[str, list[float]]) -> dict:
+    """phi3's rope_factors_long / rope_factors_short tensors as rope_scaling, with the file's attention factor."""
+    scaling = {"rope_type": "longrope", **factors}
+    attention = meta.get(f"{arch}.rope.scaling.attn_factor")
+    if attention is not None:
+        scaling["attention_factor"] = float(attention)
     return scaling
 
 
@@ -273,50 +308,88 @@ class _Tensor:
     are, go to QUANTIZED_FILE) or is written as floats."""
 
     def __init__(self, tensor, name: str, heads: int | None, path: str, expert: int | None = None,
-                 shape: tuple[int, ...] | None = None):
+                 shape: tuple[int, ...] | None = None, rows: tuple[int, int] | None = None):
         """expert: this is that expert's slice of a 3-D expert tensor; shape: the HF shape where it differs from
-        the file's (Qwen2-MoE's shared expert gate, a vector in the file, a [1, hidden] matrix in HF)."""
-        self.tensor, self.name, self.heads, self._path, self.expert = tensor, name, heads, path, expert
+        the file's (Qwen2-MoE's shared expert gate, a vector in the file, a [1, hidden] matrix in HF); rows:
+        (first, count), where this is those rows of a fused GGUF tensor (phi3's attn_qkv, ffn_up)."""
+        self.tensor, self.name, self.heads, self._path, self.expert, self.rows = tensor, name, heads, path, expert, rows
         self.type = tensor.tensor_type.name
         self.kept = self.type in KEPT_TYPES
         self.shape = tuple(int(d) for d in reversed(tensor.shape))  # the HF shape of its values
         self.block_shape = tuple(int(d) for d in tensor.data.shape)  # the reader's view of its bytes
-        self.nbytes = int(tensor.n_bytes)
+        self._read_bytes = int(tensor.n_bytes)  # what _read reads: the whole tensor, or one expert's slice
         if expert is not None:
             self.shape, self.block_shape = self.shape[1:], self.block_shape[1:]
-            self.nbytes //= int(tensor.data.shape[0])
+            self._read_bytes //= int(tensor.data.shape[0])
+        self._read_shape = self.block_shape
+        self.nbytes = self._read_bytes  # this piece's bytes in the file
         if shape is not None:
             self.shape = shape
+        if rows is not None:
+            self.nbytes = self._read_bytes * rows[1] // self.block_shape[0]
+            self.shape, self.block_shape = (rows[1], *self.shape[1:]), (rows[1], *self.block_shape[1:])
 
     def blocks(self) -> torch.Tensor:
         """The quantized rows uint8 [rows, row bytes], un-permuted where llama.cpp permuted them."""
-        rows = self._read()
+        rows = self._mine(self._read())
         return torch.from_numpy(unpermute_qk(rows, self.heads) if self.heads else rows)
 
     def values(self) -> torch.Tensor:
         """The dequantized values float32, in the HF shape, un-permuted."""
         from gguf.quants import dequantize
 
-        w = np.array(dequantize(self._read(), self.tensor.tensor_type), dtype=np.float32, copy=False)
+        w = self._mine(np.array(dequantize(self._read(), self.tensor.tensor_type), dtype=np.float32, copy=False))
         w = np.ascontiguousarray(unpermute_qk(w, self.heads) if self.heads else w)
         return torch.from_numpy(w.reshape(self.shape))
+
+    def _mine(self, rows: np.ndarray) -> np.ndarray:
+        return rows if self.rows is None else np.ascontiguousarray(rows[self.rows[0]:self.rows[0] + self.rows[1]])
 
     def _read(self) -> np.ndarray:
         """The tensor's data as the reader's view has it (dtype, shape), read from the file into memory of its
         own: not through the reader's memory map, whose pages would stay resident (a 4 GB file, 4 GB)."""
         view = self.tensor.data
-        data = bytearray(self.nbytes)
+        data = bytearray(self._read_bytes)
         with open(self._path, "rb") as f:
-            f.seek(int(self.tensor.data_offset) + (self.expert or 0) * self.nbytes)
+            f.seek(int(self.tensor.data_offset) + (self.expert or 0) * self._read_bytes)
             if f.readinto(data) != len(data):
                 raise ValueError(f"{self._path} is truncated: tensor {self.tensor.name!r} is cut short")
-        return np.frombuffer(data, dtype=view.dtype).reshape(self.block_shape)
+        return np.frombuffer(data, dtype=view.dtype).reshape(self._read_shape)
+
+def _split(tensor, name: str, config: dict, path: str) -> list[_Tensor] | None:
+    """A fused GGUF tensor (llama.cpp's phi3: attn_qkv holds q;k;v rows, ffn_up gate;up) as the HF pieces the
+    model loads (q_proj, k_proj, v_proj; gate_proj, up_proj), each its rows of the file's: whole rows, so kept
+    blocks stay blocks. None for a tensor that is not fused."""
+    head_rows = config["head_dim"]
+    if name.endswith(".qkv_proj.weight"):
+        sizes = [("q_proj", config["num_attention_heads"] * head_rows),
+                 ("k_proj", config["num_key_value_heads"] * head_rows),
+                 ("v_proj", config["num_key_value_heads"] * head_rows)]
+        stem = name.removesuffix("qkv_proj.weight")
+    elif name.endswith(".mlp.up_proj.weight") and int(tensor.shape[-1]) == 2 * config["intermediate_size"]:
+        sizes = [("gate_proj", config["intermediate_size"]), ("up_proj", config["intermediate_size"])]
+        stem = name.removesuffix("up_proj.weight")
+    else:
+        return None
+    pieces, first = [], 0
+    for piece, count in sizes:
+        pieces.append(_Tensor(tensor, f"{stem}{piece}.weight", None, path, rows=(first, count)))
+        first += count
+    return pieces
 
 
-def _tensors(reader, arch: str, family: Family, n_heads: int, n_kv: int) -> list[_Tensor]:
+def _rope_factors(reader) -> dict[str, list[float]]:
+    return {_ROPE_FACTORS[t.name]: [float(v) for v in np.asarray(t.data, dtype=np.float32).reshape(-1)]
+            for t in reader.tensors if t.name in _ROPE_FACTORS}
+
+
+def _tensors(reader, arch: str, family: Family, config: dict) -> list[_Tensor]:
     permuted = family.gguf_qk_permuted
+    n_heads, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     out = []
     for tensor in reader.tensors:
+        if tensor.name in _ROPE_FACTORS:
+            continue
         if tensor.name in _SKIPPED:
             logger.warning("GGUF import: skipping %s (llama.cpp-only tensor)", tensor.name)
             continue
@@ -328,6 +401,10 @@ def _tensors(reader, arch: str, family: Family, n_heads: int, n_kv: int) -> list
         if name is None:
             raise ValueError(f"GGUF tensor {tensor.name!r} of architecture {arch!r} has no HF Llama/Qwen name; "
                              "this GGUF is not supported")
+        pieces = _split(tensor, name, config, reader.data.filename)
+        if pieces is not None:
+            out += pieces
+            continue
         heads = None
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
             heads = n_heads if "q_proj" in name else n_kv
@@ -433,7 +510,10 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
     tensor_names = {t.name for t in reader.tensors}
     embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
     config = _build_config(meta, arch, family, tensor_names, int(embed.shape[-1]), torch.float32)
-    tensors = _tensors(reader, arch, family, config["num_attention_heads"], config["num_key_value_heads"])
+    factors = _rope_factors(reader)
+    if factors:
+        config["rope_scaling"] = _longrope_scaling(meta, arch, factors)
+    tensors = _tensors(reader, arch, family, config)
     if dtype is None:  # the floats written: what is not kept quantized
         n_params = sum(math.prod(t.shape) for t in tensors if not t.kept)
         dtype = torch.float32 if n_params * 4 <= FLOAT32_LIMIT_BYTES else torch.bfloat16

@@ -22,6 +22,8 @@ def read_hf_config(folder: str) -> dict:
     raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
     if raw.get("rope_theta") is None:
         raw["rope_theta"] = rope.get("rope_theta", 10000.0)
+    if "partial_rotary_factor" in rope:  # where the rope type is default, only here
+        raw.setdefault("partial_rotary_factor", rope["partial_rotary_factor"])
     scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     raw["rope_scaling"] = scaling
     raw.setdefault("rms_norm_eps", 1e-6)

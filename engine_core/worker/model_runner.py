@@ -22,6 +22,7 @@ from engine_core.cpu_kernels import table as cpu_kernel_table
 from engine_core.worker.cuda_graph import DecodeGraphRunner
 from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.engine_config import EngineConfig
+from engine_core.families.spec import for_context
 from engine_core.layers.forward_context import forward_context
 from engine_core.layers import cpu_ops, cpu_packing
 from engine_core.layers.attention import PagedAttention
@@ -47,7 +48,7 @@ class ModelRunner:
         self.dtype = dtype = config.torch_dtype()
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len
-        spec = config.model.spec
+        spec = for_context(config.model.spec, config.max_model_len)
         self.hidden_size = spec.hidden_size
         self.graph_runner: DecodeGraphRunner | None = None
         self.activation_peak: int | None = None  # bytes, once profile_run has measured it

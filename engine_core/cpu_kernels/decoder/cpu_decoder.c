@@ -67,6 +67,7 @@ typedef struct {
     const bf16 *silu_table;
     const float *cos, *sin;
     long max_position, num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
+    long rotary_dim; /* each head's leading dims that rotate (the cos/sin rows' width); head_dim, or less */
     float eps, qk_eps, scale;
     const Layer *layers;
 } Model;
