@@ -60,6 +60,9 @@ def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int
     elif arch == "qwen3":
         config = transformers.Qwen3Config(**({"head_dim": 32} | common))
         model = transformers.Qwen3ForCausalLM(config)
+    elif arch == "mistral":  # every layer slides: a window smaller than the tests' 23-token prompts
+        config = transformers.MistralConfig(**({"sliding_window": 8} | common))
+        model = transformers.MistralForCausalLM(config)
     elif arch == "gemma3":
         # one sliding and one global layer, each with its own rotary base; a window wider than the tests' prompts
         # unless a test names one

@@ -270,3 +270,36 @@ def test_random_operations_keep_the_pool_consistent(ops, num_blocks, caching):
         kv.free(r)
     assert kv.num_free_blocks == num_blocks
     check_pool(kv, [])
+
+
+# ---- sliding windows --------------------------------------------------------------------------------
+
+def test_blocks_out_of_the_window_go_back_to_the_pool_keeping_their_hashes():
+    """Every layer slides with window 5: before a step from position c, blocks wholly before c - 4 are given back;
+    their ids stay in the table, their hashes in the cache."""
+    kv = KVCacheManager(8, BS, attention_reach=5)
+    a = make_request("a", list(range(13)))  # blocks [0-3] [4-7] [8-11] [12]
+    admit(kv, a)  # computed from 0: nothing out of the window yet
+    assert a.num_dropped_blocks == 0 and kv.num_free_blocks == 4
+    a.append_output_token(99)
+    assert kv.allocate_slots(a, 1)  # the decode at 13 sees 9..13: blocks 0 and 1 go back
+    assert a.num_dropped_blocks == 2 and len(a.block_ids) == 4 and kv.num_free_blocks == 6
+    pool = kv.block_pool
+    dropped = [pool.blocks[i] for i in a.block_ids[:2]]
+    assert all(b.ref_cnt == 0 and b.block_hash is not None for b in dropped)
+    # the same prompt again: hits on all three full blocks; the two before its window are noted, not held
+    b = make_request("b", list(range(13)))
+    assert admit(kv, b) == 12
+    assert b.block_ids[:3] == a.block_ids[:3] and b.num_dropped_blocks == 2
+    assert [pool.blocks[i].ref_cnt for i in b.block_ids] == [0, 0, 2, 1]
+    kv.free(a)
+    kv.free(b)
+    assert kv.num_free_blocks == 8 and a.num_dropped_blocks == b.num_dropped_blocks == 0
+
+
+def test_without_a_reach_no_block_is_given_back():
+    kv = KVCacheManager(8, BS)
+    a = make_request("a", list(range(13)))
+    admit(kv, a)
+    a.append_output_token(99)
+    assert kv.allocate_slots(a, 1) and a.num_dropped_blocks == 0 and kv.num_free_blocks == 4

@@ -169,3 +169,49 @@ def test_kernel_declines_what_it_does_not_serve():
         assert not paged_attention(q48, k48, v48, t48, l48, s48, 0.125, torch.empty_like(q48))
         q16, k16, v16, t16, l16, s16 = _case(16, 1, 64, 16, [(3, 3)])
         assert not paged_attention(q16, k16, v16, t16, l16, s16, 0.125, torch.empty_like(q16))
+
+
+def _unseen_blocks_to(tables, seq_lens, starts, block_size, window, block):
+    """tables with every block no query row's window reaches pointed at `block`."""
+    tables = tables.clone()
+    for i, n in enumerate(seq_lens.tolist()):
+        q_len = int(starts[i + 1] - starts[i])
+        first_seen = max(0, n - q_len - window + 1)
+        tables[i, : first_seen // block_size] = block
+    return tables
+
+
+@needs_kernel
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size", [(9, 3, 64, 16), (8, 2, 128, 5), (6, 2, 96, 32)])
+def test_a_sliding_window_matches_the_reference_and_reads_no_key_before_it(num_heads, num_kv_heads, head_dim,
+                                                                             block_size):
+    """Windows inside a 16-key part, across parts and across 64-key tiles, over decodes, whole prompts and
+    chunks after cached blocks; blocks no row's window reaches point at a NaN block."""
+    seqs = [(1, 1), (1, 40), (1, 300), (33, 33), (5, 100), (64, 80), (31, 77), (200, 200)]
+    q, k_cache, v_cache, tables, seq_lens, starts = _case(num_heads, num_kv_heads, head_dim, block_size, seqs)
+    nan_block = next(b for b in range(k_cache.shape[0]) if k_cache[b].isnan().all())  # no table uses it
+    for window in (5, 20, 70):
+        out = torch.full_like(q, float("nan"))
+        unseen = _unseen_blocks_to(tables, seq_lens, starts, block_size, window, nan_block)
+        assert paged_attention(q, k_cache, v_cache, unseen, seq_lens, starts, head_dim**-0.5, out, window)
+        expected = reference_paged_attention(q, k_cache, v_cache, starts, seq_lens, tables, head_dim**-0.5, window)
+        torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@needs_kernel
+def test_a_windowed_row_is_bit_identical_however_it_is_chunked():
+    length, window = 300, 70
+    q, k_cache, v_cache, tables, seq_lens, _ = _case(9, 3, 64, 16, [(length, length)], seed=2)
+
+    def run(rows, seq_len, q_rows):
+        out = torch.empty_like(q_rows)
+        assert paged_attention(q_rows, k_cache, v_cache, tables, torch.tensor([seq_len], dtype=torch.int32),
+                               torch.tensor([0, rows], dtype=torch.int32), 0.125, out, window)
+        return out
+
+    whole = run(length, length, q)
+    for p in [0, 15, 63, 64, 69, 70, 71, 100, 133, 134, 135, 200, 299]:
+        assert torch.equal(whole[p], run(1, p + 1, q[p:p + 1])[0]), p
+        for chunk in [7, 33, 64]:
+            if chunk <= p + 1:
+                assert torch.equal(whole[p], run(chunk, p + 1, q[p + 1 - chunk:p + 1])[-1]), (p, chunk)

@@ -118,3 +118,23 @@ def test_kernel_declines_what_it_does_not_serve():
     out = torch.empty(2, 4, 64)
     assert not paged_decode_attention(q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, 0.125, out)
     assert not paged_decode_attention(q, k_cache, v_cache, tables.long(), seq_lens, 0.125, out.bfloat16())
+
+
+@needs_kernel
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size", [(9, 3, 64, 16), (8, 2, 128, 4), (6, 2, 96, 8)])
+def test_a_sliding_window_matches_the_reference_and_reads_no_key_before_it(num_heads, num_kv_heads, head_dim,
+                                                                             block_size):
+    lens = [1, 15, 16, 17, 33, 300, 2 * block_size + 1]
+    q, k_cache, v_cache, tables, seq_lens = _case(num_heads, num_kv_heads, head_dim, block_size, lens)
+    used = {int(tables[i, j]) for i, n in enumerate(lens) for j in range(-(-n // block_size))}
+    nan_block = min(set(range(k_cache.shape[0])) - used)  # no table uses it
+    k_cache[nan_block] = v_cache[nan_block] = float("nan")
+    for window in (5, 16, 40):
+        unseen = tables.clone()
+        for i, n in enumerate(lens):  # blocks wholly before the decode's window: NaN, never to be read
+            unseen[i, : max(0, n - window) // block_size] = nan_block
+        out = torch.full_like(q, float("nan"))
+        assert paged_decode_attention(q, k_cache, v_cache, unseen, seq_lens, head_dim**-0.5, out, window)
+        expected = reference_paged_attention(q, k_cache, v_cache, list(range(len(lens) + 1)), seq_lens, tables,
+                                             head_dim**-0.5, window)
+        torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)

@@ -41,12 +41,18 @@ def qwen2_head32(tmp_path_factory, default_model_dir):
     return build_tiny_model(str(tmp_path_factory.mktemp("qwen2h32")), "qwen2", default_model_dir, hidden_size=128)
 
 
+@pytest.fixture(scope="module")
+def mistral_head32(tmp_path_factory, default_model_dir):
+    # every layer slides (window 8: the prompts run to 90 tokens), head_dim 32
+    return build_tiny_model(str(tmp_path_factory.mktemp("mistralh32")), "mistral", default_model_dir, hidden_size=128)
+
+
 # default: the SmolLM2 GGUF's Q4_1 / Q8_0 weights kept quantized; -bf16: dequantized; -int8: per channel
 @needs_c_decoder
-@pytest.mark.parametrize("arch", ["default", "default-bf16", "qwen2", "qwen2-int8", "qwen3"])
-def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny_models, qwen2_head32):
+@pytest.mark.parametrize("arch", ["default", "default-bf16", "qwen2", "qwen2-int8", "qwen3", "mistral"])
+def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny_models, qwen2_head32, mistral_head32):
     path = {"default": default_model_dir, "default-bf16": default_model_dir, "qwen2": qwen2_head32,
-            "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"]}[arch]
+            "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"], "mistral": mistral_head32}[arch]
     quantization = {"default-bf16": "none", "qwen2-int8": "int8"}.get(arch, "auto")
     _check_c_loop(path, "bfloat16", quantization, cpu_decoder.CpuDecoder, cpu_quant.QuantPanelWeight,
                   arch in ("default", "qwen2-int8"), seed=1)
@@ -80,12 +86,14 @@ def _check_c_loop(path, dtype, quantization, loop, kept_type, kept, seed, storag
 @pytest.mark.skipif(cpu_decoder_f32.load() is None, reason="no C compiler: the float32 C loop is not built")
 @pytest.mark.parametrize("tier,arch", [
     *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("own", "avx2")
-      for arch in ("default", "default-dense", "qwen2", "qwen2-int8", "qwen3", "llama")],
+      for arch in ("default", "default-dense", "qwen2", "qwen2-int8", "qwen3", "llama", "mistral")],
     *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("portable")
       for arch in ("qwen2-int8", "qwen3")]])
-def test_the_float32_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_model_dir, tiny_models, qwen2_head32):
+def test_the_float32_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_model_dir, tiny_models, qwen2_head32,
+                                                           mistral_head32):
     path = {"default": default_model_dir, "default-dense": default_model_dir, "qwen2": qwen2_head32,
-            "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"], "llama": tiny_models["llama"]}[arch]
+            "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"], "llama": tiny_models["llama"],
+            "mistral": mistral_head32}[arch]
     quantization = {"default-dense": "none", "qwen2-int8": "int8"}.get(arch, "auto")
     with forced_tier(tier):
         _check_c_loop(path, "float32", quantization, cpu_decoder_f32.CpuDecoderF32, cpu_quant_f32.QuantF32Weight,
@@ -131,14 +139,14 @@ def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
 @pytest.mark.skipif(cpu_decoder_f32.load_bf16() is None, reason="no C compiler: the generic bf16 C loop is not built")
 @pytest.mark.parametrize("tier,arch", [
     *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("avx2")
-      for arch in ("default", "default-dense", "qwen2", "qwen3", "llama")],
+      for arch in ("default", "default-dense", "qwen2", "qwen3", "llama", "mistral")],
     # portable runs the kept GGUF blocks in tests/test_k_quant_models.py's tiny file (SmolLM2 took over a minute)
     *[pytest.param(p.values[0], "qwen3", marks=p.marks, id=f"{p.values[0]}-qwen3") for p in tier_params("portable")]])
 def test_the_generic_bf16_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_model_dir, tiny_models,
-                                                                  qwen2_head32):
+                                                                  qwen2_head32, mistral_head32):
     from engine_core.layers import cpu_quant_dot
     path = {"default": default_model_dir, "default-dense": default_model_dir, "qwen2": qwen2_head32,
-            "qwen3": tiny_models["qwen3"], "llama": tiny_models["llama"]}[arch]
+            "qwen3": tiny_models["qwen3"], "llama": tiny_models["llama"], "mistral": mistral_head32}[arch]
     with forced_tier(tier):
         _check_c_loop(path, "bfloat16", "none" if arch == "default-dense" else "auto",
                       cpu_decoder_f32.CpuDecoderBF16Generic, cpu_quant_dot.QuantDotWeight, arch == "default", seed=4)

@@ -6,6 +6,7 @@ import torch
 
 from engine_core.attention import cpu_generic_attention
 from attention_reference import reference_paged_attention
+from cpu_tier_helpers import forced_tier, tier_params
 
 pytestmark = [pytest.mark.unit,
               pytest.mark.skipif(cpu_generic_attention.load() is None, reason="no C compiler: the kernel is not built")]
@@ -31,7 +32,7 @@ def _tables(seq_lens, num_blocks, seed):
     return rows
 
 
-def _attend(q_rows, table_rows, seq_lens, q_lens, k_cache, v_cache, scale=0.3):
+def _attend(q_rows, table_rows, seq_lens, q_lens, k_cache, v_cache, scale=0.3, window=None):
     """The kernel over sequences given as (their query rows, block table, seq_len, q_len)."""
     q = torch.cat(q_rows)
     starts = [0]
@@ -40,7 +41,7 @@ def _attend(q_rows, table_rows, seq_lens, q_lens, k_cache, v_cache, scale=0.3):
     args = (q, k_cache, v_cache, torch.tensor(table_rows, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
             torch.tensor(starts, dtype=torch.int32), scale)
     out = torch.empty_like(q)
-    assert cpu_generic_attention.paged_attention(*args, out)
+    assert cpu_generic_attention.paged_attention(*args, out, window)
     return out, args
 
 
@@ -103,3 +104,50 @@ def test_declines_what_it_does_not_take():
     ints = torch.zeros(2, dtype=torch.int32)
     assert not cpu_generic_attention.paged_attention(q, cache, cache, ints[None], ints[:1], ints, 1.0,
                                                      torch.empty_like(q))
+
+
+def _out_of_window(table_rows, seq_lens, q_lens, window, nan_block):
+    """The tables with every block that no query row's window reaches pointed at nan_block."""
+    rows = []
+    for table, n, q_len in zip(table_rows, seq_lens, q_lens):
+        first_seen = max(0, n - q_len - window + 1)  # the first query row's window start
+        rows.append([nan_block if (b + 1) * BLOCK <= first_seen else block for b, block in enumerate(table)])
+    return rows
+
+
+@pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2", "portable"))
+@pytest.mark.parametrize("dtype,heads,kv_heads,head_dim", [(torch.float32, 4, 2, 16), (torch.bfloat16, 9, 3, 64)])
+def test_a_sliding_window_matches_the_reference_and_reads_no_key_before_it(cpu_tier, dtype, heads, kv_heads, head_dim):
+    """Windows of 5 (inside a tile) and 40 (across tiles of 32) over decodes, a whole prompt and chunks after
+    cached blocks; blocks no row's window reaches hold NaN, which would show in any row that read them."""
+    seq_lens, q_lens = [1, 37, 70, 100, 75], [1, 37, 5, 33, 1]
+    k_cache, v_cache = _caches(dtype, 41, kv_heads, head_dim, seed=head_dim)
+    k_cache[40] = v_cache[40] = float("nan")
+    tables = _tables(seq_lens, 40, seed=1)
+    g = torch.Generator().manual_seed(2)
+    q_rows = [torch.randn(n, heads, head_dim, generator=g).to(dtype) for n in q_lens]
+    tolerance = 1e-5 if dtype is torch.float32 else 2**-7
+    with forced_tier(cpu_tier):
+        for window in (5, 40):
+            nan_tables = _out_of_window(tables, seq_lens, q_lens, window, 40)
+            assert nan_tables != tables
+            out, args = _attend(q_rows, nan_tables, seq_lens, q_lens, k_cache, v_cache, window=window)
+            q, _, _, _, lens, starts, scale = args
+            expected = reference_paged_attention(q.float(), k_cache.float(), v_cache.float(), starts, lens,
+                                                 torch.tensor(tables), scale, window)
+            assert torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance), window
+
+
+@pytest.mark.parametrize("cpu_tier", tier_params("own", "portable"))
+def test_a_windowed_row_does_not_depend_on_chunking(cpu_tier):
+    heads, kv_heads, head_dim, seq_len, window = 4, 2, 16, 75, 20
+    k_cache, v_cache = _caches(torch.float32, 30, kv_heads, head_dim, seed=3)
+    table = _tables([seq_len], 30, seed=4)[0]
+    q = torch.randn(seq_len, heads, head_dim, generator=torch.Generator().manual_seed(5))
+    with forced_tier(cpu_tier):
+        whole, _ = _attend([q], [table], [seq_len], [seq_len], k_cache, v_cache, window=window)
+        decodes, _ = _attend([q[p: p + 1] for p in range(seq_len)], [table] * seq_len,
+                             [p + 1 for p in range(seq_len)], [1] * seq_len, k_cache, v_cache, window=window)
+        chunks, _ = _attend([q[:23], q[23:61], q[61:]], [table] * 3, [23, 61, 75], [23, 38, 14], k_cache, v_cache,
+                            window=window)
+    assert torch.equal(decodes, whole) and torch.equal(chunks, whole)

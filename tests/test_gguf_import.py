@@ -201,7 +201,8 @@ def _add_tiny_tokenizer(writer) -> int:
 
 
 def _write_gguf(path: str, arch: str, seed: int = 0, n_heads: int = 4, n_kv: int = 2, head_dim: int = 8,
-                hidden: int = 32, inter: int = 48, layers: int = 2, tied: bool = False, q8_q: bool = False):
+                hidden: int = 32, inter: int = 48, layers: int = 2, tied: bool = False, q8_q: bool = False,
+                sliding_window: int | None = None):
     """A random model as llama.cpp would write it; returns the HF-layout float32 weights it should import to."""
     import gguf
 
@@ -220,6 +221,8 @@ def _write_gguf(path: str, arch: str, seed: int = 0, n_heads: int = 4, n_kv: int
     writer.add_rope_freq_base(50000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
+    if sliding_window is not None:
+        writer.add_sliding_window(sliding_window)
 
     expected = {}
 
@@ -297,6 +300,26 @@ def test_synthetic_llama_unpermutes(tmp_path):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(folder)
     assert tok.eos_token == "<|im_end|>" and tok.encode("hello") == [259, 260, 3 + ord("o")]
+
+
+def test_a_llama_file_naming_a_sliding_window_imports_as_mistral(tmp_path):
+    """llama.cpp writes Mistral checkpoints as llama without a window key (they import as Llama, as llama.cpp runs
+    them: test_synthetic_llama_unpermutes); a llama file with {arch}.attention.sliding_window is Mistral's
+    every-layer window. Another architecture's window key is refused, naming it."""
+    gguf_path = str(tmp_path / "tiny-mistral.gguf")
+    expected = _write_gguf(gguf_path, "llama", seed=2, sliding_window=8)
+    folder = import_gguf(gguf_path, str(tmp_path / "out"))
+    got = dict(load_safetensors_weights(folder))
+    for name, w in expected.items():
+        assert (got[name] - w).abs().max().item() <= 1e-6, name
+    from engine_core.families.catalog import read_spec
+    from engine_core.weights.model_folder import read_hf_config
+    spec = read_spec(read_hf_config(folder))
+    assert (spec.family, spec.layer_windows, spec.qkv_bias) == ("mistral", (8, 8), False)
+    qwen = str(tmp_path / "tiny-qwen3-window.gguf")
+    _write_gguf(qwen, "qwen3", sliding_window=8)
+    with pytest.raises(ValueError, match="qwen3.attention.sliding_window"):
+        import_gguf(qwen, str(tmp_path / "out-qwen"))
 
 
 def test_synthetic_qwen3_is_not_permuted(tmp_path):

@@ -132,12 +132,12 @@ class DeviceOnlyReference(AttentionBackend):
     def __init__(self):
         self.seen = []
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, scale):
+    def forward(self, q, k, v, k_cache, v_cache, meta, scale, window=None):
         self.seen.append(meta)
         keep = meta.slot_mapping >= 0
         write_kv_cache(k[keep], v[keep], k_cache, v_cache, meta.slot_mapping[keep])
         return reference_paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                         meta.block_tables, scale)
+                                         meta.block_tables, scale, window)
 
 
 class EagerReplay:
@@ -467,8 +467,9 @@ flash_attn_present = pytest.mark.skipif(
 
 
 @flash_attn_present
+@pytest.mark.parametrize("window", [None, 100])  # 100: a sliding window (flash-attn's window_size (99, 0))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_flash_attn_backend_matches_reference(dtype):
+def test_flash_attn_backend_matches_reference(dtype, window):
     from engine_core.attention.flash_attn_backend import FlashAttnBackend
     from engine_core.attention.metadata import AttentionMetadata
 
@@ -500,9 +501,10 @@ def test_flash_attn_backend_matches_reference(dtype):
         slot_mapping=slots_t, query_start_loc=torch.tensor(starts, dtype=torch.int32, device="cuda"),
         seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"), block_tables=tables.cuda(),
         max_query_len=200, max_seq_len=900, num_decodes=3, query_start_loc_cpu=starts, seq_lens_cpu=lens)
-    out = FlashAttnBackend().forward(q, new_k, new_v, kc, vc, meta, head_dim ** -0.5)
+    out = FlashAttnBackend().forward(q, new_k, new_v, kc, vc, meta, head_dim ** -0.5, window)
     assert torch.equal(kc, full_k) and torch.equal(vc, full_v)
-    ref = reference_paged_attention(q.float(), full_k.float(), full_v.float(), starts, lens, tables, head_dim ** -0.5)
+    ref = reference_paged_attention(q.float(), full_k.float(), full_v.float(), starts, lens, tables, head_dim ** -0.5,
+                                    window)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 

@@ -25,7 +25,7 @@ from test_model_vs_transformers import TOKENS, hf_logits, run_step
 pytestmark = pytest.mark.integration
 
 CONFIG_CLASSES = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                  "qwen3": transformers.Qwen3Config}
+                  "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig}
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2)
 
@@ -61,7 +61,9 @@ def test_biases_activation_and_rope_come_from_the_config(tmp_path):
 @pytest.mark.parametrize("family, fields, field", [
     ("llama", {"hidden_act": "relu2"}, "hidden_act"),
     ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_scaling.rope_type"),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0}, "layer_types"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "layer_types": ["full_attention", "chunked_attention"]},
+     "layer_types"),
+    ("mistral", {"sliding_window": 0}, "sliding_window"),
 ])
 def test_a_value_nvllm_does_not_implement_is_refused_by_name(tmp_path, family, fields, field):
     with pytest.raises(UnsupportedConfig) as refused:
@@ -82,16 +84,41 @@ def test_sliding_window_fields_that_slide_nothing_are_accepted(tmp_path):
     # Qwen2 distills say use_mrope false
     config = saved_config(tmp_path, "qwen2", use_sliding_window=False, sliding_window=4096)
     spec = read_spec(config | {"use_mrope": False})
-    assert spec.layer_windows == ()
+    assert spec.layer_windows == () and spec.window(0) is None and not spec.every_layer_slides
     with pytest.raises(UnsupportedConfig, match="use_mrope"):
         read_spec(saved_config(tmp_path, "qwen2") | {"use_mrope": True})
 
 
+@pytest.mark.parametrize("family, fields, windows", [
+    # transformers' Qwen2/Qwen3: layers from max_window_layers on slide, only with use_sliding_window
+    ("qwen2", dict(use_sliding_window=True, sliding_window=16, max_window_layers=1), (None, 16)),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), (16, 16)),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=16, max_window_layers=2), ()),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=16, layer_types=["sliding_attention", "full_attention"]),
+     (16, None)),
+    ("qwen3", dict(use_sliding_window=False, sliding_window=16, layer_types=["sliding_attention"] * 2), ()),
+    # Mistral: sliding_window for every layer, null for none
+    ("mistral", dict(sliding_window=8), (8, 8)),
+    ("mistral", dict(sliding_window=None), ()),
+])
+def test_sliding_windows_are_read_per_layer_as_transformers_reads_them(tmp_path, family, fields, windows):
+    spec = read_spec(saved_config(tmp_path, family, **fields))
+    assert spec.layer_windows == windows
+    assert spec.every_layer_slides is (bool(windows) and None not in windows)
+
+
+def test_a_mistral_config_with_layer_types_is_refused(tmp_path):
+    # MistralForCausalLM slides every layer whatever layer_types says (Ministral's alternating layers are another class)
+    with pytest.raises(UnsupportedConfig, match="layer_types"):
+        read_spec(saved_config(tmp_path, "mistral", sliding_window=8) | {"layer_types": ["full_attention"] * 2})
+
+
 def test_the_gguf_importer_names_come_from_the_families():
-    # llama.cpp writes Mixtral as a llama with experts: the importer tells it apart by its expert count
-    imported = [f for f in FAMILIES if f.gguf_architecture is not None]
+    # llama.cpp writes Mixtral as a llama with experts: the importer tells it apart by its expert count; a Mistral
+    # file says llama too, and reads as the Llama family (tests/test_gguf_import.py: a window key makes it Mistral)
+    imported = [f for f in FAMILIES if f.gguf_architecture is not None and f.name != "mistral"]
     assert [family_for_gguf(f.gguf_architecture, f.moe is not None) for f in imported] == imported
-    assert family_for_gguf("llama").name == "llama"
+    assert family_for_gguf("llama").name == "llama" and family_for_gguf("llama", False).name == "llama"
     assert family_for_gguf("gemma3") is None
 
 

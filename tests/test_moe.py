@@ -57,14 +57,13 @@ def test_qwen3_moe_reads_either_expert_count_name_and_renormalisation(tmp_path):
     assert read_spec(released) == spec
 
 
-def test_mixtral_always_renormalises_and_refuses_a_sliding_window(tmp_path):
+def test_mixtral_always_renormalises_and_slides_every_layer_by_its_window(tmp_path):
     config = saved_config(tmp_path, transformers.MixtralConfig, num_local_experts=8, num_experts_per_tok=2,
                           router_jitter_noise=0.1)
     spec = read_spec(config)
     assert (spec.num_experts, spec.experts_per_token, spec.renormalize_topk) == (8, 2, True)
-    assert spec.moe_intermediate_size == 128 and spec.sparse_layers == (0, 1, 2, 3)
-    with pytest.raises(UnsupportedConfig, match="sliding_window"):
-        read_spec(config | {"sliding_window": 4096})
+    assert spec.moe_intermediate_size == 128 and spec.sparse_layers == (0, 1, 2, 3) and spec.layer_windows == ()
+    assert read_spec(config | {"sliding_window": 4096}).layer_windows == (4096,) * 4
 
 
 def test_a_released_qwen1_5_moe_config_reads():

@@ -226,7 +226,6 @@ def _config(folder: str, **changes) -> dict:
 
 
 @pytest.mark.parametrize("changes, field", [
-    ({"sliding_window": 256}, "sliding_window"),  # binds within max_position_embeddings 512: not yet
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type"),
     ({"rope_scaling": {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG, "short_mscale": 1.1}},
      "rope_scaling.short_mscale"),
@@ -252,6 +251,9 @@ def test_a_window_that_never_binds_and_older_rope_names_are_read(folders):
     spec = read_spec(_config(folders["phi3"], sliding_window=512,
                              rope_scaling={"type": "su", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}))
     assert spec.layer_windows == () and spec.rope.scaling["rope_type"] == "longrope"
+    # one that binds within max_position_embeddings 512 slides every layer, as transformers' Phi3
+    spec = read_spec(_config(folders["phi3"], sliding_window=256))
+    assert spec.layer_windows == (256,) * spec.num_layers and spec.every_layer_slides
 
 
 def test_partial_rotary_is_refused_where_the_family_rotates_whole_heads(folders):

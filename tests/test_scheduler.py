@@ -31,12 +31,17 @@ def next_token(context) -> int:
 
 
 class FakeModel:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, window: int | None = None):
         self.bs = block_size
+        self.window = window  # every layer slides: a token sees the `window` positions up to its own
         self.slots: list[tuple[int, int] | None] = [None] * (num_blocks * block_size)
 
     def slot(self, req: Request, pos: int) -> int:
+        assert pos // self.bs >= req.num_dropped_blocks, "read a block the request gave back"
         return req.block_ids[pos // self.bs] * self.bs + pos % self.bs
+
+    def seen(self, end: int) -> range:
+        return range(0 if self.window is None else max(0, end - self.window), end)
 
     def execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
         # like an attention layer: write every new token's K/V first, then read
@@ -47,16 +52,16 @@ class FakeModel:
         for s in out.scheduled:
             end = s.num_computed_tokens_before + s.num_new_tokens
             if end == s.request.num_tokens:
-                sampled[s.request.request_id] = [next_token(self.slots[self.slot(s.request, p)] for p in range(end))]
+                sampled[s.request.request_id] = [next_token(self.slots[self.slot(s.request, p)] for p in self.seen(end))]
         return sampled
 
 
 def reference(prompt: list[int], params: SamplingParams, max_model_len: int,
-              eos_ids=(EOS,)) -> tuple[list[int], FinishReason]:
+              eos_ids=(EOS,), window: int | None = None) -> tuple[list[int], FinishReason]:
     """What a request generates when nothing goes wrong: no cache, no scheduler."""
     seq, out = list(prompt), []
     while True:
-        t = next_token(enumerate(seq))
+        t = next_token(list(enumerate(seq))[-window if window else 0:])
         seq.append(t)
         out.append(t)
         past_min = len(out) >= params.min_tokens
@@ -70,11 +75,12 @@ def reference(prompt: list[int], params: SamplingParams, max_model_len: int,
             return out, FinishReason.LENGTH
 
 
-def make_scheduler(num_blocks=64, block_size=4, budget=64, max_num_seqs=8, max_model_len=64, caching=True):
-    kv = KVCacheManager(num_blocks, block_size, caching)
+def make_scheduler(num_blocks=64, block_size=4, budget=64, max_num_seqs=8, max_model_len=64, caching=True,
+                   window=None):
+    kv = KVCacheManager(num_blocks, block_size, caching, attention_reach=window)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
                              block_size=block_size, enable_prefix_caching=caching)
-    return Scheduler(config, kv), FakeModel(num_blocks, block_size)
+    return Scheduler(config, kv), FakeModel(num_blocks, block_size, window)
 
 
 def make_request(rid, prompt, max_tokens=8, **kw) -> Request:
@@ -105,10 +111,10 @@ def check_blocks(sched: Scheduler) -> None:
     for r in sched.running:
         assert r.status == RequestStatus.RUNNING
         assert len(r.block_ids) * sched.config.block_size >= r.num_computed_tokens
-        for i in r.block_ids:
+        for i in r.block_ids[r.num_dropped_blocks:]:  # the blocks before these went back to the pool
             holders[i] = holders.get(i, 0) + 1
     for r in sched.waiting:
-        assert r.block_ids == [] and r.num_computed_tokens == 0
+        assert r.block_ids == [] and r.num_computed_tokens == 0 and r.num_dropped_blocks == 0
     for blk in pool.blocks:
         assert blk.ref_cnt == holders.get(blk.block_id, 0) >= 0
         assert (blk.ref_cnt == 0) == (blk.block_id in pool.free_queue)
@@ -386,6 +392,7 @@ def workloads(draw):
         max_num_seqs=draw(st.integers(1, 6)),
         max_model_len=max_model_len,
         caching=draw(st.booleans()),
+        window=draw(st.sampled_from([None, None, 1, 3, 6])),  # every layer slides: blocks go back as requests grow
     )
     n = draw(st.integers(2, 8))
     reqs = []
@@ -412,7 +419,8 @@ def crowded_workloads(draw):
     fits_one = -(-max_model_len // block_size)
     cfg = dict(block_size=block_size, num_blocks=draw(st.integers(fits_one, fits_one + 3)),
                budget=draw(st.integers(1, 16)), max_num_seqs=draw(st.integers(2, 6)),
-               max_model_len=max_model_len, caching=draw(st.booleans()))
+               max_model_len=max_model_len, caching=draw(st.booleans()),
+               window=draw(st.sampled_from([None, 3, 6])))
     reqs = []
     for i in range(draw(st.integers(2, 6))):
         prefix = PREFIXES[draw(st.integers(0, len(PREFIXES) - 1))]
@@ -455,7 +463,7 @@ def drive(cfg: dict, reqs: list) -> dict:
         tokens, reason = outputs[rid]
         req = requests[rid]
         assert req.is_finished and req.output_token_ids == tokens
-        expected, expected_reason = reference(prompt, params, max_model_len)
+        expected, expected_reason = reference(prompt, params, max_model_len, window=cfg.get("window"))
         if rid in aborted:
             assert reason == FinishReason.ABORT and tokens == expected[:len(tokens)]
         elif reason == FinishReason.ERROR:
@@ -515,3 +523,41 @@ def test_prompt_logprobs_gather_over_chunks_and_a_preemption_and_go_out_once():
     assert planned.scored == [] and all(not o.prompt_logprobs for o in outputs)
     run_all(sched, model)
     check_blocks(sched)
+
+
+# ---- sliding windows: blocks out of every window go back to the pool ------------------------------------
+
+def test_a_long_generation_gives_back_the_blocks_that_left_the_window():
+    """Window 8, blocks of 4: a 60-token sequence holds at most 4 blocks (its window, the block being written and
+    one more) in a pool of 6, where it would need 15; its tokens are the windowed reference's."""
+    window, prompt = 8, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    sched, model = make_scheduler(num_blocks=6, block_size=4, budget=5, max_model_len=64, window=window)
+    params = SamplingParams(max_tokens=50, ignore_eos=True)
+    sched.add_request(Request("long", prompt, params, eos_token_ids=[EOS]))
+    outputs, most_held = {}, 0
+    while sched.has_unfinished_requests():
+        step(sched, model, outputs)
+        most_held = max(most_held, sched.kv.num_blocks - sched.kv.num_free_blocks)
+    assert outputs["long"] == reference(prompt, params, 64, window=window)
+    assert most_held <= 4 and sched.get_stats().totals.num_preemptions == 0
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks
+
+
+def test_windowed_prefix_hits_and_preemption_give_the_reference_tokens():
+    """Shared prefixes (hits on blocks already out of the window are noted, not held), a pool so small that
+    requests are preempted and recomputed: every request's tokens are the windowed reference's, no block leaks."""
+    window = 6
+    prompts = {f"r{i}": PREFIXES[i % 3] + [i + 1] * (i % 4 + 1) for i in range(8)}
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    results = []
+    for num_blocks, budget in ((64, 64), (9, 7)):
+        sched, model = make_scheduler(num_blocks=num_blocks, block_size=4, budget=budget, window=window)
+        for rid, p in prompts.items():
+            sched.add_request(Request(rid, p, params, eos_token_ids=[EOS]))
+        outputs = run_all(sched, model)
+        assert {rid: out for rid, out in outputs.items()} == {
+            rid: reference(p, params, 64, window=window) for rid, p in prompts.items()}
+        assert sched.kv.num_free_blocks == sched.kv.num_blocks
+        results.append((sched.get_stats().totals.num_preemptions, sched.kv.prefix_cache_hits))
+    (roomy_preemptions, roomy_hits), (tight_preemptions, _) = results
+    assert roomy_preemptions == 0 and tight_preemptions > 0 and roomy_hits > 0

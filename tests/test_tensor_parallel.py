@@ -106,6 +106,8 @@ def models(tmp_path_factory, default_model_dir):
         for kv in (1, 2):
             out[f"{arch}-kv{kv}"] = build_tiny_model(str(root / f"{arch}-kv{kv}"), arch, default_model_dir,
                                                      num_kv_heads=kv, num_heads=4)
+    # every layer slides (window 8 in the conftest): each rank honours the window and gives back the same blocks
+    out["mistral-kv2"] = build_tiny_model(str(root / "mistral-kv2"), "mistral", default_model_dir, num_kv_heads=2)
     # Phi-4-mini's shape of rotary and embeddings: 12 of each head's 16 dims rotate, tied embeddings
     out["phi3-kv2"] = build_tiny_model(str(root / "phi3-kv2"), "phi3", default_model_dir, num_kv_heads=2,
                                        num_heads=4, partial_rotary_factor=0.75, tie_word_embeddings=True)
@@ -133,7 +135,8 @@ def reference(model: str, prompts=PROMPTS, **kw) -> list[tuple[list[int], str]]:
     return _reference[key]
 
 
-@pytest.mark.parametrize("name", ["default", "llama-kv1", "llama-kv2", "qwen3-kv1", "qwen3-kv2", "phi3-kv2"])
+@pytest.mark.parametrize("name", ["default", "llama-kv1", "llama-kv2", "qwen3-kv1", "qwen3-kv2", "phi3-kv2",
+                                  "mistral-kv2"])
 def test_tp2_greedy_equals_tp1(models, name):
     """The default model's 9 heads / 3 KV heads split unevenly; kv1 replicates the KV head, kv2 splits."""
     prompts = PROMPTS[:2] if name == "default" else PROMPTS

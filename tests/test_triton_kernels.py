@@ -333,3 +333,41 @@ def test_row_is_the_same_bits_however_it_is_batched_gpu(dtype, group, head_dim, 
     rng = random.Random(f"{dtype}{group}")
     lengths = [rng.randrange(300, 1100) for _ in range(2)] + [rng.randrange(1, 300) for _ in range(3)]
     assert_rows_invariant(lengths, 2, group, head_dim, dtype, seed=group, chunk_sizes=(3, 16, 61, 256))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_sliding_window_matches_the_reference_and_loads_no_key_before_it(dtype):
+    """Windows inside a key tile and across tiles, over decodes, a fresh prefill and chunks after cached blocks;
+    blocks no row's window reaches point at a NaN block, which would show in any row that loaded it."""
+    block_size, num_kv_heads, group, head_dim = 8, 2, 3, 64
+    q, kc, vc, qsl, lens, tables, _ = make_batch(MIXED, block_size, num_kv_heads, group, head_dim, dtype, seed=11)
+    used = set(tables.flatten().tolist())
+    nan_block = min(set(range(kc.shape[0])) - used)
+    kc[nan_block] = vc[nan_block] = float("nan")
+    starts = qsl.tolist()
+    for window in (5, 21):
+        unseen = tables.clone()
+        for i, (seq_len, q_len) in enumerate(MIXED):
+            unseen[i, : max(0, seq_len - q_len - window + 1) // block_size] = nan_block
+        out = triton_kernels.paged_attention(q, kc, vc, qsl, lens, unseen, head_dim ** -0.5,
+                                             max(ql for _, ql in MIXED), max(s for s, _ in MIXED), window=window)
+        ref = reference_paged_attention(q.float(), kc.float(), vc.float(), starts, lens, tables, head_dim ** -0.5,
+                                        window)
+        torch.testing.assert_close(out.float(), ref, **TOL[dtype])
+
+
+def test_a_windowed_row_is_the_same_bits_however_it_is_chunked():
+    seq_len, window, block_size, num_kv_heads, group, head_dim = 40, 11, 8, 2, 2, 32
+    q, kc, vc, _, _, tables, _ = make_batch([(seq_len, seq_len)], block_size, num_kv_heads, group, head_dim,
+                                            torch.float32, seed=12)
+
+    def run(rows, length):  # the last `rows` tokens of the first `length`, after the ones before them
+        qsl = torch.tensor([0, rows], dtype=torch.int32, device=DEVICE)
+        lens = torch.tensor([length], dtype=torch.int32, device=DEVICE)
+        return triton_kernels.paged_attention(q[length - rows:length], kc, vc, qsl, lens, tables, 0.2, rows, length,
+                                              invariant=True, window=window)
+
+    whole = run(seq_len, seq_len)
+    for p in (0, 10, 11, 12, 31, 32, 33, 39):
+        assert torch.equal(_bits(run(1, p + 1)[0]), _bits(whole[p])), p
+    assert torch.equal(_bits(torch.cat([run(17, 17), run(23, 40)])), _bits(whole))

@@ -22,12 +22,12 @@ def load(library):
     fn = library.paged_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
-                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int])
+                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2)
     fn = library.paged_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
-                   + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int])
+                   + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2)
     return library
 
 
@@ -41,9 +41,10 @@ def _takes(q, k_cache, v_cache, out, *int32_vectors) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           out: torch.Tensor) -> bool:
+                           out: torch.Tensor, window: int | None = None) -> bool:
     """Attention of q [S, H, D] (one token per sequence: the last of its seq_lens[i] cached tokens)
-    into out [S, H, D]. False, with out untouched, where the kernel does not apply."""
+    into out [S, H, D], over its last `window` keys only with a sliding window. False, with out untouched,
+    where the kernel does not apply."""
     if not _takes(q, k_cache, v_cache, out, block_tables, seq_lens):
         return False
     library = load()
@@ -54,15 +55,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     status = library.paged_decode_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), out.data_ptr(), out.stride(0), num_seqs, num_heads,
-        num_kv_heads, head_dim, block_size, scale, torch.get_num_threads())
+        num_kv_heads, head_dim, block_size, scale, window or 0, torch.get_num_threads())
     return status == 0
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, out: torch.Tensor) -> bool:
+                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, out: torch.Tensor,
+                    window: int | None = None) -> bool:
     """Causal attention of q [T, H, D] into out [T, H, D]: sequence i owns rows query_start_loc[i] ..
     query_start_loc[i + 1] - 1 (absolute rows of q), the last of its seq_lens[i] tokens in the cache
-    (the new ones already written); a row at position p sees keys 0..p. One call for all sequences.
+    (the new ones already written); a row at position p sees keys 0..p, or p - window + 1 .. p with a
+    sliding window (the keys before it never read). One call for all sequences.
     False, with out untouched, where the kernel does not apply."""
     if not _takes(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc) or not q.shape[0]:
         return False
@@ -74,5 +77,5 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     status = library.paged_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), query_start_loc.data_ptr(), out.data_ptr(), out.stride(0),
-        len(seq_lens), num_heads, num_kv_heads, head_dim, block_size, scale, torch.get_num_threads())
+        len(seq_lens), num_heads, num_kv_heads, head_dim, block_size, scale, window or 0, torch.get_num_threads())
     return status == 0

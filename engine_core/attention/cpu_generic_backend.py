@@ -46,14 +46,15 @@ class CpuGenericAttentionBackend(TorchAttentionBackend):
             return f"{cls.capabilities.label} serves batch-invariant runs only"
         return super().unsupported_reason(setup, named)
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                window: int | None = None) -> torch.Tensor:
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         if cpu_generic_attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                                 meta.query_start_loc, scale, out):
+                                                 meta.query_start_loc, scale, out, window):
             return out
         _warn_declined(q, k_cache)
-        return super().forward(q, k, v, k_cache, v_cache, meta, scale)
+        return super().forward(q, k, v, k_cache, v_cache, meta, scale, window)
 
 
 def _warn_declined(q: torch.Tensor, k_cache: torch.Tensor) -> None:

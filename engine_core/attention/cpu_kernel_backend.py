@@ -55,25 +55,29 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
                     "compiler, and NVLLM_CPU_DECODE_KERNEL=0 turns them off")
         return None
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                window: int | None = None) -> torch.Tensor:
         if not batch_invariant():
-            return super().forward(q, k, v, k_cache, v_cache, meta, scale)
+            return super().forward(q, k, v, k_cache, v_cache, meta, scale, window)
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         # every row the same way, one-token rows included (see the module's docstring)
-        if paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale, out):
+        if paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale, out,
+                           window):
             return out
         _warn_declined(q, k_cache)
-        return super().forward(q, k, v, k_cache, v_cache, meta, scale)
+        return super().forward(q, k, v, k_cache, v_cache, meta, scale, window)
 
-    def _decodes(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    def _decodes(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor,
+                 window: int | None = None) -> None:
         nd = meta.num_decodes
         if not paged_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
-                                      scale, out[:nd]):
-            super()._decodes(q, k_cache, v_cache, meta, scale, out)
+                                      scale, out[:nd], window):
+            super()._decodes(q, k_cache, v_cache, meta, scale, out, window)
 
-    def _prefills(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    def _prefills(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor,
+                  window: int | None = None) -> None:
         nd = meta.num_decodes
         if not paged_attention(q, k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
-                               meta.query_start_loc[nd:], scale, out):
-            super()._prefills(q, k, v, k_cache, v_cache, meta, scale, out)
+                               meta.query_start_loc[nd:], scale, out, window):
+            super()._prefills(q, k, v, k_cache, v_cache, meta, scale, out, window)

@@ -4,7 +4,9 @@ The new keys and values go into the paged cache with the Triton store kernel (a 
 row of a CUDA-graph batch, is skipped). Then the decodes (the first num_decodes sequences, one query
 token each) attend through `flash_attn_with_kvcache` and the prefill chunks through
 `flash_attn_varlen_func`, both reading the cache through the block table, so a chunk that follows a
-cached prefix sees it. Neither call syncs with the host, so decode steps can be graph-captured.
+cached prefix sees it. Neither call syncs with the host, so decode steps can be graph-captured. A
+sliding-window layer passes flash-attn's window_size (w - 1, 0): with causal=True the query at p sees
+keys p - (w - 1) .. p, transformers' window of w keys; flash-attn skips the key tiles wholly before it.
 
 flash-attn 2 reads a paged cache only in pages of a multiple of 256 tokens (its docstring: "page_block_size
 must be a multiple of 256"; its C++ checks `page_block_size % 256 == 0`), only in fp16/bf16 and for head
@@ -57,8 +59,11 @@ class FlashAttnBackend(AttentionBackend):
         self._with_kvcache = flash_attn_with_kvcache
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                window: int | None = None) -> torch.Tensor:
         from engine_core.attention import triton_kernels  # triton only once a GPU step runs
+
+        window_size = (-1, -1) if window is None else (window - 1, 0)  # (-1, -1): no window
 
         triton_kernels.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
@@ -67,13 +72,14 @@ class FlashAttnBackend(AttentionBackend):
             # the decodes as a batch of one-token queries [nd, 1, H, D] over their cached keys
             out[:nd] = self._with_kvcache(
                 q[:nd].unsqueeze(1), k_cache, v_cache, cache_seqlens=meta.seq_lens[:nd],
-                block_table=meta.block_tables[:nd], softmax_scale=scale, causal=True).squeeze(1)
+                block_table=meta.block_tables[:nd], softmax_scale=scale, causal=True,
+                window_size=window_size).squeeze(1)
         if nd < meta.num_seqs:
             lo = meta.query_start_loc_cpu[nd]
             plan = FlashPrefillPlan.of(meta)
             out[lo:] = self._varlen(
                 q[lo:], k_cache, v_cache, plan.cu_q, plan.cu_k, meta.max_query_len, meta.max_seq_len,
-                softmax_scale=scale, causal=True, block_table=meta.block_tables[nd:])
+                softmax_scale=scale, causal=True, window_size=window_size, block_table=meta.block_tables[nd:])
         return out
 
 

@@ -5,8 +5,9 @@ torch's scaled_dot_product_attention with grouped-query heads (`enable_gqa`), ov
 tables (padded to the longest, masked). Prefill chunks go one at a time: a chunk with nothing cached
 before it attends causally to its own keys; one that follows cached blocks gathers them and masks
 causally with an offset. Gather indices and masks are built once per step and shared by all layers
-(torch_plan.py). On bfloat16 CPUs the C kernels take over (cpu_kernel_backend.py), handing back what
-they decline to these same paths.
+(torch_plan.py). A sliding-window layer (`window`: the query at p sees keys p - window + 1 .. p) gathers
+only the keys inside its rows' windows, masked to each row's own. On bfloat16 CPUs the C kernels take over
+(cpu_kernel_backend.py), handing back what they decline to these same paths.
 """
 
 import torch
@@ -44,31 +45,40 @@ class TorchAttentionBackend(AttentionBackend):
     # any device and dtype; decode steps size their gathers from host-side lengths, so no CUDA graphs
     capabilities = BackendCapabilities(label="the torch attention backend")
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                window: int | None = None) -> torch.Tensor:
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         if meta.num_decodes:
-            self._decodes(q, k_cache, v_cache, meta, scale, out)
+            self._decodes(q, k_cache, v_cache, meta, scale, out, window)
         if meta.num_decodes < meta.num_seqs:
-            self._prefills(q, k, v, k_cache, v_cache, meta, scale, out)
+            self._prefills(q, k, v, k_cache, v_cache, meta, scale, out, window)
         return out
 
-    def _decodes(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    def _decodes(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor,
+                 window: int | None = None) -> None:
         """out[:num_decodes]: the decodes' rows, in one batch."""
         nd = meta.num_decodes
-        plan = TorchPlan.of(meta).decode_gather(meta, k_cache.shape[1], q.dtype)
-        keys, values = gather(k_cache, plan.slots), gather(v_cache, plan.slots)
-        out[:nd] = grouped_attention(q[:nd].unsqueeze(1), keys, values, plan.mask, scale).squeeze(1)
+        plan = TorchPlan.of(meta)
+        keys_of = (plan.decode_gather(meta, k_cache.shape[1], q.dtype) if window is None
+                   else plan.windowed_decode_gather(meta, k_cache.shape[1], q.dtype, window))
+        keys, values = gather(k_cache, keys_of.slots), gather(v_cache, keys_of.slots)
+        out[:nd] = grouped_attention(q[:nd].unsqueeze(1), keys, values, keys_of.mask, scale).squeeze(1)
 
-    def _prefills(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    def _prefills(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor,
+                  window: int | None = None) -> None:
         """The prefill chunks' rows of out, one chunk at a time."""
         starts = meta.query_start_loc_cpu
         for i in range(meta.num_decodes, meta.num_seqs):
             lo, hi = starts[i], starts[i + 1]
-            out[lo:hi] = self._prefill(q[lo:hi], k[lo:hi], v[lo:hi], k_cache, v_cache, meta, i, scale)
+            out[lo:hi] = self._prefill(q[lo:hi], k[lo:hi], v[lo:hi], k_cache, v_cache, meta, i, scale, window)
 
-    def _prefill(self, q, k, v, k_cache, v_cache, meta, i, scale):
+    def _prefill(self, q, k, v, k_cache, v_cache, meta, i, scale, window=None):
         q_len, seq_len = q.shape[0], meta.seq_lens_cpu[i]
+        if window is not None and seq_len > window:  # some row's window starts after key 0
+            plan = TorchPlan.of(meta).windowed_prefill_gather(meta, i, q_len, k_cache.shape[1], q.dtype, window)
+            keys, values = gather(k_cache, plan.slots), gather(v_cache, plan.slots)
+            return grouped_attention(q.unsqueeze(0), keys, values, plan.mask, scale)[0]
         if seq_len == q_len:  # nothing cached before this chunk: its own keys are all it sees
             return grouped_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None, scale)[0]
         plan = TorchPlan.of(meta).prefill_gather(meta, i, q_len, k_cache.shape[1], q.dtype)

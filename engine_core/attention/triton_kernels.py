@@ -20,7 +20,9 @@ possibly following a cached prefix). Its grid is (query blocks, kv heads):
   keys, gathering each key through the block table (so any block size works and tiles need not align
   with blocks), with an online softmax in fp32 (exp2, running max and sum) and fp32 accumulation.
   Query token j of a chunk of length L in a sequence of length S sits at position S - L + j and sees
-  keys 0 .. S - L + j.
+  keys 0 .. S - L + j; with a sliding window w (a layer's, SLIDING) keys S - L + j - w + 1 .. S - L + j,
+  and the program starts at the tile holding its first row's first key: keys before it are never
+  loaded (their blocks may belong to another request by then).
 
 Batch invariance (the default; batch_invariance.py). The output row of the query at position p is
 the same bits whether p is a decode, anywhere in a prefill chunk of any length, after a cached
@@ -28,9 +30,10 @@ prefix, at any index of any batch, with its blocks anywhere in the cache, becaus
 * one compiled kernel (one tiling, triton_tiles.invariant_tiles; no specialization on per-step
   integers) serves every step;
 * key tiles start at absolute positions 0, BLOCK_N, 2 * BLOCK_N, ... and the row passes through
-  exactly the tiles 0 .. p // BLOCK_N (tiles past p, there for tile-mates, scale its state by
-  exactly 1 and add zeros); inside its last tile the keys past p are masked to -inf, so they add
-  exact zeros; the sign of a zero result is made +0.0;
+  exactly the tiles 0 .. p // BLOCK_N (tiles past p, or wholly before its window, there for
+  tile-mates, scale its state by exactly 1 and add zeros); inside its last tile the keys past p (and
+  in its first those before its window) are masked to -inf, so they add exact zeros; the sign of a
+  zero result is made +0.0;
 * no split over keys: one program walks all of a row's keys, in order;
 * each row keeps its own running max, sum and accumulator; the dots and row reductions compute
   each row from that row alone, in an order fixed by the compiled kernel (on a GPU the MMA
@@ -116,12 +119,13 @@ def _mma(a, b, IEEE_DOT: tl.constexpr, UPCAST: tl.constexpr):
 
 # Per-step integers are not specialized (a value of 1 or a multiple of 16 would compile another
 # kernel): the block tables are as wide as the step's longest sequence needs.
-@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt", "window"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale,  # softmax scale * log2(e): scores are kept in base 2
     num_seqs,
+    window,  # SLIDING: keys a query sees back from its own position, itself included
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ko, stride_kh,
     stride_vb, stride_vo, stride_vh,
@@ -135,6 +139,7 @@ def _paged_attention_kernel(
     IEEE_DOT: tl.constexpr,  # fp32 inputs: exact fp32 dots, not tf32
     UPCAST: tl.constexpr,  # interpreter only: dot operands in fp32 (values already rounded)
     INVARIANT: tl.constexpr,  # rows pass through exactly their own key tiles (see the loop)
+    SLIDING: tl.constexpr,  # a sliding-window layer: `window` applies
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -179,10 +184,18 @@ def _paged_attention_kernel(
 
     # keys 0 .. kv_end - 1 are visible to at least one row of this program
     kv_end = context_len + tl.minimum(first_tok + BLOCK_Q, q_len)
+    if SLIDING:  # from the first key the first row's window holds, in tiles aligned to absolute positions
+        kv_begin = tl.maximum(context_len + first_tok - window + 1, 0)
+        first_tile = kv_begin // BLOCK_N * BLOCK_N
+    else:
+        first_tile = 0
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(first_tile, kv_end, BLOCK_N):
         k_pos = n0 + tl.arange(0, BLOCK_N)
-        k_valid = k_pos < kv_end
+        if SLIDING:
+            k_valid = (k_pos < kv_end) & (k_pos >= kv_begin)
+        else:
+            k_valid = k_pos < kv_end
         block = tl.load(table + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
         offset = k_pos % BLOCK_SIZE
         kv_mask = k_valid[:, None] & d_valid[None, :]
@@ -191,6 +204,8 @@ def _paged_attention_kernel(
         k = k.to(q.dtype)
         s = _mma(q, tl.trans(k), IEEE_DOT, UPCAST) * qk_scale
         visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        if SLIDING:
+            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -199,7 +214,10 @@ def _paged_attention_kernel(
             # A tile wholly before a row's position is here only for a tile-mate. All its scores are
             # -inf, so m_new == m_i and p == 0; scaling by exactly 1 (not by exp2(0), which a GPU
             # approximates) leaves m, l and acc as they were, up to the sign of an exact zero.
-            alpha = tl.where(n0 <= q_pos, alpha, 1.0)
+            if SLIDING:  # likewise a tile wholly before the row's window
+                alpha = tl.where((n0 <= q_pos) & (n0 + BLOCK_N > q_pos - window + 1), alpha, 1.0)
+            else:
+                alpha = tl.where(n0 <= q_pos, alpha, 1.0)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
@@ -228,13 +246,15 @@ _INTERPRETED = type(_paged_attention_kernel).__name__ == "InterpretedFunction"
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                     scale: float, max_query_len: int, max_seq_len: int,
-                    out: torch.Tensor | None = None, invariant: bool | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, invariant: bool | None = None,
+                    window: int | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged keys/values -> out [T, H, D].
 
     Sequence i owns query rows query_start_loc[i]:query_start_loc[i+1] (its last query_len tokens,
     at positions seq_lens[i] - query_len ..) and keys 0 .. seq_lens[i] - 1 through block_tables[i].
     max_seq_len is accepted for the backend interface but not needed (each program reads its own
-    length on the device). No host sync.
+    length on the device). No host sync. window: a sliding window, the query at p sees keys
+    p - window + 1 .. p (no key before them is loaded); None: keys 0 .. p.
 
     invariant (default: the process switch, batch_invariance.batch_invariant()): one tiling for every
     step and rows that pass through exactly their own key tiles, so each row's bits depend on its
@@ -265,7 +285,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out,
         query_start_loc, seq_lens, block_tables,
-        scale * _LOG2E, num_seqs,
+        scale * _LOG2E, num_seqs, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -273,7 +293,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         BLOCK_SIZE=block_size, GROUP=group,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=padded_head_dim(head_dim),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
-        IEEE_DOT=q.dtype == torch.float32, UPCAST=_INTERPRETED, INVARIANT=invariant,
+        IEEE_DOT=q.dtype == torch.float32, UPCAST=_INTERPRETED, INVARIANT=invariant, SLIDING=window is not None,
         num_warps=num_warps, num_stages=2,
     )
     return out

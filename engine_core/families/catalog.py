@@ -13,11 +13,13 @@ LLAMA = Family(
 
 QWEN2 = Family(
     name="qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", gguf_architecture="qwen2",
-    gguf_qk_permuted=False, qkv_bias=True, reads=SLIDING_FIELDS | {"use_mrope"})  # false in text-only configs
+    gguf_qk_permuted=False, qkv_bias=True, reads=SLIDING_FIELDS | {"use_mrope"},  # false in text-only configs
+    windows="qwen")
 
 QWEN3 = Family(
     name="qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3", gguf_architecture="qwen3",
-    gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS)
+    gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS,
+    windows="qwen")
 
 GEMMA3 = Family(
     name="gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", gguf_architecture=None,
@@ -26,17 +28,25 @@ GEMMA3 = Family(
 QWEN2_MOE = Family(
     name="qwen2_moe", architecture="Qwen2MoeForCausalLM", model_type="qwen2_moe", gguf_architecture="qwen2moe",
     gguf_qk_permuted=False, qkv_bias=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
-    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | moe_fields.SHARED_EXPERT_FIELDS | {"qkv_bias"})
+    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | moe_fields.SHARED_EXPERT_FIELDS | {"qkv_bias"},
+    windows="refuse")  # its own layer_types rule (odd layers below max_window_layers) is not read yet
 
 QWEN3_MOE = Family(
     name="qwen3_moe", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", gguf_architecture="qwen3moe",
     gguf_qk_permuted=False, qk_norm=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
-    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | {"attention_bias"})
+    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | {"attention_bias"}, windows="refuse")
 
 # llama.cpp writes Mixtral as "llama" (experts in blk.N.ffn_*_exps): the GGUF importer tells them apart
 MIXTRAL = Family(
     name="mixtral", architecture="MixtralForCausalLM", model_type="mixtral", gguf_architecture="llama",
-    gguf_qk_permuted=True, moe="mixtral", ignores=moe_fields.MIXTRAL_TRAINING, reads=moe_fields.MIXTRAL_FIELDS)
+    gguf_qk_permuted=True, moe="mixtral", ignores=moe_fields.MIXTRAL_TRAINING, reads=moe_fields.MIXTRAL_FIELDS,
+    windows="every_layer")  # sliding_window (null: none) holds for every layer, as Mistral's
+
+# llama.cpp converts Mistral checkpoints to its llama architecture (q/k rows permuted as Llama's), so a GGUF file
+# reads as LLAMA; its layer_types would ask for Ministral's alternating layers, which MistralForCausalLM ignores
+MISTRAL = Family(
+    name="mistral", architecture="MistralForCausalLM", model_type="mistral", gguf_architecture="llama",
+    gguf_qk_permuted=True, qkv_bias=False, reads=frozenset({"sliding_window"}), windows="every_layer")
 
 # Phi-3 and Phi-4-mini (partial_rotary_factor 0.75, tied embeddings): q/k/v and gate/up stored fused, LongRoPE
 PHI3 = Family(
@@ -51,9 +61,9 @@ PHI3 = Family(
            "full_attn_mod": (1, "1: every layer full attention; others interleave sliding-window layers"),
            "interpolate_factor": (1, "1: positions as they are; nvllm implements no position interpolation")},
     rope_aliases={"su": "longrope", "yarn": "longrope"},  # transformers' Phi3Config renames both
-    window_without_switch=True)
+    windows="every_layer")  # sliding_window for every layer, as transformers' Phi3 (no use_sliding_window switch)
 
-FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3, PHI3, QWEN2_MOE, QWEN3_MOE, MIXTRAL)
+FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3, PHI3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, MISTRAL)
 
 
 class UnsupportedArchitecture(ValueError):

@@ -13,6 +13,7 @@ import msgspec
 from engine_core.families import config_fields
 from engine_core.families.moe_fields import moe_values
 from engine_core.families.spec import ModelSpec, UnsupportedConfig, activation_of, rope_of
+from engine_core.families.windows import WINDOW_RULES
 
 # fields every family reads (weights/model_folder.py fills the ones a config may leave out)
 COMMON_FIELDS = frozenset({
@@ -20,7 +21,7 @@ COMMON_FIELDS = frozenset({
     "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
     "tie_word_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
 })
-# sliding-window fields of the Qwen families: refused while a layer would slide (not implemented yet)
+# sliding-window fields of the Qwen families (windows.py reads them)
 SLIDING_FIELDS = frozenset({"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"})
 
 
@@ -36,13 +37,12 @@ class Family:
     moe: str | None = None  # the mixture-of-experts layout its config uses (moe_fields.py): qwen | mixtral
     reads: frozenset[str] = frozenset()  # fields read beyond COMMON_FIELDS
     ignores: dict[str, str] = field(default_factory=dict)  # field -> why it never changes the outputs
+    windows: str = "none"  # how its config names sliding-window layers: a windows.WINDOW_RULES key
     # the family's own fields read into ModelSpec values (name -> value), over the ones read for every family
     own_values: Callable[[dict], dict] | None = None
     # field -> (the one value nvllm implements, why): read, and refused by name at any other value
     fixed: dict[str, tuple[Any, str]] = field(default_factory=dict)
     rope_aliases: dict[str, str] = field(default_factory=dict)  # older rope type names -> the type transformers runs
-    # sliding_window alone decides the window of every layer (Phi-3), with no use_sliding_window switch
-    window_without_switch: bool = False
 
     def read(self, config: dict) -> ModelSpec:
         for name in config:
@@ -60,8 +60,6 @@ class Family:
             raise UnsupportedConfig("rope_interleaved", True, "nvllm implements the rotate-half layout")
         if config.get("use_mrope"):
             raise UnsupportedConfig("use_mrope", True, "multimodal rotary sections are not implemented")
-        if self.own_values is None:
-            self._refuse_sliding(config)
         spec = ModelSpec(
             family=self.name,
             architecture=self.architecture,
@@ -82,18 +80,7 @@ class Family:
             qk_norm=self.qk_norm,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             rope=rope_of(config, partial_rotary="partial_rotary_factor" in self.reads, aliases=self.rope_aliases),
+            layer_windows=WINDOW_RULES[self.windows](config),
             **moe_values(config, self.moe),
         )
         return spec if self.own_values is None else msgspec.structs.replace(spec, **self.own_values(config))
-
-    def _refuse_sliding(self, config: dict) -> None:
-        window = config.get("sliding_window")
-        # a window at least max_position_embeddings long never binds: every layer attends to all its tokens
-        if self.window_without_switch and window is not None and window < config["max_position_embeddings"]:
-            raise UnsupportedConfig("sliding_window", window, "sliding-window attention is not implemented yet")
-        sliding = [kind for kind in config.get("layer_types") or [] if kind != "full_attention"]
-        if sliding:
-            raise UnsupportedConfig("layer_types", sliding[0], "nvllm implements full_attention layers only")
-        if config.get("use_sliding_window") and config.get("sliding_window") and \
-                config.get("max_window_layers", 0) < config["num_hidden_layers"]:
-            raise UnsupportedConfig("use_sliding_window", True, "sliding-window attention is not implemented yet")

@@ -37,9 +37,6 @@ def moe_values(config: dict, layout: str | None) -> dict:
     if top_k > experts:
         raise UnsupportedConfig("num_experts_per_tok", top_k, f"more than the {experts} experts")
     if layout == "mixtral":
-        if config.get("sliding_window") is not None:  # Mixtral slides in every layer when it is set
-            raise UnsupportedConfig("sliding_window", config["sliding_window"],
-                                    "sliding-window attention is not implemented yet")
         return dict(num_experts=experts, experts_per_token=top_k, renormalize_topk=True,
                     moe_intermediate_size=config["intermediate_size"], sparse_layers=tuple(range(layers)))
     step = config.get("decoder_sparse_step", 1)

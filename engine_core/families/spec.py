@@ -79,6 +79,20 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
             return self.local_rope_theta
         return self.rope.theta
 
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window, or None where it attends to every key before the query."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def every_layer_slides(self) -> bool:
+        return bool(self.layer_windows) and all(w is not None for w in self.layer_windows)
+
+    @property
+    def attention_reach(self) -> int | None:
+        """The most keys any layer's query reads, itself included (the widest window), where every layer slides;
+        None where some layer reads all keys. Older keys are read by no layer: the scheduler frees their blocks."""
+        return max(self.layer_windows) if self.every_layer_slides else None
+
 
 def activation_of(name: Any) -> str:
     if name not in ACTIVATIONS:

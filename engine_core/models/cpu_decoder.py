@@ -52,7 +52,8 @@ def linear_struct(packed, kind_of) -> _Linear:
 class _Layer(ctypes.Structure):
     _fields_ = ([(name, _ptr) for name in ("input_norm", "post_norm", "q_norm", "k_norm")]
                 + [(name, _Linear) for name in _LINEARS]
-                + [(name, _ptr) for name in ("qkv_bias", "gate_up_bias", "k_cache", "v_cache")])
+                + [(name, _ptr) for name in ("qkv_bias", "gate_up_bias", "k_cache", "v_cache")]
+                + [("window", _long)])  # the layer's sliding window in keys, 0: none
 
 
 class _Model(ctypes.Structure):
@@ -118,14 +119,14 @@ def _fused_gate_up(packed) -> bool:
 
 
 # The ModelSpec values (families/spec.py) the C loops implement, bf16 and float32 alike; a model with any other
-# value of these fields runs its modules. q/k/v biases, q/k norms, rotary scaling and partial rotary (cos/sin rows
-# narrower than a head: rotary_dim) are implemented either way.
+# value of these fields runs its modules. q/k/v biases, q/k norms, rotary scaling, partial rotary (cos/sin rows
+# narrower than a head: rotary_dim) and per-layer sliding windows (each layer passes its window to the attention
+# kernels) are implemented either way.
 IMPLEMENTED = {
     "activation": ("silu",),
     "norm_offset": (0.0,),
     "o_bias": (False,),  # a bias after a row-parallel linear
     "mlp_bias": (False,),
-    "layer_windows": ((),),
     "attn_logit_softcap": (None,),
     "num_experts": (0,),
     "embed_scale": (None,),
@@ -208,7 +209,8 @@ class CpuDecoder:
                 q_norm=attn.q_norm.weight.data_ptr() if self.qk_norm else None,
                 k_norm=attn.k_norm.weight.data_ptr() if self.qk_norm else None,
                 qkv_bias=self._bias(attn.qkv_proj), gate_up_bias=self._bias(mlp.gate_up_proj),
-                k_cache=attn.attn.k_cache.data_ptr(), v_cache=attn.attn.v_cache.data_ptr()))
+                k_cache=attn.attn.k_cache.data_ptr(), v_cache=attn.attn.v_cache.data_ptr(),
+                window=attn.attn.sliding_window or 0))
         self._layers = (_Layer * len(layers))(*layers)  # kept alive: the struct points into it
         first = self.model.layers[0]
         gemm, ops, attention, quant = cpu_gemm.load(), cpu_ops.load(), cpu_decode_kernel.load(), cpu_quant.load()

@@ -118,7 +118,8 @@ class CpuDecoderF32(CpuDecoder):
                 post_norm=layer.post_attention_layernorm.weight.data_ptr(),
                 q_norm=attn.q_norm.weight.data_ptr() if self.qk_norm else None,
                 k_norm=attn.k_norm.weight.data_ptr() if self.qk_norm else None,
-                k_cache=attn.attn.k_cache.data_ptr(), v_cache=attn.attn.v_cache.data_ptr()))
+                k_cache=attn.attn.k_cache.data_ptr(), v_cache=attn.attn.v_cache.data_ptr(),
+                window=attn.attn.sliding_window or 0))
         self._layers = (_Layer * len(layers))(*layers)  # kept alive: the struct points into it
         first = self.model.layers[0]
         rotary = first.self_attn.rotary

@@ -2,10 +2,11 @@
 
 What sets the families apart is data in the spec, not subclasses: Qwen2's q/k/v biases, Qwen3's per-head
 q/k norms, a config's attention or MLP biases, the MLP's activation, the rotary scaling, Phi-3's partial
-rotary, which layers' MLP is a mixture of experts (layers/moe.py), Gemma's norm offset, embedding scale,
-softmax scale, per-layer rotary base and sandwich norms (SandwichDecoderLayer). Checkpoints that store
-q/k/v or gate/up fused (Phi-3's qkv_proj, gate_up_proj) load through the same layers, whose weight
-loaders split the fused tensor.
+rotary, each layer's sliding window (Mistral, Mixtral, Phi-3, Qwen2's use_sliding_window, Gemma 3), which
+layers' MLP is a mixture of experts (layers/moe.py), Gemma's norm offset, embedding scale, softmax scale,
+per-layer rotary base and sandwich norms (SandwichDecoderLayer). Checkpoints that store q/k/v or gate/up
+fused (Phi-3's qkv_proj, gate_up_proj) load through the same layers, whose weight loaders split the fused
+tensor.
 """
 
 from typing import Iterable
@@ -40,7 +41,7 @@ class DecoderAttention(nn.Module):
         self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope_theta(layer), spec.rope.scaling,
                                       spec.rope.rotary_dim)
         scale = spec.attn_scale if spec.attn_scale is not None else head_dim**-0.5
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, scale)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, scale, spec.window(layer))
         self.q_norm = RMSNorm(head_dim, spec.norm_eps, spec.norm_offset) if spec.qk_norm else None
         self.k_norm = RMSNorm(head_dim, spec.norm_eps, spec.norm_offset) if spec.qk_norm else None
 

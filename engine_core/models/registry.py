@@ -14,6 +14,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "qwen3_moe": DecoderForCausalLM,
     "mixtral": DecoderForCausalLM,
     "phi3": DecoderForCausalLM,
+    "mistral": DecoderForCausalLM,
 }
 
 

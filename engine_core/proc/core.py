@@ -27,6 +27,15 @@ logger = logging.getLogger("nvllm")
 GRAMMAR_WAIT_SECONDS = 0.05  # an idle step's wait for a compiling grammar: short, so inputs stay responsive
 
 
+def attention_reach(config) -> int | None:
+    """Keys any query reads back (the scheduler frees blocks older than that), where every layer of the model, and
+    of a draft model sharing its block tables, slides; None: some layer reads every key."""
+    reaches = [config.model.spec.attention_reach]
+    if config.draft_model is not None:
+        reaches.append(config.draft_model.spec.attention_reach)
+    return None if None in reaches else max(reaches)
+
+
 class EngineCore:
     def __init__(self, args: EngineArgs, executor_class=None):
         self.args = args  # what the user asked for, never changed; everything below reads self.config
@@ -50,7 +59,8 @@ class EngineCore:
         self.executor.initialize_cache(num_blocks)
         logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)", num_blocks, block_size,
                     capacity, num_blocks * per_block / 2**30, config.dtype)
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching,
+                                               attention_reach(config))
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=max_model_len, block_size=block_size,

@@ -2,6 +2,14 @@
 
 Block i of a request is identified by hash(hash of block i-1, token ids of block i), so equal hashes
 mean equal whole prefixes, not just equal blocks. Only full blocks are ever hashed or shared.
+
+Sliding windows: where every layer of the model slides (ModelSpec.attention_reach, the widest window w), the
+query at position p reads no key before p - w + 1. Before a step that computes from position c, the request's
+blocks wholly before c - w + 1 go back to the pool (`num_dropped_blocks`): they keep their hashes and sit in
+the free queue like any freed block, so a later request with the same prefix can still hit them until they are
+evicted. Their ids stay in the request's table, which keeps block i at index i; the attention kernels never
+read them (they start at each row's window). A prefix-cache hit takes no reference on hit blocks that are
+already out of the window: it only notes their ids.
 """
 
 from array import array
@@ -32,10 +40,14 @@ def salt_hash(cache_salt: str | None) -> int | None:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 attention_reach: int | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
+        if attention_reach is not None and attention_reach < 1:
+            raise ValueError(f"attention_reach must be at least 1, got {attention_reach}")
         self.block_size = block_size
+        self.attention_reach = attention_reach  # keys a query reads back, itself included; None: all
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.prefix_cache_queries = 0  # tokens looked up (cumulative)
@@ -87,17 +99,37 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * bs
         total = num_computed + num_new_tokens
         num_needed = -(-total // bs) - len(request.block_ids) - len(new_computed_blocks)
+        # blocks out of every window go back whatever follows (no query of this step or later reads them)
+        self._drop_out_of_window(request, num_computed)
+        # hits (a request being admitted: its table is empty) already out of the window are noted, not held
+        unseen = 0 if request.block_ids else min(len(new_computed_blocks), self._blocks_out_of_window(num_computed))
+        held_hits = new_computed_blocks[unseen:]
         # hits sitting in the free queue stop being free once touched
-        num_hits_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        num_hits_free = sum(1 for b in held_hits if b.ref_cnt == 0)
         if num_needed > pool.num_free_blocks - num_hits_free:
             return False
-        pool.touch(new_computed_blocks)  # before get_new_blocks, so the hits cannot be evicted
+        pool.touch(held_hits)  # before get_new_blocks, so the hits cannot be evicted
         request.block_ids.extend(b.block_id for b in new_computed_blocks)
+        request.num_dropped_blocks += unseen
         if num_needed > 0:
             request.block_ids.extend(b.block_id for b in pool.get_new_blocks(num_needed))
         if self.enable_caching:  # proposed tokens are not known yet: their blocks wait for verification
             self._cache_blocks(request, num_computed // bs, min(total, request.num_tokens) // bs)
         return True
+
+    def _blocks_out_of_window(self, first_query: int) -> int:
+        """How many leading blocks hold only keys that no query from position first_query on reads."""
+        if self.attention_reach is None:
+            return 0
+        return max(0, (first_query - self.attention_reach + 1) // self.block_size)
+
+    def _drop_out_of_window(self, request: Request, first_query: int) -> None:
+        """Give back the request's blocks that fell out of every window before a step from first_query."""
+        end = min(self._blocks_out_of_window(first_query), len(request.block_ids))
+        if end > request.num_dropped_blocks:
+            blocks = self.block_pool.blocks
+            self.block_pool.free_blocks([blocks[i] for i in request.block_ids[request.num_dropped_blocks:end]])
+            request.num_dropped_blocks = end
 
     def keep_verified(self, request: Request, num_computed_before: int) -> None:
         """After a step that verified proposed tokens: free the blocks past the request's computed tokens
@@ -125,14 +157,15 @@ class KVCacheManager:
     def uncache_from(self, request: Request, num_tokens: int) -> None:
         """Take the request's blocks past its first num_tokens tokens out of the prefix cache (their
         K/V were never written: the step that was to write them failed)."""
-        for block_id in request.block_ids[num_tokens // self.block_size:]:
+        for block_id in request.block_ids[max(num_tokens // self.block_size, request.num_dropped_blocks):]:
             self.block_pool.uncache(self.block_pool.blocks[block_id])
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first; they keep their hashes until evicted."""
         blocks = self.block_pool.blocks
-        self.block_pool.free_blocks([blocks[i] for i in reversed(request.block_ids)])
+        self.block_pool.free_blocks([blocks[i] for i in reversed(request.block_ids[request.num_dropped_blocks:])])
         request.block_ids.clear()
+        request.num_dropped_blocks = 0
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()

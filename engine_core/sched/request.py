@@ -28,6 +28,9 @@ class Request:
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 until admitted
         self.block_ids: list[int] = []  # the block table, managed by the KVCacheManager
+        # leading blocks of the table given back to the pool: their keys are out of every layer's sliding window
+        # (their ids stay in the table, never read; the blocks may hold another request's keys by now)
+        self.num_dropped_blocks = 0
         self.block_hashes: list[int] = []  # hashes of this request's full blocks, in order
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None

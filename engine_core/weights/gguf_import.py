@@ -33,7 +33,7 @@ import time
 import numpy as np
 import torch
 
-from engine_core.families.catalog import FAMILIES, family_for_gguf
+from engine_core.families.catalog import FAMILIES, LLAMA, MISTRAL, family_for_gguf
 from engine_core.families.family import Family
 from engine_core.layers.gguf_types import GGUF_TYPES
 from engine_core.weights.loader import QUANTIZED_FILE
@@ -132,6 +132,18 @@ def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[
     def key(name, default=None):
         return meta.get(f"{arch}.{name}", default)
 
+    # llama.cpp's converter writes Mistral checkpoints as "llama" with no window key (and llama.cpp's llama graph
+    # reads none): such a file imports as Llama, every layer attending to all keys, as llama.cpp runs it. A llama
+    # file that does name a window is Mistral's (or, with experts, Mixtral's) every-layer window, as a phi3 file's is
+    # Phi-3's; another family's would need to say which layers slide, which no key here does
+    window = key("attention.sliding_window")
+    if window:
+        if family is LLAMA:
+            family = MISTRAL
+        elif family.windows != "every_layer":
+            raise ValueError(f"the GGUF names {arch}.attention.sliding_window = {window}, which nvllm reads for "
+                             "families whose every layer slides (llama: Mistral, Mixtral; phi3) only")
+
     hidden = int(key("embedding_length"))
     n_heads = int(key("attention.head_count"))
     n_kv = key("attention.head_count_kv", n_heads)
@@ -164,6 +176,8 @@ def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[
     if "mlp_bias" in family.reads:
         config["mlp_bias"] = "blk.0.ffn_up.bias" in tensor_names
     config |= _moe_config(meta, arch, family, tensor_names)
+    if window:
+        config["sliding_window"] = int(window)
     rope_scaling = _rope_scaling(meta, arch)
     if rope_scaling:
         config["rope_scaling"] = rope_scaling

@@ -10,6 +10,8 @@
  *   q, out        [num_seqs, num_heads, head_dim] bf16, rows q_row / out_row elements apart
  *   k/v cache     [num_blocks, block_size, num_kv_heads, head_dim] bf16, contiguous
  *   block_tables  int32 [num_seqs, table_row]; seq_lens int32 [num_seqs]
+ * A sliding window (window > 0) limits the query at position p to keys p - window + 1 .. p; the keys
+ * before it are never read (the scheduler may have handed their blocks to another request).
  * Query head h belongs to KV head h / group. A work item is a sequence (or, with few sequences, one of
  * its KV heads): it reads each KV head's keys and values once for all the group's query heads, 16 keys
  * at a time.
@@ -35,6 +37,7 @@ typedef struct {
     long q_row, out_row, table_row;
     int num_heads, num_kv_heads, head_dim, block_size;
     float scale;
+    int window; /* keys a query sees back from its own position, itself included; 0: all */
 } Job;
 
 /* 2^t, about 3e-6 relative (far below the bf16 rounding of the probabilities): an integer power applied
@@ -103,6 +106,7 @@ static inline __attribute__((always_inline)) void attend(const Job *j, int seq, 
     const int pairs = D / 32, heads = h_end - h_begin;
     const int32_t *table = j->block_tables + seq * j->table_row;
     const int len = j->seq_lens[seq];
+    const int begin = j->window > 0 && len > j->window ? len - j->window : 0; /* the first key it sees */
     const long token_stride = (long)j->num_kv_heads * D;
     /* per head: acc [group][D] (in unpack order, undone at the end), then running max [group], sum [group] */
     const int head_state = group * D + 2 * group;
@@ -116,14 +120,14 @@ static inline __attribute__((always_inline)) void attend(const Job *j, int seq, 
     }
     /* the rows (offsets of the key row, head 0) of this tile and of the next */
     long tile_rows[2][TILE];
-    int block = 0, offset = 0;
-    const int first = len < TILE ? len : TILE;
+    int block = begin / j->block_size, offset = begin % j->block_size;
+    const int first = len - begin < TILE ? len - begin : TILE;
     for (int t = 0; t < first; t++) {
         tile_rows[0][t] = ((long)table[block] * j->block_size + offset) * token_stride;
         if (++offset == j->block_size) { offset = 0; block++; }
     }
     const long span_begin = (long)h_begin * D, span_end = (long)h_end * D; /* the item's part of a row */
-    for (int start = 0, which = 0; start < len; start += TILE, which ^= 1) {
+    for (int start = begin, which = 0; start < len; start += TILE, which ^= 1) {
         const int n = len - start < TILE ? len - start : TILE;
         long *rows = tile_rows[which], *next = tile_rows[which ^ 1];
         for (int t = n; t < TILE; t++) rows[t] = rows[0]; /* past the end: scored, then masked out */
@@ -246,12 +250,13 @@ static AttendFn pick(int group, int head_dim) {
 int paged_decode_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, const uint16_t *v_cache,
                            const int32_t *block_tables, long table_row, const int32_t *seq_lens, uint16_t *out,
                            long out_row, int num_seqs, int num_heads, int num_kv_heads, int head_dim,
-                           int block_size, float scale, int nthreads) {
-    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP)
+                           int block_size, float scale, int window, int nthreads) {
+    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP
+        || window < 0)
         return -1;
     pthread_once(&order_once, find_reduce_order);
     const Job job = {q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row,
-                     num_heads, num_kv_heads, head_dim, block_size, scale};
+                     num_heads, num_kv_heads, head_dim, block_size, scale, window};
     const AttendFn fn = pick(num_heads / num_kv_heads, head_dim);
     /* whole sequences per item where there are enough of them to share among the threads, else one
      * KV head per item so that a few long sequences still use every thread */
@@ -378,15 +383,21 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
     const __m512 c = _mm512_set1_ps(j->log2e_scale);
     for (int v = 0; v < R * G; v++) {
         const int row = r + v / G, visible = pos + v / G - tile_start + 1; /* keys of this tile it sees */
+        /* keys of this tile before the row's sliding window: a tile wholly before it is all masked, which
+         * changes nothing (it comes before the row's first seen key: sums, max and outputs stay 0, -inf, 0) */
+        const int hidden = b->window > 0 ? pos + v / G - b->window + 1 - tile_start : 0;
         float *acc = st.acc + ((long)row * G + v % G) * D;
         float *running_max = st.maxes + (long)row * G + v % G;
         __m512 *running_sum = st.sums + (long)row * G + v % G;
         __mmask16 valid[CT_PARTS] = {0};
-        const int diagonal = visible < W; /* masks only here */
+        const int diagonal = visible < W || hidden > 0; /* masks only here */
         if (diagonal)
             for (int h = 0; h < NH; h++) {
-                const int n = visible - 16 * h;
-                valid[h] = n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+                const int n = visible - 16 * h, before = hidden - 16 * h;
+                const __mmask16 upto = n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+                const __mmask16 from = before <= 0 ? (__mmask16)0xffff : before >= 16 ? (__mmask16)0
+                                                                                       : (__mmask16)(0xffffu << before);
+                valid[h] = upto & from;
                 s[v][h] = _mm512_mask_blend_ps(valid[h], _mm512_set1_ps(-INFINITY), s[v][h]);
             }
         __m512 m = s[v][0];
@@ -458,6 +469,9 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
     const int len = b->seq_lens[seq], row0 = item->row0;
     const int rows = q_len - row0 < ROWS ? q_len - row0 : ROWS;
     const int pos0 = len - q_len + row0, last = pos0 + rows - 1; /* positions of the item's first/last row */
+    /* the first key the first row sees (its sliding window's start), and the tile that holds it */
+    const int begin = b->window > 0 && pos0 - b->window + 1 > 0 ? pos0 - b->window + 1 : 0;
+    const int start0 = begin / CT * CT;
     const int32_t *table = b->block_tables + seq * b->table_row;
     const long head_offset = (long)kv_head * D, token_stride = (long)b->num_kv_heads * D;
     const uint16_t *q = b->q + (long)(q_first + row0) * b->q_row + head_offset * G;
@@ -471,12 +485,14 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
     /* cache rows of this tile and the next, prefetched meanwhile into L2 (into L1, as the decode kernel found,
      * the misses in flight stall the loads: decode rows took this kernel 1.5x the one-token kernel's time) */
     long tile_rows_at[2][CT];
-    int block = 0, offset = 0;
-    for (int t = 0; t < CT && t < len; t++) {
-        tile_rows_at[0][t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
+    int block = start0 / b->block_size, offset = start0 % b->block_size;
+    for (int t = 0; t < CT && start0 + t < len; t++) {
+        if (start0 + t >= begin) /* keys before every row's window are not read: their blocks may be reused */
+            tile_rows_at[0][t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
         if (++offset == b->block_size) { offset = 0; block++; }
     }
-    for (int start = 0, which = 0; start <= last; start += CT, which ^= 1) {
+    for (int t = 0; t < begin - start0; t++) tile_rows_at[0][t] = tile_rows_at[0][begin - start0]; /* masked */
+    for (int start = start0, which = 0; start <= last; start += CT, which ^= 1) {
         long *at = tile_rows_at[which], *next = tile_rows_at[which ^ 1];
         /* keys past the sequence's end (not written: anything, NaN included) read the tile's first key
          * instead; the mask gives them probability 0 */
@@ -565,16 +581,16 @@ static ChunkFn pick_chunk(int group, int head_dim) {
 int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, const uint16_t *v_cache,
                     const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                     const int32_t *query_start_loc, uint16_t *out, long out_row, int num_seqs, int num_heads,
-                    int num_kv_heads, int head_dim, int block_size, float scale, int nthreads) {
+                    int num_kv_heads, int head_dim, int block_size, float scale, int window, int nthreads) {
     if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP ||
-        !(scale > 0.0f)) /* the running max is taken over unscaled scores */
+        !(scale > 0.0f) || window < 0) /* the running max is taken over unscaled scores */
         return -1;
     const int group = num_heads / num_kv_heads;
     long n = 0;
     WorkItem *items = paged_work_items(query_start_loc, seq_lens, num_seqs, num_kv_heads, ROWS, &n);
     if (!items) return -1;
     const ChunkJob job = {{q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row,
-                           num_heads, num_kv_heads, head_dim, block_size, scale}, query_start_loc,
+                           num_heads, num_kv_heads, head_dim, block_size, scale, window}, query_start_loc,
                          scale * 1.44269504088896341f};
     const ChunkFn fn = pick_chunk(group, head_dim);
     const size_t scratch_bytes = sizeof(float) * ROWS * group * (head_dim + 16 + 1) + 64;

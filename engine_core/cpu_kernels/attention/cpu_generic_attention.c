@@ -7,11 +7,13 @@
  * D] contiguous, block_tables [num_seqs, table_row] int32, seq_lens [num_seqs] int32 (cached tokens
  * after this step, the new ones already written), query_start_loc [num_seqs + 1] int32: sequence s
  * owns rows query_start_loc[s] .. query_start_loc[s + 1] - 1, its last q_len tokens; the row at
- * position p sees keys 0..p. out like q (row stride out_row).
+ * position p sees keys 0..p, or with a sliding window w > 0 keys p - w + 1 .. p (keys before the window
+ * are never read: their blocks may belong to another request by now). out like q (row stride out_row).
  *
- * Invariant: a row's result depends only on its query, its position p and keys/values 0..p. Each
+ * Invariant: a row's result depends only on its query, its position p and the keys/values it sees. Each
  * (row, query head) walks the keys in tiles of TILE aligned to absolute key positions (tile t holds
- * keys [t * TILE, t * TILE + TILE), the last one cut at p), in order, with an online softmax in fp32:
+ * keys [t * TILE, t * TILE + TILE), the last one cut at p, the first at the window's start), in order, with an
+ * online softmax in fp32:
  * per tile the scores (one fixed-order dot product each), the tile's max, the rescale of the running
  * sum and output, then the values added key by key. Decodes, prefill chunks and chunks after cached
  * blocks run this same code; how rows are grouped into work items, which thread runs an item, and
@@ -46,6 +48,7 @@ typedef struct {
     const int32_t *block_tables, *seq_lens, *query_start_loc;
     long q_row, out_row, table_row;
     int num_heads, num_kv_heads, head_dim, block_size, is_bf16;
+    int window; /* keys a row sees back from its own position, itself included; 0: all */
     float scale;
 } Job;
 
@@ -209,9 +212,11 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
     for (int i = 0; i < lanes; i++) run_max[i] = -INFINITY, run_sum[i] = 0.0f;
     const int32_t *table = job->block_tables + (long)s * job->table_row;
     const int end = pos0 + rows; /* keys the last row sees */
-    for (int t0 = 0; t0 < end; t0 += TILE) {
+    const int w = job->window;
+    const int begin = w > 0 && pos0 - w + 1 > 0 ? pos0 - w + 1 : 0; /* the first key the first row sees */
+    for (int t0 = begin / TILE * TILE; t0 < end; t0 += TILE) {
         const int n = end - t0 < TILE ? end - t0 : TILE;
-        for (int j = 0; j < n; j++) {
+        for (int j = begin > t0 ? begin - t0 : 0; j < n; j++) { /* keys before every row's window: not read */
             const int key = t0 + j;
             const long at = (((long)table[key / job->block_size] * job->block_size + key % job->block_size)
                              * job->num_kv_heads + h) * D;
@@ -224,14 +229,17 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
             }
         }
         for (int r = 0; r < rows; r++) {
-            const int seen = pos0 + r + 1 - t0; /* keys of this tile the row sees: the tile cut at its position */
-            if (seen <= 0) continue;
-            const int m = seen < n ? seen : n;
+            /* keys lo .. lo + m - 1 of this tile the row sees: the tile cut at its position and its window */
+            const int seen = pos0 + r + 1 - t0;
+            const int lo = w > 0 && pos0 + r - w + 1 - t0 > 0 ? pos0 + r - w + 1 - t0 : 0;
+            const int m = (seen < n ? seen : n) - lo;
+            if (m <= 0) continue;
+            const float *const *tile_keys = key_rows + lo, *const *tile_values = value_rows + lo;
             /* the row's heads one stage at a time: the same operations per head, the sums' chains side by side */
             for (int g = 0; g < group; g++) {
                 const int lane = r * group + g;
                 float *head_scores = scores + g * TILE;
-                scaled_dots(queries + (long)lane * D, key_rows, m, D, job->scale, head_scores);
+                scaled_dots(queries + (long)lane * D, tile_keys, m, D, job->scale, head_scores);
                 const float tile_max = max_of(head_scores, m);
                 const float new_max = tile_max > run_max[lane] ? tile_max : run_max[lane];
                 const float correction = exp_nonpositive(run_max[lane] - new_max); /* 0 on the first tile */
@@ -244,7 +252,7 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
             add_probs(sums, probs, group, m);
             for (int g = 0; g < group; g++) {
                 const int lane = r * group + g;
-                add_values(acc + (long)lane * D, probs + g * TILE, value_rows, m, D);
+                add_values(acc + (long)lane * D, probs + g * TILE, tile_values, m, D);
                 run_sum[lane] = sums[g];
             }
         }
@@ -263,19 +271,20 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
 }
 
 /* Causal attention of every row of q into out (see the top of the file); is_bf16: q, caches and out
- * are bfloat16, else float32. Returns 0, or -1 where the arguments do not fit (out untouched) or memory
+ * are bfloat16, else float32; window: a sliding window's keys (0: none). Returns 0, or -1 where the arguments do not fit (out untouched) or memory
  * ran out (out partly written). */
 int generic_paged_attention(const void *q, long q_row, const void *k_cache, const void *v_cache,
                             const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                             const int32_t *query_start_loc, void *out, long out_row, int num_seqs, int num_heads,
-                            int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int nthreads) {
-    if (head_dim < 1 || num_kv_heads < 1 || num_heads % num_kv_heads || block_size < 1) return -1;
+                            int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int window,
+                            int nthreads) {
+    if (head_dim < 1 || num_kv_heads < 1 || num_heads % num_kv_heads || block_size < 1 || window < 0) return -1;
     const int group = num_heads / num_kv_heads;
     long n = 0;
     WorkItem *items = paged_work_items(query_start_loc, seq_lens, num_seqs, num_kv_heads, ROWS, &n);
     if (!items) return -1;
     const Job job = {q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, q_row, out_row, table_row,
-                     num_heads, num_kv_heads, head_dim, block_size, is_bf16, scale};
+                     num_heads, num_kv_heads, head_dim, block_size, is_bf16, window, scale};
     const size_t scratch_floats = (size_t)2 * TILE * head_dim + (size_t)ROWS * group * (2 * head_dim + 2)
                                   + (size_t)group * (2 * TILE + 1);
     int failed = 0;

@@ -37,11 +37,11 @@ typedef int (*RotaryFn)(bf16 *x, long xs0, long xs1, long tokens, long heads, lo
 typedef int (*DecodeFn)(const bf16 *q, long q_row, const bf16 *k_cache, const bf16 *v_cache,
                         const int32_t *block_tables, long table_row, const int32_t *seq_lens, bf16 *out,
                         long out_row, int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                        float scale, int threads);
+                        float scale, int window, int threads);
 typedef int (*ChunkFn)(const bf16 *q, long q_row, const bf16 *k_cache, const bf16 *v_cache,
                        const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                        const int32_t *query_start_loc, bf16 *out, long out_row, int num_seqs, int num_heads,
-                       int num_kv_heads, int head_dim, int block_size, float scale, int threads);
+                       int num_kv_heads, int head_dim, int block_size, float scale, int window, int threads);
 
 typedef struct {
     const bf16 *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL without per-head norms */
@@ -50,6 +50,7 @@ typedef struct {
     Linear qkv, o, gate_up, down;
     const float *qkv_bias, *gate_up_bias;                 /* fp32 in packed order, or NULL */
     bf16 *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
+    long window;                                          /* the layer's sliding window in keys; 0: none */
 } Layer;
 
 typedef struct {
@@ -132,12 +133,12 @@ int decoder_layers_bf16(const Model *m, const Step *s) {
         const long nd = s->num_decodes;
         if (nd && m->decode(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens, s->attn,
                             q_size, (int)nd, (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size,
-                            m->scale, th))
+                            m->scale, (int)l->window, th))
             return failed;
         if (nd < s->num_seqs &&
             m->chunk(q, q_row, l->k_cache, l->v_cache, s->block_tables + nd * s->table_row, s->table_row,
                      s->seq_lens + nd, s->query_start_loc + nd, s->attn, q_size, (int)(s->num_seqs - nd),
-                     (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, th))
+                     (int)m->num_heads, (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, (int)l->window, th))
             return failed;
         if (linear(m, s, s->attn, T, q_size, &l->o, NULL, s->x, H) ||
             m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||

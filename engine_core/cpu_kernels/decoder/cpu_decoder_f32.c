@@ -46,7 +46,8 @@ typedef int (*SiluFn)(const elem *x, long xs0, elem *out, long os0, long rows, l
 typedef int (*AttentionFn)(const void *q, long q_row, const void *k_cache, const void *v_cache,
                            const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                            const int32_t *query_start_loc, void *out, long out_row, int num_seqs, int num_heads,
-                           int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int threads);
+                           int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int window,
+                           int threads);
 
 typedef struct {
     const elem *input_norm, *post_norm, *q_norm, *k_norm;  /* q_norm, k_norm: NULL without per-head norms */
@@ -54,6 +55,7 @@ typedef struct {
                                    * KIND_DOT + t: quant_dot.c's (the bf16 build: quant_dot.c's either way) */
     const float *qkv_bias, *gate_up_bias;                  /* fp32, or NULL */
     elem *k_cache, *v_cache;                               /* [blocks, block_size, kv_heads, head_dim] */
+    long window;                                           /* the layer's sliding window in keys; 0: none */
 } Layer;
 
 typedef struct {
@@ -114,7 +116,8 @@ int DECODER_ENTRY(const Model *m, const Step *s) {
         write_cache(l, s, k, k_row, v, qkv_width, kv_size);
         if (m->attention(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens,
                          s->query_start_loc, s->attn, q_size, (int)s->num_seqs, (int)m->num_heads,
-                         (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, ATTENTION_BF16, (int)th))
+                         (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, ATTENTION_BF16, (int)l->window,
+                         (int)th))
             return failed;
         if (linear(m, s, s->attn, T, q_size, q_size, &l->o, NULL, s->x, H) ||
             m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
