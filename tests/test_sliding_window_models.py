@@ -3,6 +3,9 @@ Qwen2 with use_sliding_window (layer 0 global, layer 1 sliding), float32 logits 
 prompt three windows long, over blocks of 4 tokens: prefill, decode, chunked prefill, a prefix-cache hit.
 Keys that fell out of every window are never read: blocks holding only them may be anything."""
 
+import json
+import os
+
 import pytest
 import torch
 import transformers
@@ -170,11 +173,25 @@ def test_the_window_is_transformers_convention():
                 assert (keys.mask[row, k - first_key] == 0).item() == expected, (q, k)
 
 
-@pytest.mark.parametrize("arch, windows", [("mixtral", [WINDOW, WINDOW]), ("gemma3", [WINDOW, None])])
-def test_other_families_windows_match_transformers(tmp_path, default_model_dir, arch, windows):
-    """Mixtral slides every layer as Mistral does, Gemma 3 its sliding_attention layers (the families' other
-    parts are their own tests'): prefill, a chunk after cached blocks and a decode against transformers' logits."""
-    path = build_tiny_model(str(tmp_path / arch), arch, default_model_dir, sliding_window=WINDOW)
+QWEN_MOE_WINDOW = dict(use_sliding_window=True, max_window_layers=2)
+
+
+@pytest.mark.parametrize("arch, overrides, windows", [
+    ("mixtral", {}, [WINDOW, WINDOW]), ("gemma3", {}, [WINDOW, None]),
+    ("qwen2_moe", QWEN_MOE_WINDOW, [WINDOW, None]), ("qwen3_moe", QWEN_MOE_WINDOW, [WINDOW, WINDOW])])
+def test_other_families_windows_match_transformers(tmp_path, default_model_dir, arch, overrides, windows):
+    """Mixtral slides every layer as Mistral does, Gemma 3 its sliding_attention layers, Qwen2-MoE every other
+    layer below max_window_layers (its config.json read without the layer_types transformers writes, as older
+    ones are), Qwen3-MoE every layer (the families' other parts are their own tests'): prefill, a chunk after
+    cached blocks and a decode against transformers' logits."""
+    path = build_tiny_model(str(tmp_path / arch), arch, default_model_dir, sliding_window=WINDOW, **overrides)
+    if arch == "qwen2_moe":
+        config_path = os.path.join(path, "config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        config.pop("layer_types", None)
+        with open(config_path, "w") as f:
+            json.dump(config, f)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     runner = make_runner(path)
     assert [layer.self_attn.attn.sliding_window for layer in runner.model.layers] == windows

@@ -56,16 +56,31 @@ def every_layer_windows(config: dict) -> tuple[int | None, ...]:
     return (_window_size(config),) * config["num_hidden_layers"]
 
 
-def refused_windows(config: dict) -> tuple[int | None, ...]:
-    """A family whose sliding layers nvllm does not read yet: accepted only where no layer would slide."""
-    sliding = [kind for kind in config.get("layer_types") or [] if kind != "full_attention"]
-    if sliding:
-        raise UnsupportedConfig("layer_types", sliding[0], "nvllm reads this family's full_attention layers only")
-    if config.get("use_sliding_window") and config.get("sliding_window") and \
-            config.get("max_window_layers", 0) < config["num_hidden_layers"]:
-        raise UnsupportedConfig("use_sliding_window", True, "this family's sliding layers are not read yet")
-    return ()
+def qwen2_moe_windows(config: dict) -> tuple[int | None, ...]:
+    """Qwen2-MoE: layer_types where the config has it (read as Qwen2's); else, with use_sliding_window, every other
+    layer (0, 2, 4, ...) below max_window_layers slides, as transformers' Qwen2MoeConfig fills layer_types."""
+    if config.get("layer_types") is not None or not config.get("use_sliding_window"):
+        return qwen_windows(config)
+    first_global = config.get("max_window_layers", 28)
+    slides = [i % 2 == 0 and i < first_global for i in range(config["num_hidden_layers"])]
+    return _per_layer(config, slides)
+
+
+def qwen3_moe_windows(config: dict) -> tuple[int | None, ...]:
+    """Qwen3-MoE: with use_sliding_window, every layer slides (transformers' Qwen3-MoE attention takes the one
+    window in every layer, whatever max_window_layers says)."""
+    if not config.get("use_sliding_window") or config.get("sliding_window") is None:
+        return ()
+    return (_window_size(config),) * config["num_hidden_layers"]
+
+
+def _per_layer(config: dict, slides: list[bool]) -> tuple[int | None, ...]:
+    if not any(slides):
+        return ()
+    window = _window_size(config)
+    return tuple(window if s else None for s in slides)
 
 
 WINDOW_RULES: dict[str, Callable[[dict], tuple[int | None, ...]]] = {
-    "none": no_windows, "qwen": qwen_windows, "every_layer": every_layer_windows, "refuse": refused_windows}
+    "none": no_windows, "qwen": qwen_windows, "qwen2_moe": qwen2_moe_windows, "qwen3_moe": qwen3_moe_windows,
+    "every_layer": every_layer_windows}
