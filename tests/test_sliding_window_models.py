@@ -16,6 +16,9 @@ from engine_core.engine_config import resolve_engine_config
 from engine_core.worker.model_runner import ModelRunner
 from cpu_tier_helpers import forced_tier, tier_params
 from test_model_vs_transformers import ATOL, TOKENS, hf_logits, make_runner, run_step
+# the logits comparisons of every family, collected here again to run on this module's `pair`
+from test_model_vs_transformers import (test_chunked_prefill, test_decode_after_prefill,  # noqa: F401
+                                        test_prefill, test_prefix_hit_and_mixed_batch)
 
 pytestmark = pytest.mark.integration
 
@@ -49,41 +52,6 @@ def test_the_spec_gives_each_layer_its_window(pair):
     runner, _ = pair
     windows = [layer.self_attn.attn.sliding_window for layer in runner.model.layers]
     assert windows in ([WINDOW, WINDOW], [None, WINDOW])
-
-
-def test_prefill(pair):
-    runner, hf = pair
-    (ours,) = run_step(runner, [(TOKENS, 0, [5, 2, 9, 1, 7, 3])])
-    torch.testing.assert_close(ours, hf_logits(hf, TOKENS), atol=ATOL, rtol=0)
-
-
-def test_decode_after_prefill(pair):
-    runner, hf = pair
-    table = [11, 4, 20, 8, 13, 6]
-    run_step(runner, [(TOKENS[:22], 0, table)])
-    (ours,) = run_step(runner, [(TOKENS, 22, table)])
-    torch.testing.assert_close(ours[0], hf_logits(hf, TOKENS)[22], atol=ATOL, rtol=0)
-
-
-def test_chunked_prefill(pair):
-    runner, hf = pair
-    table = [30, 31, 17, 40, 2, 9]
-    got = []
-    for start, end in ((0, 7), (7, 16), (16, 23)):
-        (rows,) = run_step(runner, [(TOKENS[:end], start, table)])
-        got.append(rows)
-    torch.testing.assert_close(torch.cat(got), hf_logits(hf, TOKENS), atol=ATOL, rtol=0)
-
-
-def test_prefix_hit_and_mixed_batch(pair):
-    runner, hf = pair
-    shared = TOKENS[:12]  # three full blocks
-    a = shared + [7, 8, 9]
-    b = shared + [100, 200, 300, 400, 500]
-    run_step(runner, [(a[:-1], 0, [1, 2, 3, 4])])
-    rows_a, rows_b = run_step(runner, [(a, len(a) - 1, [1, 2, 3, 4]), (b, 12, [1, 2, 3, 50, 51])])
-    torch.testing.assert_close(rows_a[0], hf_logits(hf, a)[-1], atol=ATOL, rtol=0)
-    torch.testing.assert_close(rows_b, hf_logits(hf, b)[12:], atol=ATOL, rtol=0)
 
 
 def test_blocks_out_of_every_window_are_never_read(sliding_models, tier):
