@@ -59,6 +59,10 @@ def write_gemma3_gguf(hf_folder: str, path: str, q8: bool = False) -> None:
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_parameters"]["full_attention"]["rope_theta"])
     writer.add_sliding_window(config["sliding_window"])
+    full_rope = config["rope_parameters"]["full_attention"]
+    if full_rope.get("rope_type") == "linear":  # the converter's rope.scaling keys (the global layers' scaling)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(full_rope["factor"])
 
     def add(gguf_name, values):
         if gguf_name.endswith("norm.weight"):
@@ -164,26 +168,22 @@ def test_q8_0_projections_stay_quantized(hf_folder, tmp_path):
     torch.testing.assert_close(kept_logits, float_logits, atol=1e-4, rtol=0)
 
 
-def test_a_scaled_global_rotary_is_read_and_refused_by_name(hf_folder, tmp_path):
-    """The 4B and larger files carry rope.scaling (linear, on the global layers): written where Gemma 3's config
-    keeps it, and refused by name until Gemma 3's scaled rotary is implemented."""
-    import gguf
-
-    from engine_core.families.spec import UnsupportedConfig
-
-    path = str(tmp_path / "s.gguf")
-    original = gguf.GGUFWriter.add_sliding_window
-
-    def with_scaling(writer, window):
-        original(writer, window)
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(8.0)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gguf.GGUFWriter, "add_sliding_window", with_scaling)
-        write_gemma3_gguf(hf_folder, path)
-    config = read_hf_config(import_gguf(path, str(tmp_path / "imported")))
+def test_a_linearly_scaled_global_rotary_equals_transformers(default_model_dir, tmp_path):
+    """The 4B and larger files carry rope.scaling (linear, factor 8) for the global layers only (the sliding ones
+    rotate unscaled): read into rope_parameters.full_attention, it gives transformers' logits."""
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}
+    hf_folder = build_tiny_model(str(tmp_path / "hf"), "gemma3", default_model_dir, vocab_size=VOCAB,
+                                 num_hidden_layers=LAYERS, tie_word_embeddings=True, query_pre_attn_scalar=16,
+                                 sliding_window=WINDOW, layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                                 rope_parameters=rope)
+    write_gemma3_gguf(hf_folder, str(tmp_path / "s.gguf"))
+    folder = import_gguf(str(tmp_path / "s.gguf"), str(tmp_path / "imported"))
+    config = read_hf_config(folder)
     assert config["rope_parameters"]["full_attention"] == {"rope_type": "linear", "rope_theta": 1000000.0,
                                                            "factor": 8.0}
-    with pytest.raises(UnsupportedConfig, match="full_attention.rope_type"):
-        read_spec(config)
+    spec = read_spec(config)
+    assert [spec.rope_scaling(i) for i in (0, 5)] == [None, {"rope_type": "linear", "factor": 8.0}]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32).eval()
+    (ours,) = run_step(make_runner(folder), [(TOKENS, 0, [3, 1, 2, 0])])
+    torch.testing.assert_close(ours, hf_logits(hf, TOKENS), atol=1e-4, rtol=0)
