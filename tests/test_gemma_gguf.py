@@ -130,6 +130,22 @@ def test_norms_are_hfs_values(imported, hf_folder):
         torch.testing.assert_close(ours[name], value, atol=1e-6, rtol=0, msg=name)
 
 
+def test_what_transformers_own_gguf_loader_reads(imported):
+    """transformers' GGUF loader (from_pretrained(gguf_file=...)) reads the same file to the same weights, bit for
+    bit, and the same layer types, rotary bases, window and activation; its query_pre_attn_scalar is
+    Gemma3TextConfig's default 256 where nvllm takes llama.cpp's rule (head_dim: weights/gguf_gemma3.py)."""
+    folder = os.path.dirname(imported)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file="g.gguf", dtype=torch.float32)
+    ours = load_file(os.path.join(imported, "model.safetensors"))
+    state = theirs.state_dict()
+    assert sorted(ours) == sorted(k for k in state if k != "lm_head.weight")  # tied
+    assert all(torch.equal(ours[name], state[name]) for name in ours)
+    config = read_hf_config(imported)
+    for field in ("layer_types", "rope_parameters", "sliding_window", "hidden_activation", "head_dim"):
+        assert config[field] == getattr(theirs.config, field), field
+    assert (config["query_pre_attn_scalar"], theirs.config.query_pre_attn_scalar) == (16, 256)
+
+
 def test_logits_equal_transformers(imported, hf):
     (ours,) = run_step(make_runner(imported), [(TOKENS, 0, [3, 1, 2, 0])])
     torch.testing.assert_close(ours, hf_logits(hf, TOKENS), atol=1e-4, rtol=0)
