@@ -40,7 +40,8 @@ _LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "pos
 
 
 def write_gemma3_gguf(hf_folder: str, path: str, q8: bool = False) -> None:
-    """The HF checkpoint at `hf_folder` as llama.cpp's converter writes it; q8: the projections Q8_0."""
+    """The HF checkpoint at `hf_folder` as llama.cpp's converter writes it; q8: every matrix Q8_0 (the
+    projections and the tied embeddings)."""
     import gguf
 
     with open(os.path.join(hf_folder, "config.json")) as f:
@@ -67,7 +68,7 @@ def write_gemma3_gguf(hf_folder: str, path: str, q8: bool = False) -> None:
     def add(gguf_name, values):
         if gguf_name.endswith("norm.weight"):
             values = values + np.float32(1.0)  # llama.cpp's RMSNorm scales by the weight, Gemma's by 1 + weight
-        if q8 and values.ndim == 2 and gguf_name.startswith("blk."):
+        if q8 and values.ndim == 2:  # the projections and the (tied) embeddings
             q = gguf.quants.quantize(np.ascontiguousarray(values), gguf.GGMLQuantizationType.Q8_0)
             writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
@@ -172,14 +173,17 @@ def test_q8_0_projections_stay_quantized(hf_folder, tmp_path):
     write_gemma3_gguf(hf_folder, str(tmp_path / "q.gguf"), q8=True)
     folder = import_gguf(str(tmp_path / "q.gguf"), str(tmp_path / "imported"))
     kept = quantized_tensors(folder)
-    assert sorted(kept) == sorted(f"model.layers.{i}.{p}.weight" for i in range(LAYERS) for p in (
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-        "mlp.up_proj", "mlp.down_proj"))
+    assert sorted(kept) == sorted(["model.embed_tokens.weight"] + [
+        f"model.layers.{i}.{p}.weight" for i in range(LAYERS) for p in (
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+            "mlp.up_proj", "mlp.down_proj")])
     dequantized = ModelRunner(resolve_engine_config(EngineArgs(model=folder, dtype="float32", device="cpu",
                                                                block_size=4, kv_cache_memory="16MiB",
                                                                quantization="none")))
     dequantized.allocate_kv_cache(64)
-    (kept_logits,) = run_step(make_runner(folder), [(TOKENS, 0, [3, 1, 2, 0])])
+    quantized = make_runner(folder)  # quantization auto: kept where a kernel takes them
+    assert quantized.quantization == "25 layers q8_0"  # 6 x (qkv, o, gate/up, down) and the tied lm_head
+    (kept_logits,) = run_step(quantized, [(TOKENS, 0, [3, 1, 2, 0])])
     (float_logits,) = run_step(dequantized, [(TOKENS, 0, [3, 1, 2, 0])])
     torch.testing.assert_close(kept_logits, float_logits, atol=1e-4, rtol=0)
 
