@@ -182,7 +182,7 @@ def test_q8_0_projections_stay_quantized(hf_folder, tmp_path):
                                                                quantization="none")))
     dequantized.allocate_kv_cache(64)
     quantized = make_runner(folder)  # quantization auto: kept where a kernel takes them
-    assert quantized.quantization == "25 layers q8_0"  # 6 x (qkv, o, gate/up, down) and the tied lm_head
+    assert quantized.quantization == "25 layers q8_0"  # 6 x (qkv, o, gate/up, down) and the tied embeddings
     (kept_logits,) = run_step(quantized, [(TOKENS, 0, [3, 1, 2, 0])])
     (float_logits,) = run_step(dequantized, [(TOKENS, 0, [3, 1, 2, 0])])
     torch.testing.assert_close(kept_logits, float_logits, atol=1e-4, rtol=0)

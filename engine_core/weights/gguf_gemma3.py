@@ -13,7 +13,8 @@ What the file does not say, and where nvllm takes it from:
   leaves Gemma3TextConfig's default 256, which equals head_dim for the 1B, 4B and 12B checkpoints but not the
   27B's (168) nor any other head size; llama.cpp's rule is what the file was made to run with, and matches every
   published Gemma 3 config.json;
-- the activation: gelu (tanh approximation), as both run it.
+- the activation: gelu (tanh approximation), as both run it;
+- soft caps: none (Gemma 3 has none; llama.cpp's gemma3 graph applies none whatever the file says).
 rope.scaling.* (linear, factor 8 on the 4B and larger) applies to the global layers only, as in llama.cpp and
 transformers; it is written into rope_parameters.full_attention, where families/gemma.py reads it.
 """
@@ -38,9 +39,9 @@ def gemma3_fields(config: dict, key) -> dict:
         raise ValueError("the gemma3 GGUF names no gemma3.attention.sliding_window, which llama.cpp requires")
     layers, head_dim = config["num_hidden_layers"], config["head_dim"]
     scalar = config["hidden_size"] // config["num_attention_heads"] if layers == LLAMA_CPP_27B_LAYERS else head_dim
-    full_rope = {"rope_type": "default", "rope_theta": config.pop("rope_theta")} | (config.pop("rope_scaling", None)
-                                                                                   or {})
     out = dict(config)
+    scaling = out.pop("rope_scaling", None) or {}  # rope.scaling.*: the global layers' alone
+    full_rope = {"rope_type": "default", "rope_theta": out.pop("rope_theta")} | scaling
     out |= {
         "hidden_act": "gelu_pytorch_tanh",
         "hidden_activation": "gelu_pytorch_tanh",
@@ -51,7 +52,4 @@ def gemma3_fields(config: dict, key) -> dict:
         "rope_parameters": {"full_attention": full_rope,
                             "sliding_attention": {"rope_type": "default", "rope_theta": LOCAL_THETA}},
     }
-    for cap in ("final_logit_softcapping", "attn_logit_softcapping"):  # absent from Gemma 3 files llama.cpp writes
-        if key(cap) is not None:
-            out[cap] = float(key(cap))
     return out
