@@ -204,6 +204,10 @@ def test_a_linearly_scaled_global_rotary_equals_transformers(default_model_dir, 
                                                            "factor": 8.0}
     spec = read_spec(config)
     assert [spec.rope_scaling(i) for i in (0, 5)] == [None, {"rope_type": "linear", "factor": 8.0}]
+    # the older config.json form the Hub's gemma-3-4b and larger carry reads alike
+    older = {k: v for k, v in config.items() if k != "rope_parameters"} | {
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    assert read_spec(older) == spec
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32).eval()
     (ours,) = run_step(make_runner(folder), [(TOKENS, 0, [3, 1, 2, 0])])
     torch.testing.assert_close(ours, hf_logits(hf, TOKENS), atol=1e-4, rtol=0)
