@@ -22,7 +22,7 @@ QWEN3 = Family(
     windows="qwen")
 
 GEMMA3 = Family(
-    name="gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", gguf_architecture=None,
+    name="gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", gguf_architecture="gemma3",
     gguf_qk_permuted=False, qkv_bias=False, qk_norm=True, reads=GEMMA3_READS, own_values=gemma3_values)
 
 QWEN2_MOE = Family(

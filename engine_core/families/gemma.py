@@ -8,6 +8,7 @@ attend through a sliding window (five of every six by default), and those layers
 
 import math
 
+from engine_core.families import rope_scaling
 from engine_core.families.spec import RopeSpec, UnsupportedConfig, activation_of
 
 # what Gemma3TextConfig writes beyond the common fields
@@ -66,7 +67,7 @@ def _windows(config: dict) -> tuple[int | None, ...]:
 
 def _rope(config: dict) -> tuple[RopeSpec, float]:
     """The global layers' rotary (theta, scaling) and the sliding layers' theta: from rope_parameters keyed by
-    layer type (newer configs) or rope_theta / rope_local_base_freq (older ones)."""
+    layer type (newer configs) or rope_theta / rope_local_base_freq / rope_scaling (older ones)."""
     params = config.get("rope_parameters") or {}
     if "full_attention" in params or "sliding_attention" in params:
         full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
@@ -77,9 +78,12 @@ def _rope(config: dict) -> tuple[RopeSpec, float]:
         global_theta = float(config.get("rope_theta") or GLOBAL_THETA)
         local_theta = float(config.get("rope_local_base_freq", LOCAL_THETA))
         scaling, local_scaling = config.get("rope_scaling") or {}, {}
-    for name, kind in (("rope_parameters.full_attention", scaling), ("rope_parameters.sliding_attention",
-                                                                     local_scaling)):
-        rope_type = kind.get("rope_type", kind.get("type", "default"))
-        if rope_type != "default":
-            raise UnsupportedConfig(f"{name}.rope_type", rope_type, "Gemma 3's scaled rotary is not implemented yet")
-    return RopeSpec(theta=global_theta), local_theta
+    local_type = local_scaling.get("rope_type", local_scaling.get("type", "default"))
+    if local_type != "default":
+        raise UnsupportedConfig("rope_parameters.sliding_attention.rope_type", local_type,
+                                "Gemma 3's sliding layers rotate unscaled (transformers, llama.cpp)")
+    # the global layers' scaling (linear, factor 8, on the 4B and larger), as any family's; sliding layers take
+    # none (ModelSpec.rope_scaling)
+    full = {k: v for k, v in scaling.items() if k != "rope_theta"}
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return RopeSpec(theta=global_theta, scaling=rope_scaling.resolve(full, config, head_dim, {})), local_theta

@@ -79,6 +79,13 @@ class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
             return self.local_rope_theta
         return self.rope.theta
 
+    def rope_scaling(self, layer: int) -> dict[str, Any] | None:
+        """Layer `layer`'s rotary scaling: a sliding layer with a rotary base of its own (Gemma 3's) is unscaled, as
+        in transformers (rope_parameters.sliding_attention) and llama.cpp; every other layer takes rope.scaling."""
+        if self.local_rope_theta is not None and self.window(layer) is not None:
+            return None
+        return self.rope.scaling
+
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None where it attends to every key before the query."""
         return self.layer_windows[layer] if self.layer_windows else None

@@ -38,7 +38,7 @@ class DecoderAttention(nn.Module):
         self.o_proj = RowParallelLinear(self.total_heads * head_dim, hidden, bias=spec.o_bias,
                                         input_start=self.qkv_proj.heads.q_start * head_dim,
                                         input_size=self.num_heads * head_dim)
-        self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope_theta(layer), spec.rope.scaling,
+        self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope_theta(layer), spec.rope_scaling(layer),
                                       spec.rope.rotary_dim)
         scale = spec.attn_scale if spec.attn_scale is not None else head_dim**-0.5
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, scale, spec.window(layer))

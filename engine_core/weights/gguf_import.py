@@ -1,7 +1,8 @@
 """Import a GGUF file once into an HF-style folder (config.json, tokenizer files and the weights), cached, so a
 later start reads it directly. Supported GGUF architectures: llama (SmolLM2, Llama, Mistral-as-llama; with experts,
 Mixtral), qwen2, qwen3, qwen2moe, qwen3moe and phi3 (Phi-3, Phi-4-mini: its fused attn_qkv and ffn_up (gate;up) are
-split into the HF pieces, its rope_factors_long / rope_factors_short tensors become LongRoPE's rope_scaling).
+split into the HF pieces, its rope_factors_long / rope_factors_short tensors become LongRoPE's rope_scaling)
+and gemma3 (Gemma 3's text model, Gemma3ForCausalLM: weights/gguf_gemma3.py).
 
 Mixture-of-experts layers: llama.cpp stores each kind of expert weight as one 3-D tensor (blk.N.ffn_{gate,up,
 down}_exps, [experts, rows, columns] in HF order); each expert's slice of it is imported as that expert's own
@@ -36,6 +37,7 @@ import torch
 from engine_core.families.catalog import FAMILIES, LLAMA, MISTRAL, family_for_gguf
 from engine_core.families.family import Family
 from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.weights.gguf_gemma3 import GEMMA3_BLOCK_NAMES, NORM_SHIFT, gemma3_fields
 from engine_core.weights.loader import QUANTIZED_FILE
 from engine_core.weights.safetensors_stream import write_streamed
 
@@ -79,16 +81,24 @@ _SKIPPED = {"rope_freqs.weight"}
 _ROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """HF Llama/Qwen name of a GGUF tensor name ('blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight')."""
+# architectures whose blocks name some tensors otherwise (Gemma's four norms a layer)
+_ARCH_BLOCK_NAMES = {"gemma3": GEMMA3_BLOCK_NAMES}
+# architectures whose converter adds a constant to every norm weight (*norm.weight): the import subtracts it
+_NORM_SHIFTS = {"gemma3": NORM_SHIFT}
+
+
+def hf_tensor_name(gguf_name: str, arch: str | None = None) -> str | None:
+    """HF Llama/Qwen name of a GGUF tensor name ('blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight');
+    `arch` (general.architecture) picks that architecture's own block names where it has them."""
     base, _, suffix = gguf_name.rpartition(".")
     if suffix not in ("weight", "bias"):
         return None
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
+    names = _BLOCK_NAMES | _ARCH_BLOCK_NAMES.get(arch, {})
     parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
     return None
 
 
@@ -136,7 +146,8 @@ def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[
     # reads none): such a file imports as Llama, every layer attending to all keys, as llama.cpp runs it. A llama
     # file that does name a window is Mistral's (or, with experts, Mixtral's) every-layer window, as a phi3 file's is
     # Phi-3's; another family's would need to say which layers slide, which no key here does
-    window = key("attention.sliding_window")
+    own = family.name == "gemma3"  # its window and rotary bases are its own fields (gemma3_fields)
+    window = None if own else key("attention.sliding_window")
     if window:
         if family is LLAMA:
             family = MISTRAL
@@ -183,6 +194,8 @@ def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[
         config["rope_scaling"] = rope_scaling
     if partial:
         config.update(_phi3_fields(meta, arch, int(head_dim)))
+    if own:
+        config = gemma3_fields(config, key)
     for name in ("bos", "eos", "padding"):
         token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
         if token_id is not None:
@@ -308,13 +321,15 @@ class _Tensor:
     are, go to QUANTIZED_FILE) or is written as floats."""
 
     def __init__(self, tensor, name: str, heads: int | None, path: str, expert: int | None = None,
-                 shape: tuple[int, ...] | None = None, rows: tuple[int, int] | None = None):
+                 shape: tuple[int, ...] | None = None, rows: tuple[int, int] | None = None, shift: float = 0.0):
         """expert: this is that expert's slice of a 3-D expert tensor; shape: the HF shape where it differs from
         the file's (Qwen2-MoE's shared expert gate, a vector in the file, a [1, hidden] matrix in HF); rows:
-        (first, count), where this is those rows of a fused GGUF tensor (phi3's attn_qkv, ffn_up)."""
+        (first, count), where this is those rows of a fused GGUF tensor (phi3's attn_qkv, ffn_up); shift: what the
+        converter added to every value (Gemma's norms: 1), subtracted from the values."""
         self.tensor, self.name, self.heads, self._path, self.expert, self.rows = tensor, name, heads, path, expert, rows
+        self.shift = shift
         self.type = tensor.tensor_type.name
-        self.kept = self.type in KEPT_TYPES
+        self.kept = self.type in KEPT_TYPES and not shift  # a shifted tensor is written as its values
         self.shape = tuple(int(d) for d in reversed(tensor.shape))  # the HF shape of its values
         self.block_shape = tuple(int(d) for d in tensor.data.shape)  # the reader's view of its bytes
         self._read_bytes = int(tensor.n_bytes)  # what _read reads: the whole tensor, or one expert's slice
@@ -340,6 +355,8 @@ class _Tensor:
 
         w = self._mine(np.array(dequantize(self._read(), self.tensor.tensor_type), dtype=np.float32, copy=False))
         w = np.ascontiguousarray(unpermute_qk(w, self.heads) if self.heads else w)
+        if self.shift:
+            w = w - np.float32(self.shift)
         return torch.from_numpy(w.reshape(self.shape))
 
     def _mine(self, rows: np.ndarray) -> np.ndarray:
@@ -397,7 +414,7 @@ def _tensors(reader, arch: str, family: Family, config: dict) -> list[_Tensor]:
         if experts is not None:
             out += [_Tensor(tensor, name, None, reader.data.filename, expert=e) for e, name in enumerate(experts)]
             continue
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, arch)
         if name is None:
             raise ValueError(f"GGUF tensor {tensor.name!r} of architecture {arch!r} has no HF Llama/Qwen name; "
                              "this GGUF is not supported")
@@ -409,7 +426,8 @@ def _tensors(reader, arch: str, family: Family, config: dict) -> list[_Tensor]:
         if permuted and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
             heads = n_heads if "q_proj" in name else n_kv
         shape = (1, int(tensor.shape[0])) if name.endswith("shared_expert_gate.weight") else None
-        out.append(_Tensor(tensor, name, heads, reader.data.filename, shape=shape))
+        shift = _NORM_SHIFTS.get(arch, 0.0) if name.endswith("norm.weight") else 0.0
+        out.append(_Tensor(tensor, name, heads, reader.data.filename, shape=shape, shift=shift))
     return out
 
 
