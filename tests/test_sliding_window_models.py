@@ -170,9 +170,11 @@ def test_the_window_is_transformers_convention():
                 assert (keys.mask[row, k - first_key] == 0).item() == expected, (q, k)
 
 
-@pytest.mark.parametrize("arch, windows", [("mixtral", [WINDOW, WINDOW]), ("gemma3", [WINDOW, None])])
+@pytest.mark.parametrize("arch, windows", [("mixtral", [WINDOW, WINDOW]), ("gemma3", [WINDOW, None]),
+                                           ("gemma2", [WINDOW, None])])
 def test_other_families_windows_match_transformers(tmp_path, default_model_dir, arch, windows):
-    """Mixtral slides every layer as Mistral does, Gemma 3 its sliding_attention layers (the families' other
+    """Mixtral slides every layer as Mistral does, Gemma 3 and Gemma 2 (its scores capped at 2.0) their
+    sliding_attention layers (the families' other
     parts are their own tests'): prefill, a chunk after cached blocks and a decode against transformers' logits."""
     path = build_tiny_model(str(tmp_path / arch), arch, default_model_dir, sliding_window=WINDOW)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
