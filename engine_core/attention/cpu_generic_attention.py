@@ -22,7 +22,9 @@ def load(library):
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     fn = library.generic_paged_attention
     fn.restype = int_
-    fn.argtypes = [ptr, long, ptr, ptr, ptr, long, ptr, ptr, ptr, long] + [int_] * 5 + [ctypes.c_float] + [int_] * 2 + [ctypes.c_float, int_]
+    float_ = ctypes.c_float
+    fn.argtypes = ([ptr, long, ptr, ptr, ptr, long, ptr, ptr, ptr, long] + [int_] * 5
+                   + [float_, int_, int_, float_, int_])  # scale, is_bf16, window, softcap, threads
     return library
 
 
@@ -40,7 +42,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Causal attention of q [T, H, D] into out [T, H, D]: sequence i owns rows query_start_loc[i] ..
     query_start_loc[i + 1] - 1, the last of its seq_lens[i] tokens in the cache (the new ones already
     written); a row at position p sees keys 0..p, or p - window + 1 .. p with a sliding window (the keys
-    before it are never read); softcap: each scaled score s becomes softcap * tanh(s / softcap) first. False where the kernel does not apply (out then holds nothing to use)."""
+    before it are never read); softcap: each scaled score s becomes softcap * tanh(s / softcap) first. False
+    where the kernel does not apply (out then holds nothing to use)."""
     if not _takes(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc) or not q.shape[0]:
         return False
     library = load()

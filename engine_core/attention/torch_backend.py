@@ -6,8 +6,8 @@ tables (padded to the longest, masked). Prefill chunks go one at a time: a chunk
 before it attends causally to its own keys; one that follows cached blocks gathers them and masks
 causally with an offset. Gather indices and masks are built once per step and shared by all layers
 (torch_plan.py). A sliding-window layer (`window`: the query at p sees keys p - window + 1 .. p) gathers
-only the keys inside its rows' windows, masked to each row's own. A soft-capped layer (`softcap`, Gemma 2) spells the attention out in matmuls, as
-SDPA takes no cap. On bfloat16 CPUs the C kernels take over
+only the keys inside its rows' windows, masked to each row's own. A soft-capped layer (`softcap`, Gemma 2)
+spells the attention out in matmuls, as SDPA takes no cap. On bfloat16 CPUs the C kernels take over
 (cpu_kernel_backend.py), handing back what they decline to these same paths.
 """
 
