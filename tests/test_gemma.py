@@ -115,6 +115,25 @@ def test_the_attention_cap_binds(gemma2):
     assert (uncapped - hf_logits(hf, TOKENS)).abs().max() > 100 * ATOL
 
 
+def test_gemma2_through_the_torch_backend(gemma2, monkeypatch):
+    """The torch backend (what --no-batch-invariant and GPUs without Triton take; SDPA, spelled out where
+    capped) gives the same logits as the generic C kernel the other tests run here."""
+    from engine_core.attention import torch_backend
+    from engine_core.attention.torch_backend import TorchAttentionBackend
+    capped = []
+    monkeypatch.setattr(torch_backend, "capped_attention",
+                        lambda *args, spelled=torch_backend.capped_attention: capped.append(1) or spelled(*args))
+    runner = make_runner(gemma2)
+    runner.backend = TorchAttentionBackend()
+    assert runner.model.cpu_decoder is None  # the C loops refuse Gemma: the layers call the backend
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gemma2, torch_dtype=torch.float32).eval()
+    table = [11, 4, 20, 8, 13, 6]
+    chunks = [run_step(runner, [(TOKENS[:end], start, table)])[0] for start, end in ((0, 7), (7, 22))]
+    (decode,) = run_step(runner, [(TOKENS, 22, table)])
+    torch.testing.assert_close(torch.cat(chunks + [decode]), hf_logits(hf, TOKENS), atol=ATOL, rtol=0)
+    assert capped
+
+
 def test_prefix_hit_in_a_mixed_batch(pair):
     runner, hf = pair
     a, b = TOKENS[:12] + [7, 8, 9], TOKENS[:12] + [100, 200, 300, 400, 500]
