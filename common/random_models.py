@@ -25,6 +25,12 @@ RANDOM_MODELS: dict[str, dict] = {
                        num_attention_heads=4, num_key_value_heads=1, head_dim=256, intermediate_size=6912,
                        vocab_size=262144, tie_word_embeddings=True, max_position_embeddings=32768,
                        query_pre_attn_scalar=256, sliding_window=512, rms_norm_eps=1e-6),
+    # Gemma 2 2B: sliding-window (4096 tokens) and global layers alternating, scores capped at 50, logits at 30
+    "gemma-2-2b": dict(config="Gemma2Config", model="Gemma2ForCausalLM", hidden_size=2304, num_hidden_layers=26,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=256, intermediate_size=9216,
+                       vocab_size=256000, tie_word_embeddings=True, max_position_embeddings=8192,
+                       query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0, rms_norm_eps=1e-6),
     # Mistral v0.1's layout (every layer slides, 4096 tokens) at 0.9B
     "mistral-1b": dict(config="MistralConfig", model="MistralForCausalLM", hidden_size=2048, num_hidden_layers=16,
                        num_attention_heads=32, num_key_value_heads=8, head_dim=64, intermediate_size=6144,

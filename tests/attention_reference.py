@@ -6,11 +6,12 @@ import torch
 
 def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               query_start_loc, seq_lens, block_tables, scale: float,
-                              window: int | None = None) -> torch.Tensor:
+                              window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q [T, H, D]; caches [num_blocks, block_size, Hkv, D]; query_start_loc [num_seqs + 1],
     seq_lens [num_seqs], block_tables [num_seqs, max_blocks] (tensors or lists).
     Sequence i's query rows are its last query_len tokens; query at position p sees keys 0..p, or with a sliding
-    window keys p - window + 1 .. p (transformers' convention: kv_idx > q_idx - window).
+    window keys p - window + 1 .. p (transformers' convention: kv_idx > q_idx - window). softcap: each scaled
+    score s becomes softcap * tanh(s / softcap) before the mask (transformers' Gemma 2 order).
     Returns [T, H, D] in q's dtype, computed in fp32. Rows no sequence owns are zero."""
     starts = [int(x) for x in query_start_loc]
     lens = [int(x) for x in seq_lens]
@@ -32,6 +33,8 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         values = values.repeat_interleave(group, dim=1)
         query = q[lo:hi].float()  # [L, H, D]
         scores = torch.einsum("lhd,shd->hls", query, keys) * scale  # [H, L, S]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
         causal = positions[None, :] <= q_pos[:, None]  # [L, S]
         if window is not None:

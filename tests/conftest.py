@@ -72,6 +72,18 @@ def build_tiny_model(path: str, arch: str, tokenizer_dir: str, num_kv_heads: int
                      "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}}
         config = transformers.Gemma3TextConfig(**(gemma | common))
         model = transformers.Gemma3ForCausalLM(config)
+    elif arch == "gemma2":
+        # alternating layers (the first slides: transformers' default), one rotary base; caps of 2.0 (scores, which
+        # the q/k scaling below makes reach it) and 5.0 (logits) that bind on random weights, unlike Gemma 2's
+        # 50 and 30; a window wider than the tests' prompts unless a test names one
+        gemma = {"head_dim": 16, "sliding_window": 4096, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 2.0,
+                 "final_logit_softcapping": 5.0}
+        config = transformers.Gemma2Config(**(gemma | common))
+        model = transformers.Gemma2ForCausalLM(config)
+        with torch.no_grad():  # random q and k score ~0.02; these make them ~1-10, where a cap of 2 changes them
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(8.0)
+                layer.self_attn.k_proj.weight.mul_(8.0)
     elif arch == "qwen2_moe":  # 8 experts, top 2, a shared expert; layer 1 sparse, layer 0 dense by default
         moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
                    decoder_sparse_step=1, mlp_only_layers=[0])

@@ -64,3 +64,43 @@ def test_rotary_rows_looked_up_once_per_step_and_dtype():
         torch.testing.assert_close(tables.cos[:, 0], rotary.cos[positions])
     with forward_context(meta, TorchAttentionBackend()):
         assert get_forward_context().rotary is not plan  # a new step, new rows
+
+
+def _fresh_prefill(block_size=4, num_kv_heads=2, group=2, head_dim=16):
+    """One prompt of 7 tokens with nothing cached: the torch backend's plain causal path."""
+    g = torch.Generator().manual_seed(1)
+    tables = torch.tensor([[3, 1]], dtype=torch.int32)
+    k_cache = torch.randn(4, block_size, num_kv_heads, head_dim, generator=g)
+    v_cache = torch.randn(4, block_size, num_kv_heads, head_dim, generator=g)
+    slots = [int(tables[0, p // block_size]) * block_size + p % block_size for p in range(7)]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots), query_start_loc=torch.tensor([0, 7], dtype=torch.int32),
+        seq_lens=torch.tensor([7], dtype=torch.int32), block_tables=tables, max_query_len=7, max_seq_len=7,
+        num_decodes=0, query_start_loc_cpu=[0, 7], seq_lens_cpu=[7])
+    q = torch.randn(7, num_kv_heads * group, head_dim, generator=g)
+    k = k_cache.view(-1, num_kv_heads, head_dim)[meta.slot_mapping].clone()
+    v = v_cache.view(-1, num_kv_heads, head_dim)[meta.slot_mapping].clone()
+    return q, k, v, k_cache, v_cache, meta
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "cpu_generic", "cpu_kernel"])
+@pytest.mark.parametrize("window", [None, 3])
+def test_soft_capped_scores_in_every_cpu_path(backend_name, window):
+    """A cap of 0.5 (binding on these scores) over decodes, a chunk after cached blocks and a fresh prompt: the
+    torch backend's SDPA paths spelled out with the cap, the generic C kernel, and the CPU kernel backend (whose
+    cpu_decode.c does not cap: it hands capped layers to the generic kernel, so this runs on any CPU), against the
+    reference."""
+    from engine_core.attention import cpu_generic_attention
+    from engine_core.attention.cpu_generic_backend import CpuGenericAttentionBackend
+    from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
+    backend = {"torch": TorchAttentionBackend, "cpu_generic": CpuGenericAttentionBackend,
+               "cpu_kernel": CpuKernelAttentionBackend}[backend_name]()
+    if backend_name != "torch" and cpu_generic_attention.load() is None:
+        pytest.skip("no C compiler: the generic kernel is not built")
+    for make in (_mixed_step, _fresh_prefill):
+        q, k, v, k_cache, v_cache, meta = make()
+        q = 4 * q
+        out = backend.forward(q, k, v, k_cache, v_cache, meta, 0.25, window, 0.5)
+        args = (q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.25, window)
+        torch.testing.assert_close(out, reference_paged_attention(*args, 0.5), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out, reference_paged_attention(*args), atol=1e-2, rtol=1e-2)

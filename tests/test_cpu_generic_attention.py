@@ -32,7 +32,7 @@ def _tables(seq_lens, num_blocks, seed):
     return rows
 
 
-def _attend(q_rows, table_rows, seq_lens, q_lens, k_cache, v_cache, scale=0.3, window=None):
+def _attend(q_rows, table_rows, seq_lens, q_lens, k_cache, v_cache, scale=0.3, window=None, softcap=None):
     """The kernel over sequences given as (their query rows, block table, seq_len, q_len)."""
     q = torch.cat(q_rows)
     starts = [0]
@@ -41,7 +41,7 @@ def _attend(q_rows, table_rows, seq_lens, q_lens, k_cache, v_cache, scale=0.3, w
     args = (q, k_cache, v_cache, torch.tensor(table_rows, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
             torch.tensor(starts, dtype=torch.int32), scale)
     out = torch.empty_like(q)
-    assert cpu_generic_attention.paged_attention(*args, out, window)
+    assert cpu_generic_attention.paged_attention(*args, out, window, softcap)
     return out, args
 
 
@@ -151,3 +151,63 @@ def test_a_windowed_row_does_not_depend_on_chunking(cpu_tier):
         chunks, _ = _attend([q[:23], q[23:61], q[61:]], [table] * 3, [23, 61, 75], [23, 38, 14], k_cache, v_cache,
                             window=window)
     assert torch.equal(decodes, whole) and torch.equal(chunks, whole)
+
+
+@pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2", "portable"))
+@pytest.mark.parametrize("dtype,heads,kv_heads,head_dim", [(torch.float32, 4, 2, 16), (torch.bfloat16, 9, 3, 64)])
+def test_soft_capped_scores_match_the_reference(cpu_tier, dtype, heads, kv_heads, head_dim):
+    """Gemma 2's attn_logit_softcapping: caps of 0.5 and 2.0 bind on these scores (the uncapped result is far
+    off), with and without a sliding window; float32 within 1e-5 of torch's tanh."""
+    seq_lens, q_lens = [1, 37, 70, 100, 75], [1, 37, 5, 33, 1]
+    k_cache, v_cache = _caches(dtype, 40, kv_heads, head_dim, seed=head_dim)
+    tables = _tables(seq_lens, 40, seed=1)
+    g = torch.Generator().manual_seed(2)
+    q_rows = [(3 * torch.randn(n, heads, head_dim, generator=g)).to(dtype) for n in q_lens]
+    tolerance = 1e-5 if dtype is torch.float32 else 2**-7
+    with forced_tier(cpu_tier):
+        for softcap, window in ((2.0, None), (0.5, None), (2.0, 20)):
+            out, args = _attend(q_rows, tables, seq_lens, q_lens, k_cache, v_cache, window=window, softcap=softcap)
+            q, _, _, block_tables, lens, starts, scale = args
+            expected = reference_paged_attention(q.float(), k_cache.float(), v_cache.float(), starts, lens,
+                                                 block_tables, scale, window, softcap)
+            uncapped = reference_paged_attention(q.float(), k_cache.float(), v_cache.float(), starts, lens,
+                                                 block_tables, scale, window)
+            assert torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance), (softcap, window)
+            assert not torch.allclose(out.float(), uncapped, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("cpu_tier", tier_params("own", "portable"))
+def test_a_capped_row_does_not_depend_on_chunking(cpu_tier):
+    """The tanh runs eight lanes at a time and one at a time for a tile's tail: a score's cap is the same bits
+    wherever it falls, so chunks, decodes and the whole prompt agree exactly."""
+    heads, kv_heads, head_dim, seq_len, softcap = 4, 2, 16, 75, 2.0
+    k_cache, v_cache = _caches(torch.float32, 30, kv_heads, head_dim, seed=3)
+    table = _tables([seq_len], 30, seed=4)[0]
+    q = 3 * torch.randn(seq_len, heads, head_dim, generator=torch.Generator().manual_seed(5))
+    with forced_tier(cpu_tier):
+        whole, _ = _attend([q], [table], [seq_len], [seq_len], k_cache, v_cache, softcap=softcap)
+        decodes, _ = _attend([q[p: p + 1] for p in range(seq_len)], [table] * seq_len,
+                             [p + 1 for p in range(seq_len)], [1] * seq_len, k_cache, v_cache, softcap=softcap)
+        assert torch.equal(decodes, whole)
+        for cuts in ([0, 16, 32, 48, 64, 75], [0, 33, 40, 41, 75]):
+            for a, b in zip(cuts, cuts[1:]):
+                chunk, _ = _attend([q[a:b]], [table], [b], [b - a], k_cache, v_cache, softcap=softcap)
+                assert torch.equal(chunk, whole[a:b]), (a, b)
+
+
+def test_the_c_tanh_is_accurate():
+    """The kernel's tanh (softcap_f32.h) against float64 over scores from tiny to saturated, read through
+    attention: with a cap of 1, two keys scoring s and 0 and values 1 and 0, the output is sigmoid(tanh(s))."""
+    s = torch.linspace(-12, 12, 4001, dtype=torch.float64)
+    k_cache = torch.zeros(1, BLOCK, 1, 1)
+    v_cache = torch.zeros(1, BLOCK, 1, 1)
+    k_cache[0, 0, 0, 0], k_cache[0, 1, 0, 0] = 1.0, 0.0  # score of key 0: q * scale; of key 1: 0
+    v_cache[0, 0, 0, 0] = 1.0
+    q = s.float().reshape(-1, 1, 1)
+    n = q.shape[0]
+    out = torch.empty_like(q)
+    ints = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+    assert cpu_generic_attention.paged_attention(q, k_cache, v_cache, ints([[0]] * n), ints([2] * n),
+                                                 ints(list(range(n + 1))), 1.0, out, None, 1.0)
+    expected = torch.sigmoid(torch.tanh(s.float().double()))  # float64
+    assert (out.double().flatten() - expected).abs().max() < 3e-7

@@ -132,7 +132,8 @@ class DeviceOnlyReference(AttentionBackend):
     def __init__(self):
         self.seen = []
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, scale, window=None):
+    def forward(self, q, k, v, k_cache, v_cache, meta, scale, window=None, softcap=None):
+        assert softcap is None, "the runner tests' tiny models do not cap scores"
         self.seen.append(meta)
         keep = meta.slot_mapping >= 0
         write_kv_cache(k[keep], v[keep], k_cache, v_cache, meta.slot_mapping[keep])
@@ -467,9 +468,10 @@ flash_attn_present = pytest.mark.skipif(
 
 
 @flash_attn_present
-@pytest.mark.parametrize("window", [None, 100])  # 100: a sliding window (flash-attn's window_size (99, 0))
+@pytest.mark.parametrize("window, softcap", [(None, None), (100, None), (100, 2.0)])  # 100: flash-attn's (99, 0)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_flash_attn_backend_matches_reference(dtype, window):
+def test_flash_attn_backend_matches_reference(dtype, window, softcap):
+    """softcap 2.0: Gemma 2's score cap, binding on these scores (flash-attn's softcap argument)."""
     from engine_core.attention.flash_attn_backend import FlashAttnBackend
     from engine_core.attention.metadata import AttentionMetadata
 
@@ -501,10 +503,10 @@ def test_flash_attn_backend_matches_reference(dtype, window):
         slot_mapping=slots_t, query_start_loc=torch.tensor(starts, dtype=torch.int32, device="cuda"),
         seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"), block_tables=tables.cuda(),
         max_query_len=200, max_seq_len=900, num_decodes=3, query_start_loc_cpu=starts, seq_lens_cpu=lens)
-    out = FlashAttnBackend().forward(q, new_k, new_v, kc, vc, meta, head_dim ** -0.5, window)
+    out = FlashAttnBackend().forward(q, new_k, new_v, kc, vc, meta, head_dim ** -0.5, window, softcap)
     assert torch.equal(kc, full_k) and torch.equal(vc, full_v)
     ref = reference_paged_attention(q.float(), full_k.float(), full_v.float(), starts, lens, tables, head_dim ** -0.5,
-                                    window)
+                                    window, softcap)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 

@@ -145,10 +145,11 @@ QWEN_MOE_WINDOW = dict(use_sliding_window=True, max_window_layers=2)
 
 
 @pytest.mark.parametrize("arch, overrides, windows", [
-    ("mixtral", {}, [WINDOW, WINDOW]), ("gemma3", {}, [WINDOW, None]),
+    ("mixtral", {}, [WINDOW, WINDOW]), ("gemma3", {}, [WINDOW, None]), ("gemma2", {}, [WINDOW, None]),
     ("qwen2_moe", QWEN_MOE_WINDOW, [WINDOW, None]), ("qwen3_moe", QWEN_MOE_WINDOW, [WINDOW, WINDOW])])
 def test_other_families_windows_match_transformers(tmp_path, default_model_dir, arch, overrides, windows):
-    """Mixtral slides every layer as Mistral does, Gemma 3 its sliding_attention layers, Qwen2-MoE every other
+    """Mixtral slides every layer as Mistral does, Gemma 3 and Gemma 2 (its scores capped at 2.0) their
+    sliding_attention layers, Qwen2-MoE every other
     layer below max_window_layers (its config.json read without the layer_types transformers writes, as older
     ones are), Qwen3-MoE every layer (the families' other parts are their own tests'): prefill, a chunk after
     cached blocks and a decode against transformers' logits."""

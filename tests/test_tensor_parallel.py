@@ -111,6 +111,9 @@ def models(tmp_path_factory, default_model_dir):
     # Phi-4-mini's shape of rotary and embeddings: 12 of each head's 16 dims rotate, tied embeddings
     out["phi3-kv2"] = build_tiny_model(str(root / "phi3-kv2"), "phi3", default_model_dir, num_kv_heads=2,
                                        num_heads=4, partial_rotary_factor=0.75, tie_word_embeddings=True)
+    # Gemma 2: scores capped at 2.0 (binding), a window of 8 on its first layer, a global second one
+    out["gemma2-kv2"] = build_tiny_model(str(root / "gemma2-kv2"), "gemma2", default_model_dir, num_kv_heads=2,
+                                         sliding_window=8)
     return out
 
 
@@ -136,7 +139,7 @@ def reference(model: str, prompts=PROMPTS, **kw) -> list[tuple[list[int], str]]:
 
 
 @pytest.mark.parametrize("name", ["default", "llama-kv1", "llama-kv2", "qwen3-kv1", "qwen3-kv2", "phi3-kv2",
-                                  "mistral-kv2"])
+                                  "mistral-kv2", "gemma2-kv2"])
 def test_tp2_greedy_equals_tp1(models, name):
     """The default model's 9 heads / 3 KV heads split unevenly; kv1 replicates the KV head, kv2 splits."""
     prompts = PROMPTS[:2] if name == "default" else PROMPTS

@@ -371,3 +371,37 @@ def test_a_windowed_row_is_the_same_bits_however_it_is_chunked():
     for p in (0, 10, 11, 12, 31, 32, 33, 39):
         assert torch.equal(_bits(run(1, p + 1)[0]), _bits(whole[p])), p
     assert torch.equal(_bits(torch.cat([run(17, 17), run(23, 40)])), _bits(whole))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_soft_capped_scores_match_the_reference(dtype):
+    """Gemma 2's attn_logit_softcapping (cap * tanh(s / cap), before the mask) with and without a window, caps
+    that bind on these scores (the uncapped reference is far off); fp32 rows the same bits however chunked."""
+    block_size, num_kv_heads, group, head_dim, scale = 8, 2, 3, 64, 0.4
+    q, kc, vc, qsl, lens, tables, _ = make_batch(MIXED, block_size, num_kv_heads, group, head_dim, dtype, seed=13)
+    starts = qsl.tolist()
+    for softcap, window in ((2.0, None), (0.5, 21)):
+        out = triton_kernels.paged_attention(q, kc, vc, qsl, lens, tables, scale, max(ql for _, ql in MIXED),
+                                             max(s for s, _ in MIXED), window=window, softcap=softcap)
+        ref = reference_paged_attention(q.float(), kc.float(), vc.float(), starts, lens, tables, scale, window,
+                                        softcap)
+        uncapped = reference_paged_attention(q.float(), kc.float(), vc.float(), starts, lens, tables, scale, window)
+        torch.testing.assert_close(out.float(), ref, **TOL[dtype])
+        assert not torch.allclose(out.float(), uncapped, atol=1e-2, rtol=1e-2)
+
+
+def test_a_capped_row_is_the_same_bits_however_it_is_chunked():
+    seq_len, block_size, num_kv_heads, group, head_dim = 40, 8, 2, 2, 32
+    q, kc, vc, _, _, tables, _ = make_batch([(seq_len, seq_len)], block_size, num_kv_heads, group, head_dim,
+                                            torch.float32, seed=14)
+
+    def run(rows, length):
+        qsl = torch.tensor([0, rows], dtype=torch.int32, device=DEVICE)
+        lens = torch.tensor([length], dtype=torch.int32, device=DEVICE)
+        return triton_kernels.paged_attention(q[length - rows:length], kc, vc, qsl, lens, tables, 0.5, rows, length,
+                                              invariant=True, softcap=2.0)
+
+    whole = run(seq_len, seq_len)
+    for p in (0, 15, 16, 31, 39):
+        assert torch.equal(_bits(run(1, p + 1)[0]), _bits(whole[p])), p
+    assert torch.equal(_bits(torch.cat([run(17, 17), run(23, 40)])), _bits(whole))

@@ -36,8 +36,10 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                window: int | None = None) -> torch.Tensor:
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] for the T new tokens. Writes k/v into the cache at
         meta.slot_mapping, then returns causal attention over each sequence's cached keys: [T, H, D].
         window: the layer's sliding window, the query at position p sees keys p - window + 1 .. p and reads
-        no key before them (their blocks may hold another request's keys by then); None: keys 0 .. p."""
+        no key before them (their blocks may hold another request's keys by then); None: keys 0 .. p.
+        softcap: the layer's attention logit soft cap c (Gemma 2): each scaled score s becomes c * tanh(s / c)
+        before the mask and the softmax; None: scores as they are."""

@@ -22,7 +22,9 @@ def load(library):
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     fn = library.generic_paged_attention
     fn.restype = int_
-    fn.argtypes = [ptr, long, ptr, ptr, ptr, long, ptr, ptr, ptr, long] + [int_] * 5 + [ctypes.c_float] + [int_] * 3
+    float_ = ctypes.c_float
+    fn.argtypes = ([ptr, long, ptr, ptr, ptr, long, ptr, ptr, ptr, long] + [int_] * 5
+                   + [float_, int_, int_, float_, int_])  # scale, is_bf16, window, softcap, threads
     return library
 
 
@@ -36,11 +38,12 @@ def _takes(q, k_cache, v_cache, out, *int32_vectors) -> bool:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, out: torch.Tensor,
-                    window: int | None = None) -> bool:
+                    window: int | None = None, softcap: float | None = None) -> bool:
     """Causal attention of q [T, H, D] into out [T, H, D]: sequence i owns rows query_start_loc[i] ..
     query_start_loc[i + 1] - 1, the last of its seq_lens[i] tokens in the cache (the new ones already
     written); a row at position p sees keys 0..p, or p - window + 1 .. p with a sliding window (the keys
-    before it are never read). False where the kernel does not apply (out then holds nothing to use)."""
+    before it are never read); softcap: each scaled score s becomes softcap * tanh(s / softcap) first. False
+    where the kernel does not apply (out then holds nothing to use)."""
     if not _takes(q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc) or not q.shape[0]:
         return False
     library = load()
@@ -52,5 +55,5 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), query_start_loc.data_ptr(), out.data_ptr(), out.stride(0),
         len(seq_lens), num_heads, num_kv_heads, head_dim, block_size, scale, int(q.dtype == torch.bfloat16),
-        window or 0, torch.get_num_threads())
+        window or 0, softcap or 0.0, torch.get_num_threads())
     return status == 0

@@ -47,14 +47,14 @@ class CpuGenericAttentionBackend(TorchAttentionBackend):
         return super().unsupported_reason(setup, named)
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-                window: int | None = None) -> torch.Tensor:
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         if cpu_generic_attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                                 meta.query_start_loc, scale, out, window):
+                                                 meta.query_start_loc, scale, out, window, softcap):
             return out
         _warn_declined(q, k_cache)
-        return super().forward(q, k, v, k_cache, v_cache, meta, scale, window)
+        return super().forward(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
 
 
 def _warn_declined(q: torch.Tensor, k_cache: torch.Tensor) -> None:

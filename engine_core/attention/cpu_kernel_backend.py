@@ -6,7 +6,8 @@ call to the chunk kernel, with no gathered copy and no mask. It answers to `--at
 (and auto) where the kernels can be had and take the model's shapes, so those runs are as fast as the
 C decoder loop (models/cpu_decoder.py), which calls the same kernels and may run the layers instead.
 A call the kernels decline all the same (a tensor not laid out as they read it) goes to the torch
-backend's path, whose code this backend inherits.
+backend's path, whose code this backend inherits. cpu_decode.c does not cap scores: a soft-capped layer
+(Gemma 2) runs the generic C kernel (cpu_generic_attention.c, bf16 too, batch-invariant as well).
 
 Batch-invariant (engine_core/platform/batch_invariance.py, the default): decodes go through the chunk kernel
 too, as one-row chunks. The decode kernel sums a row's scores in another order, so a token computed
@@ -19,7 +20,7 @@ import logging
 
 import torch
 
-from engine_core.attention import cpu_decode_kernel
+from engine_core.attention import cpu_decode_kernel, cpu_generic_attention
 from engine_core.attention.capabilities import BackendCapabilities
 from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
 from engine_core.attention.metadata import AttentionMetadata
@@ -56,7 +57,9 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
         return None
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-                window: int | None = None) -> torch.Tensor:
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        if softcap is not None:  # cpu_decode.c does not cap scores: a capped layer takes the generic C kernel
+            return self._capped(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
         if not batch_invariant():
             return super().forward(q, k, v, k_cache, v_cache, meta, scale, window)
         write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -68,16 +71,32 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
         _warn_declined(q, k_cache)
         return super().forward(q, k, v, k_cache, v_cache, meta, scale, window)
 
+    def _capped(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None,
+                softcap: float) -> torch.Tensor:
+        """A soft-capped layer (Gemma 2) through cpu_generic_attention.c, batch-invariant as the chunk kernel;
+        the torch path where that declines."""
+        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        if cpu_generic_attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                                 meta.query_start_loc, scale, out, window, softcap):
+            return out
+        _warn_declined(q, k_cache)
+        return super().forward(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
+
     def _decodes(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor,
-                 window: int | None = None) -> None:
+                 window: int | None = None, softcap: float | None = None) -> None:
         nd = meta.num_decodes
+        if softcap is not None:
+            return super()._decodes(q, k_cache, v_cache, meta, scale, out, window, softcap)
         if not paged_decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd],
                                       scale, out[:nd], window):
             super()._decodes(q, k_cache, v_cache, meta, scale, out, window)
 
     def _prefills(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor,
-                  window: int | None = None) -> None:
+                  window: int | None = None, softcap: float | None = None) -> None:
         nd = meta.num_decodes
+        if softcap is not None:
+            return super()._prefills(q, k, v, k_cache, v_cache, meta, scale, out, window, softcap)
         if not paged_attention(q, k_cache, v_cache, meta.block_tables[nd:], meta.seq_lens[nd:],
                                meta.query_start_loc[nd:], scale, out, window):
             super()._prefills(q, k, v, k_cache, v_cache, meta, scale, out, window)

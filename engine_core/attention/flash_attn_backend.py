@@ -7,6 +7,8 @@ token each) attend through `flash_attn_with_kvcache` and the prefill chunks thro
 cached prefix sees it. Neither call syncs with the host, so decode steps can be graph-captured. A
 sliding-window layer passes flash-attn's window_size (w - 1, 0): with causal=True the query at p sees
 keys p - (w - 1) .. p, transformers' window of w keys; flash-attn skips the key tiles wholly before it.
+A soft-capped layer (Gemma 2) passes flash-attn's softcap, applied to the scaled scores before
+the mask, as transformers does.
 
 flash-attn 2 reads a paged cache only in pages of a multiple of 256 tokens (its docstring: "page_block_size
 must be a multiple of 256"; its C++ checks `page_block_size % 256 == 0`), only in fp16/bf16 and for head
@@ -60,10 +62,11 @@ class FlashAttnBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                window: int | None = None) -> torch.Tensor:
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         from engine_core.attention import triton_kernels  # triton only once a GPU step runs
 
         window_size = (-1, -1) if window is None else (window - 1, 0)  # (-1, -1): no window
+        cap = {} if softcap is None else {"softcap": softcap}  # flash-attn >= 2.6; older ones run uncapped layers
 
         triton_kernels.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
@@ -73,13 +76,14 @@ class FlashAttnBackend(AttentionBackend):
             out[:nd] = self._with_kvcache(
                 q[:nd].unsqueeze(1), k_cache, v_cache, cache_seqlens=meta.seq_lens[:nd],
                 block_table=meta.block_tables[:nd], softmax_scale=scale, causal=True,
-                window_size=window_size).squeeze(1)
+                window_size=window_size, **cap).squeeze(1)
         if nd < meta.num_seqs:
             lo = meta.query_start_loc_cpu[nd]
             plan = FlashPrefillPlan.of(meta)
             out[lo:] = self._varlen(
                 q[lo:], k_cache, v_cache, plan.cu_q, plan.cu_k, meta.max_query_len, meta.max_seq_len,
-                softmax_scale=scale, causal=True, window_size=window_size, block_table=meta.block_tables[nd:])
+                softmax_scale=scale, causal=True, window_size=window_size, block_table=meta.block_tables[nd:],
+                **cap)
         return out
 
 

@@ -27,8 +27,8 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                window: int | None = None) -> torch.Tensor:
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         self._kernels.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         return self._kernels.paged_attention(q, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                              meta.block_tables, scale, meta.max_query_len, meta.max_seq_len,
-                                             window=window)
+                                             window=window, softcap=softcap)

@@ -119,13 +119,23 @@ def _mma(a, b, IEEE_DOT: tl.constexpr, UPCAST: tl.constexpr):
 
 # Per-step integers are not specialized (a value of 1 or a multiple of 16 would compile another
 # kernel): the block tables are as wide as the step's longest sequence needs.
-@triton.jit(do_not_specialize=["num_seqs", "stride_bt", "window"])
+@triton.jit
+def _soft_cap(s, cap):
+    """cap * tanh(s / cap), tanh|x| as (1 - e^(-2|x|)) / (1 + e^(-2|x|)) with the sign put back (no overflow)."""
+    x = s / cap
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t) * cap
+
+
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt", "window", "softcap"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale,  # softmax scale * log2(e): scores are kept in base 2
     num_seqs,
     window,  # SLIDING: keys a query sees back from its own position, itself included
+    softcap,  # SOFTCAP: the scores' cap times log2(e) (scores are in base 2: cap * tanh(s / cap) keeps its form)
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ko, stride_kh,
     stride_vb, stride_vo, stride_vh,
@@ -140,6 +150,7 @@ def _paged_attention_kernel(
     UPCAST: tl.constexpr,  # interpreter only: dot operands in fp32 (values already rounded)
     INVARIANT: tl.constexpr,  # rows pass through exactly their own key tiles (see the loop)
     SLIDING: tl.constexpr,  # a sliding-window layer: `window` applies
+    SOFTCAP: tl.constexpr,  # a soft-capped layer (Gemma 2): `softcap` applies, before the mask
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -203,6 +214,8 @@ def _paged_attention_kernel(
                     + d[None, :], mask=kv_mask, other=0.0)
         k = k.to(q.dtype)
         s = _mma(q, tl.trans(k), IEEE_DOT, UPCAST) * qk_scale
+        if SOFTCAP:
+            s = _soft_cap(s, softcap)
         visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
         if SLIDING:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
@@ -247,14 +260,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                     scale: float, max_query_len: int, max_seq_len: int,
                     out: torch.Tensor | None = None, invariant: bool | None = None,
-                    window: int | None = None) -> torch.Tensor:
+                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] over each sequence's paged keys/values -> out [T, H, D].
 
     Sequence i owns query rows query_start_loc[i]:query_start_loc[i+1] (its last query_len tokens,
     at positions seq_lens[i] - query_len ..) and keys 0 .. seq_lens[i] - 1 through block_tables[i].
     max_seq_len is accepted for the backend interface but not needed (each program reads its own
     length on the device). No host sync. window: a sliding window, the query at p sees keys
-    p - window + 1 .. p (no key before them is loaded); None: keys 0 .. p.
+    p - window + 1 .. p (no key before them is loaded); None: keys 0 .. p. softcap: each scaled score s
+    becomes softcap * tanh(s / softcap) before the mask (Gemma 2); None: no cap.
 
     invariant (default: the process switch, batch_invariance.batch_invariant()): one tiling for every
     step and rows that pass through exactly their own key tiles, so each row's bits depend on its
@@ -285,7 +299,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out,
         query_start_loc, seq_lens, block_tables,
-        scale * _LOG2E, num_seqs, window or 0,
+        scale * _LOG2E, num_seqs, window or 0, (softcap or 1.0) * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -294,6 +308,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         HEAD_DIM=head_dim, HEAD_DIM_PAD=padded_head_dim(head_dim),
         BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
         IEEE_DOT=q.dtype == torch.float32, UPCAST=_INTERPRETED, INVARIANT=invariant, SLIDING=window is not None,
+        SOFTCAP=softcap is not None,
         num_warps=num_warps, num_stages=2,
     )
     return out

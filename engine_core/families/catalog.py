@@ -2,7 +2,7 @@
 
 from engine_core.families import moe_fields
 from engine_core.families.family import SLIDING_FIELDS, Family
-from engine_core.families.gemma import GEMMA3_READS, gemma3_values
+from engine_core.families.gemma import GEMMA2_READS, GEMMA3_READS, gemma2_values, gemma3_values
 from engine_core.families.spec import ModelSpec
 
 LLAMA = Family(
@@ -20,6 +20,12 @@ QWEN3 = Family(
     name="qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3", gguf_architecture="qwen3",
     gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS,
     windows="qwen")
+
+GEMMA2 = Family(
+    name="gemma2", architecture="Gemma2ForCausalLM", model_type="gemma2", gguf_architecture=None,
+    gguf_qk_permuted=False, qkv_bias=False, reads=GEMMA2_READS, own_values=gemma2_values,
+    ignores={"cache_implementation": "the KV cache transformers' generate picks (hybrid: sliding layers keep "
+                                     "their window); nvllm's paged cache computes the same attention"})
 
 GEMMA3 = Family(
     name="gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", gguf_architecture="gemma3",
@@ -63,7 +69,7 @@ PHI3 = Family(
     rope_aliases={"su": "longrope", "yarn": "longrope"},  # transformers' Phi3Config renames both
     windows="every_layer")  # sliding_window for every layer, as transformers' Phi3 (no use_sliding_window switch)
 
-FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA3, PHI3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, MISTRAL)
+FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, MISTRAL)
 
 
 class UnsupportedArchitecture(ValueError):

@@ -1,9 +1,11 @@
-"""Gemma 3's config fields, read into ModelSpec values (the family record is in catalog.py).
+"""Gemma 2's and Gemma 3's config fields, read into ModelSpec values (the family records are in catalog.py).
 
 Gemma differs from Llama in ways that are all data: RMSNorm scales by (1 + weight); the embeddings are scaled by
 sqrt(hidden_size); each layer has four norms (the sandwich: after attention and after the MLP as well); the
 softmax scale is query_pre_attn_scalar ** -0.5; the MLP's activation is named `hidden_activation`; some layers
-attend through a sliding window (five of every six by default), and those layers have their own rotary base.
+attend through a sliding window; the attention scores and the final logits may be soft-capped (cap * tanh(x /
+cap)). Gemma 2 alternates sliding and global layers (the first slides) with one rotary base and caps both; Gemma 3
+slides five layers of every six by default, gives them their own rotary base, and norms q and k per head.
 """
 
 import math
@@ -11,26 +13,27 @@ import math
 from engine_core.families import rope_scaling
 from engine_core.families.spec import RopeSpec, UnsupportedConfig, activation_of
 
-# what Gemma3TextConfig writes beyond the common fields
-GEMMA3_READS = frozenset({
-    "hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types", "sliding_window_pattern",
-    "_sliding_window_pattern", "rope_local_base_freq", "final_logit_softcapping", "attn_logit_softcapping",
-    "use_bidirectional_attention", "attention_bias",
+# what both write beyond the common fields
+GEMMA_READS = frozenset({
+    "hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types", "final_logit_softcapping",
+    "attn_logit_softcapping", "use_bidirectional_attention", "attention_bias",
 })
+GEMMA2_READS = GEMMA_READS
+# what Gemma3TextConfig writes beyond those
+GEMMA3_READS = GEMMA_READS | {"sliding_window_pattern", "_sliding_window_pattern", "rope_local_base_freq"}
 LOCAL_THETA = 10000.0  # transformers' default rotary base of Gemma 3's sliding layers
 GLOBAL_THETA = 1000000.0
+GEMMA2_PATTERN = 2  # transformers' Gemma 2 default: layers alternate, sliding first
+GEMMA3_PATTERN = 6  # Gemma 3's: five sliding layers, then a global one
 
 
-def gemma3_values(config: dict) -> dict:
-    """ModelSpec fields (name -> value) that Gemma 3 sets beyond the ones every family reads."""
+def gemma_values(config: dict, pattern: int) -> dict:
+    """ModelSpec fields (name -> value) both Gemmas set beyond the ones every family reads; pattern: every
+    pattern-th layer is global where the config names no layer_types."""
     if config.get("use_bidirectional_attention"):
         raise UnsupportedConfig("use_bidirectional_attention", True, "nvllm runs causal language models")
-    if config.get("attn_logit_softcapping") is not None:
-        raise UnsupportedConfig("attn_logit_softcapping", config["attn_logit_softcapping"],
-                                "soft-capped attention scores are not implemented yet")
     if config.get("attention_bias"):
-        raise UnsupportedConfig("attention_bias", True, "Gemma 3 has no attention biases")
-    global_rope, local_theta = _rope(config)
+        raise UnsupportedConfig("attention_bias", True, "Gemma has no attention biases")
     act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
     return dict(
         activation=activation_of(act),
@@ -38,19 +41,38 @@ def gemma3_values(config: dict) -> dict:
         embed_scale=math.sqrt(config["hidden_size"]),
         attn_scale=float(config.get("query_pre_attn_scalar", 256)) ** -0.5,
         sandwich_norms=True,
-        rope=global_rope,
-        local_rope_theta=local_theta,
-        layer_windows=_windows(config),
-        final_logit_softcap=config.get("final_logit_softcapping"),
+        layer_windows=_windows(config, pattern),
+        attn_logit_softcap=_cap(config, "attn_logit_softcapping"),
+        final_logit_softcap=_cap(config, "final_logit_softcapping"),
     )
 
 
-def _windows(config: dict) -> tuple[int | None, ...]:
+def gemma2_values(config: dict) -> dict:
+    """Gemma 2: one rotary base for every layer (the common reader's), both soft caps."""
+    return gemma_values(config, GEMMA2_PATTERN)
+
+
+def gemma3_values(config: dict) -> dict:
+    """Gemma 3: its sliding layers' own rotary base."""
+    global_rope, local_theta = _rope(config)
+    return gemma_values(config, GEMMA3_PATTERN) | dict(rope=global_rope, local_rope_theta=local_theta)
+
+
+def _cap(config: dict, name: str) -> float | None:
+    cap = config.get(name)
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+        raise UnsupportedConfig(name, cap, "a soft cap is a positive number (null: none)")
+    return float(cap)
+
+
+def _windows(config: dict, default_pattern: int) -> tuple[int | None, ...]:
     """layer_types where written; else (older configs) every sliding_window_pattern-th layer is global."""
     layers = config["num_hidden_layers"]
     kinds = config.get("layer_types")
     if kinds is None:
-        pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 6))
+        pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", default_pattern))
         kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
     if len(kinds) != layers:
         raise UnsupportedConfig("layer_types", kinds, f"names {len(kinds)} layers of {layers}")

@@ -41,7 +41,8 @@ class DecoderAttention(nn.Module):
         self.rotary = RotaryEmbedding(head_dim, spec.max_position, spec.rope_theta(layer), spec.rope_scaling(layer),
                                       spec.rope.rotary_dim)
         scale = spec.attn_scale if spec.attn_scale is not None else head_dim**-0.5
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, scale, spec.window(layer))
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, head_dim, scale, spec.window(layer),
+                                   spec.attn_logit_softcap)
         self.q_norm = RMSNorm(head_dim, spec.norm_eps, spec.norm_offset) if spec.qk_norm else None
         self.k_norm = RMSNorm(head_dim, spec.norm_eps, spec.norm_offset) if spec.qk_norm else None
 

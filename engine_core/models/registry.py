@@ -9,6 +9,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "llama": DecoderForCausalLM,
     "qwen2": DecoderForCausalLM,
     "qwen3": DecoderForCausalLM,
+    "gemma2": DecoderForCausalLM,
     "gemma3": DecoderForCausalLM,
     "qwen2_moe": DecoderForCausalLM,
     "qwen3_moe": DecoderForCausalLM,

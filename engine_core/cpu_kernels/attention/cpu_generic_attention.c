@@ -14,7 +14,8 @@
  * (row, query head) walks the keys in tiles of TILE aligned to absolute key positions (tile t holds
  * keys [t * TILE, t * TILE + TILE), the last one cut at p, the first at the window's start), in order, with an
  * online softmax in fp32:
- * per tile the scores (one fixed-order dot product each), the tile's max, the rescale of the running
+ * per tile the scores (one fixed-order dot product each; soft-capped, where the layer caps, by softcap_f32.h's
+ * lane-independent tanh), the tile's max, the rescale of the running
  * sum and output, then the values added key by key. Decodes, prefill chunks and chunks after cached
  * blocks run this same code; how rows are grouped into work items, which thread runs an item, and
  * which other rows share a tile change nothing in any row's arithmetic.
@@ -34,6 +35,7 @@
 
 #include "../bf16_scalar.h"
 #include "../exp_f32.h"
+#include "../softcap_f32.h"
 #include "paged_work_items.h"
 
 #define TILE 32  /* keys per tile, aligned to absolute positions */
@@ -50,6 +52,7 @@ typedef struct {
     int num_heads, num_kv_heads, head_dim, block_size, is_bf16;
     int window; /* keys a row sees back from its own position, itself included; 0: all */
     float scale;
+    float softcap; /* scores s become softcap * tanh(s / softcap) before the softmax; 0: no cap */
 } Job;
 
 /* n values of a row of q or a cache (fp32 or bf16, element offset `at`) into dst as fp32 */
@@ -240,6 +243,7 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
                 const int lane = r * group + g;
                 float *head_scores = scores + g * TILE;
                 scaled_dots(queries + (long)lane * D, tile_keys, m, D, job->scale, head_scores);
+                if (job->softcap > 0.0f) soft_cap_scores(head_scores, m, job->softcap);
                 const float tile_max = max_of(head_scores, m);
                 const float new_max = tile_max > run_max[lane] ? tile_max : run_max[lane];
                 const float correction = exp_nonpositive(run_max[lane] - new_max); /* 0 on the first tile */
@@ -271,20 +275,22 @@ static void run_item(const Job *job, const WorkItem *item, float *scratch) {
 }
 
 /* Causal attention of every row of q into out (see the top of the file); is_bf16: q, caches and out
- * are bfloat16, else float32; window: a sliding window's keys (0: none). Returns 0, or -1 where the arguments do not fit (out untouched) or memory
+ * are bfloat16, else float32; window: a sliding window's keys (0: none); softcap: the scores' soft cap (0: none). Returns 0, or -1 where the arguments do not fit (out untouched) or memory
  * ran out (out partly written). */
 int generic_paged_attention(const void *q, long q_row, const void *k_cache, const void *v_cache,
                             const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                             const int32_t *query_start_loc, void *out, long out_row, int num_seqs, int num_heads,
                             int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int window,
-                            int nthreads) {
-    if (head_dim < 1 || num_kv_heads < 1 || num_heads % num_kv_heads || block_size < 1 || window < 0) return -1;
+                            float softcap, int nthreads) {
+    if (head_dim < 1 || num_kv_heads < 1 || num_heads % num_kv_heads || block_size < 1 || window < 0
+        || !(softcap >= 0.0f))
+        return -1;
     const int group = num_heads / num_kv_heads;
     long n = 0;
     WorkItem *items = paged_work_items(query_start_loc, seq_lens, num_seqs, num_kv_heads, ROWS, &n);
     if (!items) return -1;
     const Job job = {q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, q_row, out_row, table_row,
-                     num_heads, num_kv_heads, head_dim, block_size, is_bf16, window, scale};
+                     num_heads, num_kv_heads, head_dim, block_size, is_bf16, window, scale, softcap};
     const size_t scratch_floats = (size_t)2 * TILE * head_dim + (size_t)ROWS * group * (2 * head_dim + 2)
                                   + (size_t)group * (2 * TILE + 1);
     int failed = 0;

@@ -47,6 +47,7 @@ typedef int (*AttentionFn)(const void *q, long q_row, const void *k_cache, const
                            const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                            const int32_t *query_start_loc, void *out, long out_row, int num_seqs, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int window,
+                           float softcap /* 0: the loops refuse capped models (IMPLEMENTED) */,
                            int threads);
 
 typedef struct {
@@ -117,7 +118,7 @@ int DECODER_ENTRY(const Model *m, const Step *s) {
         if (m->attention(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens,
                          s->query_start_loc, s->attn, q_size, (int)s->num_seqs, (int)m->num_heads,
                          (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, ATTENTION_BF16, (int)l->window,
-                         (int)th))
+                         0.0f, (int)th))
             return failed;
         if (linear(m, s, s->attn, T, q_size, q_size, &l->o, NULL, s->x, H) ||
             m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
