@@ -3,7 +3,7 @@
 The child's log says it too, but a user of `LLM(...)` or `nvllm serve` should get the reason in the error
 raised where they called (an unsupported architecture, a missing model file), not "see the log above". The
 child writes one JSON record to a file the parent named; the parent reads it when the child has exited.
-JSON, not pickle: the frontend reads this file.
+Plain JSON, decoded into a typed record: the frontend reads this file.
 """
 
 import os

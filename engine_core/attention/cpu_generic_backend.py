@@ -48,13 +48,21 @@ class CpuGenericAttentionBackend(TorchAttentionBackend):
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = torch.empty_like(q)
-        if cpu_generic_attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                                 meta.query_start_loc, scale, out, window, softcap):
-            return out
-        _warn_declined(q, k_cache)
-        return super().forward(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
+        out = generic_attention(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
+        return out if out is not None else super().forward(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
+
+
+def generic_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None,
+                      softcap: float | None) -> torch.Tensor | None:
+    """The step's keys and values written, then every row through cpu_generic_attention.c; None (warned once)
+    where the kernel declines, for the caller's torch path."""
+    write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = torch.empty_like(q)
+    if cpu_generic_attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                             meta.query_start_loc, scale, out, window, softcap):
+        return out
+    _warn_declined(q, k_cache)
+    return None
 
 
 def _warn_declined(q: torch.Tensor, k_cache: torch.Tensor) -> None:

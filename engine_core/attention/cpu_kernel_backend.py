@@ -20,9 +20,10 @@ import logging
 
 import torch
 
-from engine_core.attention import cpu_decode_kernel, cpu_generic_attention
+from engine_core.attention import cpu_decode_kernel
 from engine_core.attention.capabilities import BackendCapabilities
 from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
+from engine_core.attention.cpu_generic_backend import generic_attention
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_backend import TorchAttentionBackend, write_kv_cache
 from engine_core.platform.batch_invariance import batch_invariant
@@ -75,13 +76,8 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
                 softcap: float) -> torch.Tensor:
         """A soft-capped layer (Gemma 2) through cpu_generic_attention.c, batch-invariant as the chunk kernel;
         the torch path where that declines."""
-        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = torch.empty_like(q)
-        if cpu_generic_attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                                 meta.query_start_loc, scale, out, window, softcap):
-            return out
-        _warn_declined(q, k_cache)
-        return super().forward(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
+        out = generic_attention(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
+        return out if out is not None else super().forward(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
 
     def _decodes(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor,
                  window: int | None = None, softcap: float | None = None) -> None:
