@@ -21,16 +21,22 @@ PROMPTS = ["Write a Python function that reverses a string.", "What does HTTP 40
 NEAR_TIE = 0.5  # logprob gap where kept and dequantized may pick differently (8-bit activation rounding)
 
 
-@pytest.fixture(scope="module")
-def real_model() -> str:
+def cached_real_model(name: str) -> str:
+    """The path of the catalogue's model `name` in the cache; skips, saying how to fetch it, where it is not."""
     from frontend.bench.model_fetch import default_dest, is_cached, model_path
     from frontend.bench.real_models import find
 
-    model = find(NAME)
+    model = find(name)
     path = model_path(model, default_dest())
     if not is_cached(model, default_dest()):
-        pytest.skip(f"{NAME} is not cached at {path}: `nvllm bench models fetch {NAME}` fetches it (491 MB)")
+        pytest.skip(f"{name} is not cached at {path}: `nvllm bench models fetch {name}` fetches it "
+                    f"({model.size // 1_000_000} MB)")
     return path
+
+
+@pytest.fixture(scope="module")
+def real_model() -> str:
+    return cached_real_model(NAME)
 
 
 def _answers(path: str, quantization: str):

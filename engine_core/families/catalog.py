@@ -22,7 +22,7 @@ QWEN3 = Family(
     windows="qwen")
 
 GEMMA2 = Family(
-    name="gemma2", architecture="Gemma2ForCausalLM", model_type="gemma2", gguf_architecture=None,
+    name="gemma2", architecture="Gemma2ForCausalLM", model_type="gemma2", gguf_architecture="gemma2",
     gguf_qk_permuted=False, qkv_bias=False, reads=GEMMA2_READS, own_values=gemma2_values,
     ignores={"cache_implementation": "the KV cache transformers' generate picks (hybrid: sliding layers keep "
                                      "their window); nvllm's paged cache computes the same attention"})

@@ -2,7 +2,7 @@
 later start reads it directly. Supported GGUF architectures: llama (SmolLM2, Llama, Mistral-as-llama; with experts,
 Mixtral), qwen2, qwen3, qwen2moe, qwen3moe and phi3 (Phi-3, Phi-4-mini: its fused attn_qkv and ffn_up (gate;up) are
 split into the HF pieces, its rope_factors_long / rope_factors_short tensors become LongRoPE's rope_scaling)
-and gemma3 (Gemma 3's text model, Gemma3ForCausalLM: weights/gguf_gemma3.py).
+gemma2 and gemma3 (Gemma 2, and Gemma 3's text model: weights/gguf_gemma.py).
 
 Mixture-of-experts layers: llama.cpp stores each kind of expert weight as one 3-D tensor (blk.N.ffn_{gate,up,
 down}_exps, [experts, rows, columns] in HF order); each expert's slice of it is imported as that expert's own
@@ -37,7 +37,7 @@ import torch
 from engine_core.families.catalog import FAMILIES, LLAMA, MISTRAL, family_for_gguf
 from engine_core.families.family import Family
 from engine_core.layers.gguf_types import GGUF_TYPES
-from engine_core.weights.gguf_gemma3 import GEMMA3_BLOCK_NAMES, NORM_SHIFT, gemma3_fields
+from engine_core.weights.gguf_gemma import GEMMA_BLOCK_NAMES, NORM_SHIFT, gemma_fields
 from engine_core.weights.loader import QUANTIZED_FILE
 from engine_core.weights.safetensors_stream import write_streamed
 
@@ -82,9 +82,9 @@ _ROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.
 
 
 # architectures whose blocks name some tensors otherwise (Gemma's four norms a layer)
-_ARCH_BLOCK_NAMES = {"gemma3": GEMMA3_BLOCK_NAMES}
+_ARCH_BLOCK_NAMES = {"gemma2": GEMMA_BLOCK_NAMES, "gemma3": GEMMA_BLOCK_NAMES}
 # architectures whose converter adds a constant to every norm weight (*norm.weight): the import subtracts it
-_NORM_SHIFTS = {"gemma3": NORM_SHIFT}
+_NORM_SHIFTS = {"gemma2": NORM_SHIFT, "gemma3": NORM_SHIFT}
 
 
 def hf_tensor_name(gguf_name: str, arch: str | None = None) -> str | None:
@@ -146,7 +146,7 @@ def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[
     # reads none): such a file imports as Llama, every layer attending to all keys, as llama.cpp runs it. A llama
     # file that does name a window is Mistral's (or, with experts, Mixtral's) every-layer window, as a phi3 file's is
     # Phi-3's; another family's would need to say which layers slide, which no key here does
-    own = family.name == "gemma3"  # its window and rotary bases are its own fields (gemma3_fields)
+    own = family.name in ("gemma2", "gemma3")  # their windows and rotary bases are their own (gemma_fields)
     window = None if own else key("attention.sliding_window")
     if window:
         if family is LLAMA:
@@ -195,7 +195,7 @@ def _build_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[
     if partial:
         config.update(_phi3_fields(meta, arch, int(head_dim)))
     if own:
-        config = gemma3_fields(config, key)
+        config = gemma_fields(arch, config, key)
     for name in ("bos", "eos", "padding"):
         token_id = meta.get(f"tokenizer.ggml.{name}_token_id")
         if token_id is not None:

@@ -86,8 +86,8 @@ CATALOGUE = (
         parameters=268098176,
         context_length=32768,
         has_output_weight=False,
-        runs=False,
-        status="not yet: Gemma 3",
+        runs=True,
+        status="runs",
     ),
     RealModel(
         name="deepseek-r1-distill-qwen-7b-q4_k_m",
