@@ -9,6 +9,7 @@ from engine_core.engine_config import resolve_engine_config
 from engine_core.worker.model_runner import ModelRunner
 from engine_core.worker.step_input import StepInput
 from cpu_tier_helpers import forced_tier, tier_params
+from preemption_check import assert_greedy_under_preemption
 
 pytestmark = pytest.mark.integration
 
@@ -102,25 +103,16 @@ def test_prefix_hit_and_mixed_batch(pair):
     torch.testing.assert_close(rows_b, hf_logits(hf, b)[12:], atol=ATOL, rtol=0)
 
 
+PREEMPTED_PROMPTS = [TOKENS[:9], TOKENS[3:20], TOKENS[5:11], TOKENS[:17]]
+
+
 @pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2", "portable"))
 def test_greedy_generate_with_preemption_matches(tiny_models, cpu_tier):
-    """Through the whole engine: a pool so small that requests get preempted and recomputed,
-    and greedy tokens still equal transformers' generate."""
-    from frontend import LLM, SamplingParams
-
-    path = tiny_models["llama"]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    prompts = [TOKENS[:9], TOKENS[3:20], TOKENS[5:11], TOKENS[:17]]
-    # 24 blocks of 4 tokens: the four requests (up to 17 + 24 tokens each) cannot all stay resident
+    """Through the whole engine: 24 blocks of 4 tokens, so the four requests (up to 17 + 24 tokens each) cannot
+    all stay resident and get preempted and recomputed; greedy tokens still equal transformers' generate."""
     with forced_tier(cpu_tier):  # the engine process inherits NVLLM_CPU_ISA
-        llm = LLM(path, dtype="float32", block_size=4, kv_cache_memory=24 * 2 * 2 * 4 * 2 * 16 * 4,
-                  max_model_len=96, max_num_batched_tokens=16)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    stats = llm.get_stats()
-    assert stats.totals.num_preemptions > 0
-    assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
-    for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
-        assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+        assert_greedy_under_preemption(tiny_models["llama"], PREEMPTED_PROMPTS, blocks=24)
+
+
+def test_qwen3_greedy_generate_with_preemption_matches(tiny_models):
+    assert_greedy_under_preemption(tiny_models["qwen3"], PREEMPTED_PROMPTS, blocks=24)

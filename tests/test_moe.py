@@ -10,12 +10,13 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from conftest import build_tiny_model, kv_block_bytes
+from conftest import build_tiny_model
 from engine_core.families.catalog import read_spec
 from engine_core.families.spec import UnsupportedConfig
 from engine_core.layers import moe
 from engine_core.models.cpu_decoder import spec_issue
 from engine_core.weights.model_folder import read_hf_config
+from preemption_check import assert_greedy_under_preemption
 from test_model_vs_transformers import TOKENS, hf_logits, make_runner, run_step
 # the logits comparisons of every dense family, collected here again to run on the MoE pairs below
 from test_model_vs_transformers import (test_chunked_prefill, test_decode_after_prefill,  # noqa: F401
@@ -233,22 +234,8 @@ def test_uneven_routing_in_a_model_matches_transformers(moe_models, tmp_path, mo
         assert layer[2] >= 20 and layer[6] == layer[7] == 0, counts
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe", "mixtral"])
 def test_greedy_generate_with_preemption_matches(moe_models, arch):
-    """Through the whole engine, with a pool so small that requests are preempted and recomputed. (Qwen3-MoE's
-    layer differs only in data, checked by the logits tests; transformers' generate of it takes 15 s here.)"""
-    from frontend import LLM, SamplingParams
-
-    path = moe_models[arch]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    """Through the whole engine, with a pool so small that requests are preempted and recomputed."""
     prompts = [TOKENS[:9], TOKENS[3:20], TOKENS[5:11], TOKENS[:17]]
-    config = read_spec(read_hf_config(path))
-    block = kv_block_bytes(config.num_layers, config.num_kv_heads, config.head_dim, "float32", block_size=4)
-    with LLM(path, dtype="float32", block_size=4, kv_cache_memory=24 * block, max_model_len=96,
-             max_num_batched_tokens=16) as llm:
-        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
-        assert llm.get_stats().totals.num_preemptions > 0
-    for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
-        assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+    assert_greedy_under_preemption(moe_models[arch], prompts, blocks=24)

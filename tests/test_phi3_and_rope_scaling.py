@@ -23,6 +23,7 @@ from engine_core.layers import cpu_ops
 from engine_core.layers.rotary import RotaryEmbedding
 from engine_core.weights.model_folder import read_hf_config
 from engine_core.worker.model_runner import ModelRunner
+from preemption_check import assert_greedy_under_preemption
 from test_model_vs_transformers import ATOL, BLOCK, TOKENS, hf_logits, run_step
 # the logits comparisons of every family, collected here again to run on this module's `pair`
 from test_model_vs_transformers import (test_chunked_prefill, test_decode_after_prefill,  # noqa: F401
@@ -167,21 +168,11 @@ def test_bf16_rotary_kernel_rotates_only_the_leading_dims(cpu_tier):
 # ---- through the whole engine ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["phi3-longrope", "llama-yarn"])
-def test_greedy_generate_matches(folders, name):
-    from frontend import LLM, SamplingParams
-
-    path = folders[name]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    prompts = [TOKENS[:9], TOKENS[3:15]]
-    llm = LLM(path, dtype="float32", block_size=4, max_model_len=ORIGINAL, max_num_batched_tokens=8)
-    try:
-        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
-    finally:
-        llm.shutdown()
-    for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, min_new_tokens=16)
-        assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+def test_greedy_generate_with_preemption_matches(folders, name):
+    """Four requests of up to 14 + 16 tokens (8 blocks each) in a pool of 12 blocks: preempted and recomputed,
+    they still give transformers' tokens (within LongRoPE's original context, so both pick the short factors)."""
+    prompts = [TOKENS[:9], TOKENS[3:15], TOKENS[5:11], TOKENS[:14]]
+    assert_greedy_under_preemption(folders[name], prompts, blocks=12, max_tokens=16, max_model_len=ORIGINAL)
 
 
 # ---- reading the config ----------------------------------------------------------------------------------------

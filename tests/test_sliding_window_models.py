@@ -15,6 +15,7 @@ from conftest import build_tiny_model
 from engine_core.engine_config import resolve_engine_config
 from engine_core.worker.model_runner import ModelRunner
 from cpu_tier_helpers import forced_tier, tier_params
+from preemption_check import assert_greedy_under_preemption
 from test_model_vs_transformers import ATOL, TOKENS, hf_logits, make_runner, run_step
 # the logits comparisons of every family, collected here again to run on this module's `pair`
 from test_model_vs_transformers import (test_chunked_prefill, test_decode_after_prefill,  # noqa: F401
@@ -99,21 +100,8 @@ def test_greedy_generate_with_preemption_matches(sliding_models, name):
     """Through the whole engine, a pool of 12 blocks of 4 tokens (each request up to 17 + 24 tokens, seven of
     them): requests are preempted and recomputed, Mistral's blocks out of the window go back to the pool as it generates, and
     greedy tokens still equal transformers' generate; every block is free at the end."""
-    from frontend import LLM, SamplingParams
-
-    path = sliding_models[name]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     prompts = [TOKENS[:9], TOKENS[3:20], TOKENS[5:11], TOKENS[:17], TOKENS[2:14], TOKENS[7:23], TOKENS[1:5]]
-    llm = LLM(path, dtype="float32", block_size=4, kv_cache_memory=12 * 2 * 2 * 4 * 2 * 16 * 4, max_model_len=48,
-              max_num_batched_tokens=16)
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
-    stats = llm.get_stats()
-    assert stats.totals.num_preemptions > 0
-    assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
-    for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
-        assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+    assert_greedy_under_preemption(sliding_models[name], prompts, blocks=12, max_model_len=48)
 
 
 def test_the_window_is_transformers_convention():

@@ -106,6 +106,9 @@ def models(tmp_path_factory, default_model_dir):
         for kv in (1, 2):
             out[f"{arch}-kv{kv}"] = build_tiny_model(str(root / f"{arch}-kv{kv}"), arch, default_model_dir,
                                                      num_kv_heads=kv, num_heads=4)
+    # q/k/v biases: each rank keeps its heads' rows of them
+    out["qwen2-kv2"] = build_tiny_model(str(root / "qwen2-kv2"), "qwen2", default_model_dir, num_kv_heads=2,
+                                        num_heads=4)
     # every layer slides (window 8 in the conftest): each rank honours the window and gives back the same blocks
     out["mistral-kv2"] = build_tiny_model(str(root / "mistral-kv2"), "mistral", default_model_dir, num_kv_heads=2)
     # Phi-4-mini's shape of rotary and embeddings: 12 of each head's 16 dims rotate, tied embeddings
@@ -138,8 +141,8 @@ def reference(model: str, prompts=PROMPTS, **kw) -> list[tuple[list[int], str]]:
     return _reference[key]
 
 
-@pytest.mark.parametrize("name", ["default", "llama-kv1", "llama-kv2", "qwen3-kv1", "qwen3-kv2", "phi3-kv2",
-                                  "mistral-kv2", "gemma2-kv2"])
+@pytest.mark.parametrize("name", ["default", "llama-kv1", "llama-kv2", "qwen2-kv2", "qwen3-kv1", "qwen3-kv2",
+                                  "phi3-kv2", "mistral-kv2", "gemma2-kv2"])
 def test_tp2_greedy_equals_tp1(models, name):
     """The default model's 9 heads / 3 KV heads split unevenly; kv1 replicates the KV head, kv2 splits."""
     prompts = PROMPTS[:2] if name == "default" else PROMPTS
@@ -150,14 +153,14 @@ def test_tp2_greedy_equals_tp1(models, name):
 @pytest.fixture(scope="module")
 def moe_models(tmp_path_factory, default_model_dir):
     """Qwen2-MoE (a dense layer, a shared expert and its gate) and Qwen3-MoE with experts 33 wide, so their rows
-    split unevenly (17 and 16); Mixtral's layer is the same module under other checkpoint names."""
+    split unevenly (17 and 16); Mixtral (top-2 of 8 experts, every layer sparse, no shared expert)."""
     root = tmp_path_factory.mktemp("tp-moe")
     sizes = {"qwen3_moe": dict(moe_intermediate_size=33)}
     return {arch: build_tiny_model(str(root / arch), arch, default_model_dir, **sizes.get(arch, {}))
-            for arch in ("qwen2_moe", "qwen3_moe")}
+            for arch in ("qwen2_moe", "qwen3_moe", "mixtral")}
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_moe", "mixtral"])
 def test_tp2_moe_greedy_equals_tp1(moe_models, arch):
     """Each expert (and the shared one) splits its rows over the ranks, the router is replicated."""
     assert generate(moe_models[arch], tensor_parallel_size=2) == reference(moe_models[arch])
