@@ -47,6 +47,18 @@ def mistral_head32(tmp_path_factory, default_model_dir):
     return build_tiny_model(str(tmp_path_factory.mktemp("mistralh32")), "mistral", default_model_dir, hidden_size=128)
 
 
+@pytest.fixture(scope="module")
+def gemmas(tmp_path_factory, default_model_dir):
+    """Gemma 2 (scores capped at a binding 2.0, alternating windows of 8) and Gemma 3 (q/k norms, 5 : 1 layers of
+    windows of 8 with their own rotary base): every Gemma value the float32 loop runs, windows the prompts pass."""
+    root = tmp_path_factory.mktemp("gemma-loop")
+    return {"gemma2": build_tiny_model(str(root / "gemma2"), "gemma2", default_model_dir, sliding_window=8,
+                                       num_hidden_layers=4),
+            "gemma3": build_tiny_model(str(root / "gemma3"), "gemma3", default_model_dir, sliding_window=8,
+                                       layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                                       num_hidden_layers=6)}
+
+
 # default: the SmolLM2 GGUF's Q4_1 / Q8_0 weights kept quantized; -bf16: dequantized; -int8: per channel
 @needs_c_decoder
 @pytest.mark.parametrize("arch", ["default", "default-bf16", "qwen2", "qwen2-int8", "qwen3", "mistral"])
@@ -86,14 +98,15 @@ def _check_c_loop(path, dtype, quantization, loop, kept_type, kept, seed, storag
 @pytest.mark.skipif(cpu_decoder_f32.load() is None, reason="no C compiler: the float32 C loop is not built")
 @pytest.mark.parametrize("tier,arch", [
     *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("own", "avx2")
-      for arch in ("default", "default-dense", "qwen2", "qwen2-int8", "qwen3", "llama", "mistral")],
+      for arch in ("default", "default-dense", "qwen2", "qwen2-int8", "qwen3", "llama", "mistral", "gemma2",
+                   "gemma3")],
     *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("portable")
-      for arch in ("qwen2-int8", "qwen3")]])
+      for arch in ("qwen2-int8", "qwen3", "gemma2")]])
 def test_the_float32_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_model_dir, tiny_models, qwen2_head32,
-                                                           mistral_head32):
+                                                           mistral_head32, gemmas):
     path = {"default": default_model_dir, "default-dense": default_model_dir, "qwen2": qwen2_head32,
             "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"], "llama": tiny_models["llama"],
-            "mistral": mistral_head32}[arch]
+            "mistral": mistral_head32, **gemmas}[arch]
     quantization = {"default-dense": "none", "qwen2-int8": "int8"}.get(arch, "auto")
     with forced_tier(tier):
         _check_c_loop(path, "float32", quantization, cpu_decoder_f32.CpuDecoderF32, cpu_quant_f32.QuantF32Weight,

@@ -272,3 +272,30 @@ def test_float32_silu_same_bits_in_every_lane_and_close_to_the_exact_value():
     finite = exact.isfinite()
     error = (vector[0].double() - exact).abs()
     assert (error[finite] <= 4 * torch.finfo(torch.float32).eps * exact[finite].abs() + 1e-36).all()
+
+
+@needs_f32_kernel
+def test_float32_gelu_tanh_same_bits_in_every_lane_and_close_to_torch():
+    """GELU's tanh form (Gemma's) with tanh_f32.h's tanh: 8 lanes at a time and the scalar tail give each value the
+    same bits, within 1e-6 (relative to max(1, |value|)) of torch's gelu(approximate="tanh") and of the float64
+    formula, over the whole range; in place over the gate half as the C loop runs it."""
+    g = torch.Generator().manual_seed(6)
+    gate = torch.cat([torch.randn(4000, generator=g) * 8, torch.tensor([-200.0, -12.0, -1e-30, 0.0, 1e-30, 12.0,
+                                                                       200.0, float("inf"), float("-inf")])])
+    up = torch.randn(len(gate), generator=g)
+    vector = cpu_ops.gelu_tanh_and_mul(torch.cat([gate, up]).view(1, -1))[0]  # 8 lanes at a time, a tail of 1
+    tail = torch.stack([cpu_ops.gelu_tanh_and_mul(torch.stack([v, u]).view(1, 2))[0, 0] for v, u in zip(gate, up)])
+    torch.testing.assert_close(vector, tail, rtol=0, atol=0, equal_nan=True)  # -inf gives NaN (-inf * 0), as torch
+    d = gate.double()
+    exact = 0.5 * d * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (d + 0.044715 * d ** 3))) * up.double()
+    finite = gate.isfinite()
+    scale = exact[finite].abs().clamp(min=1)
+    assert ((vector[finite].double() - exact[finite]).abs() <= 1e-6 * scale).all()
+    theirs = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    assert ((vector[finite] - theirs[finite]).abs() <= 1e-6 * scale).all()
+    assert vector[-2] == float("inf") * up[-2] and vector[-3] == 200 * up[-3]  # gelu(x) = x for large x
+    rows = torch.randn(5, 2 * 40, generator=g) * 4
+    in_place = rows.clone()
+    library = cpu_ops.load_f32()
+    library.gelu_tanh_and_mul_f32(in_place.data_ptr(), 80, in_place.data_ptr(), 80, 5, 40, 1)
+    assert torch.equal(in_place[:, :40], cpu_ops.gelu_tanh_and_mul(rows))

@@ -21,7 +21,9 @@ def act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
         return silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     if activation == "gelu_tanh":
-        return nn.functional.gelu(gate, approximate="tanh") * up
+        # float32 on the CPU: the kernel the C decoder loop calls too, so both give the same bits
+        out = cpu_ops.gelu_tanh_and_mul(x)
+        return out if out is not None else nn.functional.gelu(gate, approximate="tanh") * up
     if activation == "gelu":
         return nn.functional.gelu(gate) * up
     raise ValueError(f"activation {activation!r} is not implemented")

@@ -52,17 +52,21 @@ def load_f32(library):
     long, ptr = ctypes.c_long, ctypes.c_void_p
     library.rms_norm_f32.argtypes = [ptr, long, long, ptr, long, long, ptr, long, long, ptr, long, long, long,
                                      ctypes.c_float, ctypes.c_int]
-    library.silu_and_mul_f32.argtypes = [ptr, long, ptr, long, long, long, ctypes.c_int]
+    for fn in (library.silu_and_mul_f32, library.gelu_tanh_and_mul_f32):
+        fn.argtypes = [ptr, long, ptr, long, long, long, ctypes.c_int]
     library.rotary_f32.argtypes = [ptr, long, long, long, long, long, ptr, ptr, ptr, long, ctypes.c_int]
-    for fn in (library.rms_norm_f32, library.silu_and_mul_f32, library.rotary_f32):
+    for fn in (library.rms_norm_f32, library.silu_and_mul_f32, library.gelu_tanh_and_mul_f32, library.rotary_f32):
         fn.restype = ctypes.c_int
     return library
 
 
 def _kernel(dtype: torch.dtype, name: str):
-    """The kernel `name` (rms_norm, silu_and_mul, rotary) for `dtype` tensors, or None."""
+    """The kernel `name` (rms_norm, silu_and_mul, rotary; gelu_tanh_and_mul: float32 only) for `dtype` tensors, or
+    None."""
     if dtype is torch.bfloat16:
         library = load()
+        if name == "gelu_tanh_and_mul":
+            return None
         if library is None or (name == "rms_norm" and not _norm_ok):
             return None
         return getattr(library, name + "_bf16")
@@ -153,9 +157,20 @@ def _call_rms_norm(kernel, x, residual, weight, eps):
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     """silu(x[:, :n]) * x[:, n:] for x [T, 2n] (rows contiguous) as a new [T, n] tensor; None where
     the kernel does not apply."""
+    return _act_and_mul(x, "silu_and_mul")
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """gelu(x[:, :n], approximate="tanh") * x[:, n:] for float32 x [T, 2n] (rows contiguous) as a new [T, n]
+    tensor (cpu_ops_f32.c: its own tanh, the same bits in every lane, within 1e-6 of torch's); None where the
+    kernel does not apply."""
+    return _act_and_mul(x, "gelu_tanh_and_mul")
+
+
+def _act_and_mul(x: torch.Tensor, name: str) -> torch.Tensor | None:
     if not x.is_cpu or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] % 2:
         return None
-    kernel = _kernel(x.dtype, "silu_and_mul")
+    kernel = _kernel(x.dtype, name)
     if kernel is None:
         return None
     rows, n = x.shape[0], x.shape[1] // 2

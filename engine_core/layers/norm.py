@@ -39,7 +39,10 @@ class RMSNorm(nn.Module):
 
         bfloat16 on AVX512 CPUs: one fused pass (cpu_ops), bit-identical; with a residual it works in
         place, so x and residual are overwritten by the results."""
-        fused = None if self.offset else cpu_ops.rms_norm(x, residual, self.weight, self.eps)
+        # an offset norm's float32 weight holds offset + weight, so in float32 the kernel's weight * (x * scale)
+        # is _norm's arithmetic; in bf16 it would round before scaling, where Gemma scales first
+        fused = (None if self.offset and x.dtype is not torch.float32
+                 else cpu_ops.rms_norm(x, residual, self.weight, self.eps))
         if fused is not None:
             return fused
         if residual is None:

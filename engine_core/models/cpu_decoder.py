@@ -53,7 +53,11 @@ class _Layer(ctypes.Structure):
     _fields_ = ([(name, _ptr) for name in ("input_norm", "post_norm", "q_norm", "k_norm")]
                 + [(name, _Linear) for name in _LINEARS]
                 + [(name, _ptr) for name in ("qkv_bias", "gate_up_bias", "k_cache", "v_cache")]
-                + [("window", _long)])  # the layer's sliding window in keys, 0: none
+                + [("window", _long)]  # the layer's sliding window in keys, 0: none
+                # the float32 loop's Gemma fields (NULL / 0: none): its two more norms, the layer's own rotary
+                # tables, its attention soft cap
+                + [(name, _ptr) for name in ("pre_ffn_norm", "post_ffn_norm", "cos", "sin")]
+                + [("softcap", _float)])
 
 
 class _Model(ctypes.Structure):
@@ -118,10 +122,10 @@ def _fused_gate_up(packed) -> bool:
     return isinstance(packed, (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight))
 
 
-# The ModelSpec values (families/spec.py) the C loops implement, bf16 and float32 alike; a model with any other
-# value of these fields runs its modules. q/k/v biases, q/k norms, rotary scaling, partial rotary (cos/sin rows
-# narrower than a head: rotary_dim) and per-layer sliding windows (each layer passes its window to the attention
-# kernels) are implemented either way.
+# The ModelSpec values (families/spec.py) the C loops implement; a model with any other value of these fields runs
+# its modules. q/k/v biases, q/k norms, rotary scaling, partial rotary (cos/sin rows narrower than a head:
+# rotary_dim) and per-layer sliding windows (each layer passes its window to the attention kernels) are implemented
+# either way. The float32 loop implements Gemma as well (IMPLEMENTED_F32).
 IMPLEMENTED = {
     "activation": ("silu",),
     "norm_offset": (0.0,),
@@ -135,20 +139,32 @@ IMPLEMENTED = {
 }
 
 
-def spec_issue(spec) -> str | None:
-    """The first ModelSpec value the C loops do not implement, by name; None if they implement them all."""
-    for name, implemented in IMPLEMENTED.items():
+# float32: Gemma's GELU (tanh form), (1 + weight) norms (a float32 norm weight holds 1 + weight: the plain norm
+# kernel's arithmetic), embedding scale (applied before the loop), attention scale (the model's one scale), soft-
+# capped scores (the generic attention kernel caps) and sandwich norms; no value of those is refused
+_GEMMA_FIELDS = ("embed_scale", "attn_scale", "attn_logit_softcap")
+IMPLEMENTED_F32 = {name: values for name, values in IMPLEMENTED.items() if name not in _GEMMA_FIELDS} | {
+    "activation": ("silu", "gelu_tanh"),
+    "norm_offset": (0.0, 1.0),
+    "sandwich_norms": (False, True),
+}
+
+
+def spec_issue(spec, implemented_values: dict = IMPLEMENTED) -> str | None:
+    """The first ModelSpec value a C loop does not implement (IMPLEMENTED: the bf16 loops'), by name; None if it
+    implements them all."""
+    for name, implemented in implemented_values.items():
         value = getattr(spec, name)
         if value not in implemented:
             return f"{name} = {value!r} (the C loop implements {', '.join(map(repr, implemented))})"
     return None
 
 
-def layers_issue(model, dtype: torch.dtype, packed_ok) -> str | None:
+def layers_issue(model, dtype: torch.dtype, packed_ok, implemented_values: dict = IMPLEMENTED) -> str | None:
     """Why a C loop of `dtype` cannot run these layers as their modules would (a spec value it does not implement,
     weights not in the forms `packed_ok(attn, mlp)` takes, norms in another dtype, rotary tables not in float32);
     None if it can."""
-    issue = spec_issue(model.spec)
+    issue = spec_issue(model.spec, implemented_values)
     if issue is not None:
         return issue
     for layer in model.layers:
@@ -156,7 +172,9 @@ def layers_issue(model, dtype: torch.dtype, packed_ok) -> str | None:
         if not packed_ok(attn, mlp):
             return "weights not in the packed forms the C loop takes"
         norms = [layer.input_layernorm, layer.post_attention_layernorm] + (
-            [attn.q_norm, attn.k_norm] if attn.q_norm is not None else [])
+            [attn.q_norm, attn.k_norm] if attn.q_norm is not None else []) + [
+            getattr(layer, name) for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+            if hasattr(layer, name)]
         if any(n.weight.dtype is not dtype or not n.weight.is_contiguous() for n in norms):
             return f"a norm weight not in {dtype}"
         if attn.rotary.cos.dtype is not torch.float32 or not attn.rotary.cos.is_contiguous():

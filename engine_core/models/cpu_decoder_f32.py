@@ -18,14 +18,14 @@ from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_dot, cpu_quant_f32
-from engine_core.models.cpu_decoder import (KIND_DOT, CpuDecoder, _Layer, _Step, address, layers_issue, linear_struct,
-                                            pieces_of)
+from engine_core.models.cpu_decoder import (IMPLEMENTED, IMPLEMENTED_F32, KIND_DOT, CpuDecoder, _Layer, _Step, address,
+                                            layers_issue, linear_struct, pieces_of)
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 
 class _Model(ctypes.Structure):
-    _fields_ = ([(name, _ptr) for name in ("dense", "dense_bf16w", "quant", "dot", "norm", "rotary", "silu",
+    _fields_ = ([(name, _ptr) for name in ("dense", "dense_bf16w", "quant", "dot", "norm", "rotary", "act_and_mul",
                                            "attention", "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
                                               "head_dim", "intermediate", "block_size", "rotary_dim")]
@@ -61,7 +61,8 @@ def _why_not(model, dtype: torch.dtype, libraries: tuple, packed_types: tuple) -
         return "a kernel library is missing"
     return layers_issue(model, dtype, lambda attn, mlp: all(
         isinstance(pack, packed_types) and getattr(pack, "dtype", dtype) is dtype
-        for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj) for pack in pieces_of(m.packed_weight)))
+        for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj) for pack in pieces_of(m.packed_weight)),
+        IMPLEMENTED_F32 if dtype is torch.float32 else IMPLEMENTED)
 
 
 def why_not(model) -> str | None:
@@ -102,8 +103,11 @@ class CpuDecoderF32(CpuDecoder):
         return dict(dense=address(gemm, "linear_f32"), dense_bf16w=address(gemm, "linear_f32_bf16w"),
                     quant=address(cpu_quant_f32.load(), "quant_f32_linear"),
                     dot=address(cpu_quant_dot.load(), "quant_dot_linear_f32"), norm=address(ops, "rms_norm_f32"),
-                    rotary=address(ops, "rotary_f32"), silu=address(ops, "silu_and_mul_f32"),
+                    rotary=address(ops, "rotary_f32"), act_and_mul=address(ops, self._act_and_mul()),
                     attention=address(cpu_generic_attention.load(), "generic_paged_attention"))
+
+    def _act_and_mul(self) -> str:
+        return "gelu_tanh_and_mul_f32" if self.model.spec.activation == "gelu_tanh" else "silu_and_mul_f32"
 
     def _build(self) -> _Model:
         layers, self._biases = [], []
@@ -119,7 +123,9 @@ class CpuDecoderF32(CpuDecoder):
                 q_norm=attn.q_norm.weight.data_ptr() if self.qk_norm else None,
                 k_norm=attn.k_norm.weight.data_ptr() if self.qk_norm else None,
                 k_cache=attn.attn.k_cache.data_ptr(), v_cache=attn.attn.v_cache.data_ptr(),
-                window=attn.attn.sliding_window or 0))
+                window=attn.attn.sliding_window or 0, softcap=attn.attn.softcap or 0.0,
+                cos=attn.rotary.cos.data_ptr(), sin=attn.rotary.sin.data_ptr(),
+                **self._sandwich(layer)))
         self._layers = (_Layer * len(layers))(*layers)  # kept alive: the struct points into it
         first = self.model.layers[0]
         rotary = first.self_attn.rotary
@@ -131,6 +137,15 @@ class CpuDecoderF32(CpuDecoder):
             block_size=first.self_attn.attn.k_cache.shape[1], eps=first.input_layernorm.eps,
             qk_eps=first.self_attn.q_norm.eps if self.qk_norm else 0.0, scale=first.self_attn.attn.scale,
             layers=self._layers)
+
+
+    @staticmethod
+    def _sandwich(layer) -> dict:
+        """Gemma's two more norms of a layer (SandwichDecoderLayer), or none."""
+        if not hasattr(layer, "pre_feedforward_layernorm"):
+            return {}
+        return dict(pre_ffn_norm=layer.pre_feedforward_layernorm.weight.data_ptr(),
+                    post_ffn_norm=layer.post_feedforward_layernorm.weight.data_ptr())
 
 
 _PACKED_BF16 = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_dot.QuantDotWeight)
@@ -161,5 +176,5 @@ class CpuDecoderBF16Generic(CpuDecoderF32):
         return dict(dense=address(cpu_gemm_f32.load(), "linear_bf16_generic"), dense_bf16w=None,
                     quant=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"),
                     dot=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"), norm=address(ops, "rms_norm_bf16"),
-                    rotary=address(ops, "rotary_bf16"), silu=address(ops, "silu_and_mul_bf16"),
+                    rotary=address(ops, "rotary_bf16"), act_and_mul=address(ops, "silu_and_mul_bf16"),
                     attention=address(cpu_generic_attention.load(), "generic_paged_attention"))

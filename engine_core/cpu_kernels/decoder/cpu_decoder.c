@@ -51,6 +51,10 @@ typedef struct {
     const float *qkv_bias, *gate_up_bias;                 /* fp32 in packed order, or NULL */
     bf16 *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
     long window;                                          /* the layer's sliding window in keys; 0: none */
+    /* cpu_decoder_f32.c's Gemma fields (the layout is shared): NULL / 0 here, where IMPLEMENTED refuses Gemma */
+    const bf16 *pre_ffn_norm, *post_ffn_norm;
+    const float *cos, *sin;
+    float softcap;
 } Layer;
 
 typedef struct {

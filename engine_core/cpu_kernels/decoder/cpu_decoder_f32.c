@@ -11,8 +11,11 @@
  * (one call for decodes and chunks alike: the batch-invariant path, the only one this loop serves).
  *
  * One layer, as models/decoder.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k RMSNorm
- * (Qwen3) and rotary, the new keys and values written to the paged cache, attention, o_proj, residual
- * add + RMSNorm, the gate/up matmul, silu(gate) * up (in place over the gate half), down_proj.
+ * (Qwen3, Gemma 3) and rotary, the new keys and values written to the paged cache, attention (scores soft-capped
+ * where the layer caps them: Gemma 2), o_proj, residual add + RMSNorm, the gate/up matmul, act(gate) * up (SiLU
+ * or GELU's tanh form, in place over the gate half), down_proj. Gemma's sandwich (SandwichDecoderLayer, float32
+ * only: its norms' weights hold 1 + weight, so the kernels' arithmetic is the modules'): the attention's output
+ * normed before the residual add + the MLP's input norm, and the MLP's output normed too.
  *
  * Built with -DDECODER_BF16 the same loop runs a bf16 engine where cpu_decoder.c's kernels do not exist
  * (below avx512_bf16): the elements are bf16, the kernels cpu_gemm_f32.c's linear_bf16_generic (bf16 panels
@@ -42,12 +45,12 @@ typedef int (*NormFn)(elem *x, long xs0, long xs1, elem *residual, long rs0, lon
                       long os1, const elem *weight, long n0, long n1, long n, float eps, int threads);
 typedef int (*RotaryFn)(elem *x, long xs0, long xs1, long tokens, long heads, long d, const int64_t *positions,
                         const float *cos, const float *sin, long max_position, int threads);
-typedef int (*SiluFn)(const elem *x, long xs0, elem *out, long os0, long rows, long n, int threads);
+typedef int (*ActFn)(const elem *x, long xs0, elem *out, long os0, long rows, long n, int threads);
 typedef int (*AttentionFn)(const void *q, long q_row, const void *k_cache, const void *v_cache,
                            const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                            const int32_t *query_start_loc, void *out, long out_row, int num_seqs, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, float scale, int is_bf16, int window,
-                           float softcap /* 0: the loops refuse capped models (IMPLEMENTED) */,
+                           float softcap /* 0: none */,
                            int threads);
 
 typedef struct {
@@ -57,6 +60,9 @@ typedef struct {
     const float *qkv_bias, *gate_up_bias;                  /* fp32, or NULL */
     elem *k_cache, *v_cache;                               /* [blocks, block_size, kv_heads, head_dim] */
     long window;                                           /* the layer's sliding window in keys; 0: none */
+    const elem *pre_ffn_norm, *post_ffn_norm;              /* Gemma's two more norms; NULL: no sandwich */
+    const float *cos, *sin;                                /* the layer's own rotary tables; NULL: the model's */
+    float softcap;                                         /* attention scores capped at this; 0: none */
 } Layer;
 
 typedef struct {
@@ -64,7 +70,7 @@ typedef struct {
     QuantFn quant, dot; /* quant_f32_linear, quant_dot_linear_f32 (bf16: quant_dot_linear_bf16, both) */
     NormFn norm;
     RotaryFn rotary;
-    SiluFn silu;
+    ActFn act_and_mul; /* silu_and_mul or gelu_tanh_and_mul: the model's activation */
     AttentionFn attention;
     const float *cos, *sin;
     long max_position, num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
@@ -118,13 +124,20 @@ int DECODER_ENTRY(const Model *m, const Step *s) {
         if (m->attention(q, q_row, l->k_cache, l->v_cache, s->block_tables, s->table_row, s->seq_lens,
                          s->query_start_loc, s->attn, q_size, (int)s->num_seqs, (int)m->num_heads,
                          (int)m->num_kv_heads, (int)D, (int)m->block_size, m->scale, ATTENTION_BF16, (int)l->window,
-                         0.0f, (int)th))
+                         l->softcap, (int)th))
             return failed;
-        if (linear(m, s, s->attn, T, q_size, q_size, &l->o, NULL, s->x, H) ||
-            m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
-            linear(m, s, s->x, T, H, H, &l->gate_up, l->gate_up_bias, s->act, 2 * I) ||
-            m->silu(s->act, 2 * I, s->act, 2 * I, T, I, (int)th) ||
-            linear(m, s, s->act, T, I, 2 * I, &l->down, NULL, s->x, H))
+        if (linear(m, s, s->attn, T, q_size, q_size, &l->o, NULL, s->x, H))
+            return -2;
+        if (l->pre_ffn_norm) { /* sandwich: post_norm is the attention output's own norm */
+            if (m->norm(s->x, H, 0, NULL, 0, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th) ||
+                m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->pre_ffn_norm, T, 1, H, m->eps, th))
+                return -2;
+        } else if (m->norm(s->x, H, 0, s->residual, H, 0, s->x, H, 0, l->post_norm, T, 1, H, m->eps, th))
+            return -2;
+        if (linear(m, s, s->x, T, H, H, &l->gate_up, l->gate_up_bias, s->act, 2 * I) ||
+            m->act_and_mul(s->act, 2 * I, s->act, 2 * I, T, I, (int)th) ||
+            linear(m, s, s->act, T, I, 2 * I, &l->down, NULL, s->x, H) ||
+            (l->post_ffn_norm && m->norm(s->x, H, 0, NULL, 0, 0, s->x, H, 0, l->post_ffn_norm, T, 1, H, m->eps, th)))
             return -2;
     }
     return 0;

@@ -1,7 +1,8 @@
 /* What both decoder loops share (cpu_decoder.c: bf16, cpu_decoder_f32.c: float32), for activations of
  * type DECODER_ELEM: the file defines it, and its Layer and Model, before including this. Here: the step's
  * arguments (one layout, cpu_decoder.py's _Step), the new keys and values into their cache slots, and a
- * layer's queries and keys normed per head (Qwen3) and rotated (each head's first rotary_dim dims). */
+ * layer's queries and keys normed per head (Qwen3) and rotated (each head's first rotary_dim dims) by the layer's
+ * own rotary tables where it has them (Gemma 3's sliding layers), else the model's. */
 #include <stdint.h>
 #include <string.h>
 
@@ -37,19 +38,20 @@ static int rotated_queries_and_keys(const Model *m, const Step *s, const Layer *
                                     long *q_row, const DECODER_ELEM **k, long *k_row) {
     const long T = s->tokens, D = m->head_dim, R = m->rotary_dim, th = s->threads; /* R <= D: partial rotary */
     const long q_size = m->num_heads * D, kv_size = m->num_kv_heads * D, qkv_width = q_size + 2 * kv_size;
+    const float *cos = l->cos ? l->cos : m->cos, *sin = l->sin ? l->sin : m->sin;
     if (l->q_norm) {
         if (m->norm(s->qkv, qkv_width, D, NULL, 0, 0, s->q_normed, q_size, D, l->q_norm, T, m->num_heads, D,
                     m->qk_eps, th) ||
             m->norm(s->qkv + q_size, qkv_width, D, NULL, 0, 0, s->k_normed, kv_size, D, l->k_norm, T,
                     m->num_kv_heads, D, m->qk_eps, th) ||
-            m->rotary(s->q_normed, q_size, D, T, m->num_heads, R, s->positions, m->cos, m->sin, m->max_position, th) ||
-            m->rotary(s->k_normed, kv_size, D, T, m->num_kv_heads, R, s->positions, m->cos, m->sin,
+            m->rotary(s->q_normed, q_size, D, T, m->num_heads, R, s->positions, cos, sin, m->max_position, th) ||
+            m->rotary(s->k_normed, kv_size, D, T, m->num_kv_heads, R, s->positions, cos, sin,
                       m->max_position, th))
             return -1;
         *q = s->q_normed, *q_row = q_size, *k = s->k_normed, *k_row = kv_size;
         return 0;
     }
-    if (m->rotary(s->qkv, qkv_width, D, T, m->num_heads + m->num_kv_heads, R, s->positions, m->cos, m->sin,
+    if (m->rotary(s->qkv, qkv_width, D, T, m->num_heads + m->num_kv_heads, R, s->positions, cos, sin,
                   m->max_position, th))
         return -1;
     *q = s->qkv, *q_row = qkv_width, *k = s->qkv + q_size, *k_row = qkv_width;
