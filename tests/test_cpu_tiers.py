@@ -68,6 +68,34 @@ def test_every_tier_builds_for_itself_never_for_this_machine():
     assert "-mavx512bf16" in tiers.compile_flags("amx") and "-mavx512bf16" not in tiers.compile_flags("avx512")
 
 
+def test_prebuild_compiles_each_tiers_kernels_side_by_side_once(tmp_path, monkeypatch, caplog):
+    """table.prebuild: every kernel of the asked tiers that is not turned off, compiled where the cache lacks it
+    (here two small ones, at once), each behind its own lock; the loads that follow build nothing more, and a
+    second prebuild has nothing left to do."""
+    import logging
+    import os
+
+    kernels = {name: table.KERNELS[name] for name in ("cpu_rms", "cpu_ops_f32")}
+    monkeypatch.setattr(table, "KERNELS", kernels)
+    monkeypatch.setenv("NVLLM_CACHE", str(tmp_path))
+    monkeypatch.setenv("NVLLM_CPU_FUSED_OPS", "0")  # cpu_ops_f32 turned off: not built
+    table.prebuild(("portable",), workers=2)
+    built = sorted(name for name in os.listdir(tmp_path / "kernels") if name.endswith(".so"))
+    assert [name.split("-")[:2] for name in built] == [["cpu_rms", "portable"]]
+    monkeypatch.delenv("NVLLM_CPU_FUSED_OPS")
+    table.prebuild(tuple(tiers_here()), workers=2)
+    built = sorted(name for name in os.listdir(tmp_path / "kernels") if name.endswith(".so"))
+    assert {tuple(name.split("-")[:2]) for name in built} == {
+        (source, tier) for source in ("cpu_rms", "cpu_ops_f32") for tier in tiers_here()}
+    assert all(os.path.exists(tmp_path / "kernels" / (name + ".lock")) for name in built)  # a lock per build
+    with caplog.at_level(logging.INFO, logger="nvllm"):
+        table.prebuild(tuple(tiers_here()))
+        for tier in tiers_here():
+            with forced_tier(tier):
+                assert table.load("cpu_rms") is not None
+    assert not any("building" in r.message for r in caplog.records)
+
+
 @pytest.mark.parametrize("tier", tier_params("portable", "avx2", "avx512", "avx512_bf16", "amx"))
 def test_the_table_names_the_kernel_of_each_operation(tier):
     with forced_tier(tier):

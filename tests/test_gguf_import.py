@@ -62,27 +62,9 @@ def reference_tokenizer():
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """(config, state_dict) transformers builds from the GGUF. from_pretrained needs accelerate; without it,
-    the loader from_pretrained calls, fed a meta-device model for the name mapping."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils import is_accelerate_available
-
-    if is_accelerate_available():
-        model = AutoModelForCausalLM.from_pretrained(_wheel_dir(), gguf_file=GGUF_NAME, dtype=torch.float32)
-        return model.config, model.state_dict()
-    import functools
-
-    import gguf
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    config = AutoConfig.from_pretrained(_wheel_dir(), gguf_file=GGUF_NAME)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    with pytest.MonkeyPatch.context() as mp:  # transformers rebuilds this table once per module: seconds
-        mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(gguf.get_tensor_name_map))
-        loaded = load_gguf_checkpoint(os.path.join(_wheel_dir(), GGUF_NAME), return_tensors=True, model_to_load=model)
-    return config, loaded["tensors"]
+def reference(smollm2_transformers):
+    """(config, state_dict) transformers builds from the GGUF."""
+    return smollm2_transformers.config, smollm2_transformers.state_dict()
 
 
 @needs_wheel

@@ -39,9 +39,8 @@ def _wheel_dir() -> str:
 
 
 @pytest.fixture(scope="module")
-def hf_model():
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(_wheel_dir(), gguf_file=GGUF_NAME, dtype=torch.float32).eval()
+def hf_model(smollm2_transformers):
+    return smollm2_transformers
 
 
 @pytest.fixture(scope="module")

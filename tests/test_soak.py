@@ -16,7 +16,7 @@ from http_helpers import metric, start_serve
 
 pytestmark = pytest.mark.integration
 
-SOAK_SECONDS = float(os.environ.get("NVLLM_SOAK_SECONDS", "40"))
+SOAK_SECONDS = float(os.environ.get("NVLLM_SOAK_SECONDS", "20"))
 CLIENTS = 24
 # the soak goes on past SOAK_SECONDS until every kind of event has happened this often (a slow machine
 # takes longer), up to a deadline far above what that takes

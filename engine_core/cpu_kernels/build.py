@@ -37,7 +37,8 @@ def _build(source: str, flags: list[str], target: str) -> None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
     folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, ".build.lock"), "w") as lock:
+    # one lock per build: builds of different libraries run side by side (table.prebuild), one library once
+    with open(target + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(target):  # another process built it while we waited
             return
@@ -53,14 +54,28 @@ def _build(source: str, flags: list[str], target: str) -> None:
                 os.remove(tmp)
 
 
-def _source_text(source: str) -> bytes:
+def source_text(source: str) -> bytes:
     """The source and the local files it #includes (and theirs): a change to any makes a new build."""
     with open(source, "rb") as f:
         text = f.read()
     folder = os.path.dirname(source)
     for name in re.findall(rb'^#include "([^"]+)"', text, re.MULTILINE):
-        text += _source_text(os.path.join(folder, name.decode()))
+        text += source_text(os.path.join(folder, name.decode()))
     return text
+
+
+def build_for(source: str, extra_flags: tuple[str, ...] = (), tier: str | None = None, what: str | None = None) -> str:
+    """The path of `source`'s library for `tier` (default: the active one), compiled first where the cache does
+    not hold it; raises OSError or RuntimeError where it cannot be built."""
+    tier = tier or tiers.active_tier()
+    flags = [*FLAGS, *tiers.compile_flags(tier), *extra_flags]
+    name = os.path.splitext(os.path.basename(source))[0]
+    digest = hashlib.sha256(source_text(source) + " ".join(flags).encode()).hexdigest()[:16]
+    target = os.path.join(cache_dir(), "kernels", f"{name}-{tier}-{digest}.so")
+    if not os.path.exists(target):
+        logger.info("building %s into %s", what or name, target)
+        _build(source, flags, target)
+    return target
 
 
 def load_library(source: str, extra_flags: tuple[str, ...] = (), what: str | None = None) -> ctypes.CDLL | None:
@@ -72,18 +87,10 @@ def load_library(source: str, extra_flags: tuple[str, ...] = (), what: str | Non
     key = (source, tuple(extra_flags), tier)
     if key in _loaded:
         return _loaded[key]
-
-    flags = [*FLAGS, *tiers.compile_flags(tier), *extra_flags]
-    name = os.path.splitext(os.path.basename(source))[0]
-    what = what or name
+    what = what or os.path.splitext(os.path.basename(source))[0]
     library = None
     try:
-        digest = hashlib.sha256(_source_text(source) + " ".join(flags).encode()).hexdigest()[:16]
-        target = os.path.join(cache_dir(), "kernels", f"{name}-{tier}-{digest}.so")
-        if not os.path.exists(target):
-            logger.info("building %s into %s", what, target)
-            _build(source, flags, target)
-        library = ctypes.CDLL(target)
+        library = ctypes.CDLL(build_for(source, extra_flags, tier, what))
     except (OSError, RuntimeError) as e:
         logger.warning("%s unavailable (%s); the torch code runs instead", what, e)
     _loaded[key] = library

@@ -10,10 +10,12 @@ import ctypes
 import functools
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from common.cache_dir import cache_dir
 from engine_core.cpu_kernels import tiers
-from engine_core.cpu_kernels.build import load_library
+from engine_core.cpu_kernels.build import build_for, load_library, source_text
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # -ffp-contract=off where a kernel must round like torch, or like every other inlined copy of itself
@@ -79,6 +81,7 @@ OPERATIONS = {
 }
 
 _loaders: dict[str, Callable[[], ctypes.CDLL | None]] = {}
+_prebuilt: set[tuple] = set()  # (cache folder, kernel, tier) that prebuild has seen to, in this process
 
 
 def runs_here(name: str) -> bool:
@@ -114,6 +117,31 @@ def _build(name: str) -> ctypes.CDLL | None:
 def load(name: str) -> ctypes.CDLL | None:
     """Kernel `name` as its wrapper module declared it (built only, where that module is not imported), or None."""
     return _loaders[name]() if name in _loaders else _build(name)
+
+
+def prebuild(tier_names: tuple[str, ...] | None = None, workers: int | None = None) -> None:
+    """Compiles every kernel that runs on `tier_names` (default: the active tier) and is not turned off, `workers`
+    compilers at a time (default: one per CPU this process may use), where the cache does not hold it yet: on a
+    fresh machine the first start builds them side by side instead of one after another at first use. A build
+    that fails is left for load() to log; nothing is loaded here."""
+    tier_names = tier_names or (tiers.active_tier(),)
+    jobs = [(kernel, tier) for tier in tier_names for kernel in KERNELS.values()
+            if tiers.rank(tier) >= tiers.rank(kernel.lowest_tier) and not kernel.switched_off()
+            and (cache_dir(), kernel, tier) not in _prebuilt]
+    if not jobs:
+        return
+    jobs.sort(key=lambda job: -len(source_text(job[0].path)))  # the longest compiles first, by source size
+
+    def build(job) -> None:
+        kernel, tier = job
+        try:
+            build_for(kernel.path, kernel.flags, tier, f"{kernel.what} ({kernel.source})")
+        except (OSError, RuntimeError):
+            pass  # load() logs why, once, where the kernel is asked for
+
+    with ThreadPoolExecutor(workers or len(os.sched_getaffinity(0))) as pool:
+        list(pool.map(build, jobs))
+    _prebuilt.update((cache_dir(), kernel, tier) for kernel, tier in jobs)
 
 
 def forget() -> None:

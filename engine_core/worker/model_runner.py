@@ -53,6 +53,8 @@ class ModelRunner:
         self.graph_runner: DecodeGraphRunner | None = None
         self.activation_peak: int | None = None  # bytes, once profile_run has measured it
         batch_invariance.set_batch_invariant(config.batch_invariant)  # before packing: it picks kernels
+        if device.type == "cpu":
+            cpu_kernel_table.prebuild()  # a fresh machine compiles the tier's kernels side by side, once
         start = time.perf_counter()
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
