@@ -138,7 +138,6 @@ class CpuDecoderF32(CpuDecoder):
             qk_eps=first.self_attn.q_norm.eps if self.qk_norm else 0.0, scale=first.self_attn.attn.scale,
             layers=self._layers)
 
-
     @staticmethod
     def _sandwich(layer) -> dict:
         """Gemma's two more norms of a layer (SandwichDecoderLayer), or none."""
