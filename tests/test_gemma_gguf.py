@@ -23,7 +23,7 @@ from engine_core.weights.gguf_import import import_gguf
 from engine_core.weights.loader import quantized_tensors
 from engine_core.weights.model_folder import read_hf_config
 from engine_core.worker.model_runner import ModelRunner
-from test_gguf_import import _add_tiny_tokenizer
+from test_gguf_import import _add_tiny_tokenizer, add_tensor
 from test_model_vs_transformers import hf_logits, make_runner, run_step
 
 pytestmark = pytest.mark.integration
@@ -75,11 +75,7 @@ def write_gemma_gguf(hf_folder: str, path: str, q8: bool = False) -> None:
     def add(gguf_name, values):
         if gguf_name.endswith("norm.weight"):
             values = values + np.float32(1.0)  # llama.cpp's RMSNorm scales by the weight, Gemma's by 1 + weight
-        if q8 and values.ndim == 2:  # the projections and the (tied) embeddings
-            q = gguf.quants.quantize(np.ascontiguousarray(values), gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(gguf_name, np.ascontiguousarray(values))
+        add_tensor(writer, gguf_name, values, q8 and values.ndim == 2)  # the projections and the (tied) embeddings
 
     add("token_embd.weight", tensors.pop("embed_tokens.weight"))
     add("output_norm.weight", tensors.pop("norm.weight"))

@@ -166,6 +166,18 @@ def _bytes_to_unicode() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
+def add_tensor(writer, gguf_name: str, values: np.ndarray, q8: bool = False) -> None:
+    """One tensor into a GGUF being written: as it is (float32), or its Q8_0 blocks where `q8`."""
+    import gguf
+
+    values = np.ascontiguousarray(values)
+    if q8:
+        blocks = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+        writer.add_tensor(gguf_name, blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    else:
+        writer.add_tensor(gguf_name, values)
+
+
 def _add_tiny_tokenizer(writer) -> int:
     """A byte-level BPE vocabulary of 3 special tokens + 256 bytes + 2 merges; returns its size."""
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + _bytes_to_unicode() + ["he", "ll"]
@@ -214,12 +226,7 @@ def _write_gguf(path: str, arch: str, seed: int = 0, n_heads: int = 4, n_kv: int
             q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
             w = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
         expected[hf_name] = torch.from_numpy(w.copy())
-        stored = permute_qk(w, permute_heads) if permute_heads else w
-        if quantize:
-            stored_q = gguf.quants.quantize(np.ascontiguousarray(stored), gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(gguf_name, stored_q, raw_shape=stored_q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(gguf_name, np.ascontiguousarray(stored))
+        add_tensor(writer, gguf_name, permute_qk(w, permute_heads) if permute_heads else w, quantize)
 
     llama = arch == "llama"
     add("token_embd.weight", "model.embed_tokens.weight", (vocab, hidden))

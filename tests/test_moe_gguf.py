@@ -20,7 +20,7 @@ from engine_core.models.moe_checkpoint import per_expert
 from engine_core.weights.gguf_import import QUANTIZED_FILE, import_gguf
 from engine_core.weights.loader import quantized_tensors
 from engine_core.worker.model_runner import ModelRunner
-from test_gguf_import import _add_tiny_tokenizer, permute_qk
+from test_gguf_import import _add_tiny_tokenizer, add_tensor, permute_qk
 from test_model_vs_transformers import hf_logits, make_runner, run_step
 
 pytestmark = pytest.mark.integration
@@ -72,11 +72,7 @@ def write_moe_gguf(hf_folder: str, path: str, arch: str, q8_experts: bool = Fals
         writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
 
     def add(gguf_name, values, quantize=False):
-        if quantize:
-            q = gguf.quants.quantize(np.ascontiguousarray(values), gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            writer.add_tensor(gguf_name, np.ascontiguousarray(values))
+        add_tensor(writer, gguf_name, values, quantize)
 
     add("token_embd.weight", tensors.pop("embed_tokens.weight"))
     add("output_norm.weight", tensors.pop("norm.weight"))
