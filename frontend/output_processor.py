@@ -63,7 +63,9 @@ class OutputProcessor:
                 record.num_cached_tokens = max(record.num_cached_tokens, out.num_cached_tokens)
             seq.token_ids.extend(out.new_token_ids)
             self._add_logprobs(seq, out.new_logprobs)
-            if record.params.prompt_logprobs is not None and record.prompt_logprobs is None and out.new_token_ids:
+            # sample 0 scores the prompt for all n (processor.py), so its first output carries them
+            if (record.params.prompt_logprobs is not None and record.prompt_logprobs is None and seq.index == 0
+                    and out.new_token_ids):
                 record.prompt_logprobs = [None] + [self._entry(lp) for lp in out.prompt_logprobs]
             stop_str = seq.detokenizer.update(out.new_token_ids)
             if stop_str is not None:

@@ -74,7 +74,7 @@ def test_models_health_version_openapi(server, client):
         assert path in spec["paths"], path
     schemas = spec["components"]["schemas"]
     req = schemas["CompletionRequest"]["properties"]
-    assert req["max_tokens"]["anyOf"][0]["minimum"] == 1 and req["top_p"]["anyOf"][0]["exclusiveMinimum"] == 0
+    assert req["max_tokens"]["anyOf"][0]["minimum"] == 0 and req["top_p"]["anyOf"][0]["exclusiveMinimum"] == 0
     assert "ErrorResponse" in schemas and "ChatCompletionResponse" in schemas
     assert "400" in spec["paths"]["/v1/completions"]["post"]["responses"]
 
@@ -166,7 +166,10 @@ def test_completion_logprobs_and_echo(client):
     assert echo.choices[0].text == "The sky is" + out.choices[0].text
     elp = echo.choices[0].logprobs
     n_prompt = echo.usage.prompt_tokens
-    assert elp.token_logprobs[:n_prompt] == [None] * n_prompt and elp.top_logprobs[:n_prompt] == [None] * n_prompt
+    # the prompt's tokens are scored too, all but the first
+    assert elp.token_logprobs[0] is None and elp.top_logprobs[0] is None
+    for token, value, top in zip(elp.tokens[1:n_prompt], elp.token_logprobs[1:n_prompt], elp.top_logprobs[1:n_prompt]):
+        assert value <= 0 and top[token] == value and 1 <= len(top) <= 2
     assert elp.token_logprobs[n_prompt:] == lp.token_logprobs
     assert elp.text_offset == sorted(elp.text_offset) and elp.text_offset[n_prompt] == len("The sky is")
 

@@ -244,10 +244,11 @@ def test_completions_echo_logprobs_n_whole_and_streamed(server, echo, logprobs, 
         if logprobs is None:
             assert lp is None
             continue
-        echoed = prompt_tokens if echo else 0
+        echoed, unscored = (prompt_tokens, 1) if echo else (0, 0)  # the prompt's first token has no logprob
         assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == echoed + 4
-        assert lp["token_logprobs"][:echoed] == [None] * echoed and None not in lp["token_logprobs"][echoed:]
-        assert all(len(top) <= logprobs + 1 for top in lp["top_logprobs"][echoed:])
+        assert lp["token_logprobs"][:unscored] == lp["top_logprobs"][:unscored] == [None] * unscored
+        assert None not in lp["token_logprobs"][unscored:]
+        assert all(len(top) <= logprobs + 1 for top in lp["top_logprobs"][unscored:])
         assert "".join(lp["tokens"]) == choice["text"]
         assert [b - a for a, b in zip(lp["text_offset"], lp["text_offset"][1:])] == [len(t) for t in lp["tokens"][:-1]]
     for include_usage in (False, True):

@@ -39,6 +39,7 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     error_param: str | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # its prompt's, where the request asked
 
     def add(self, delta: CompletionOutput) -> None:
         self.text += delta.text
@@ -133,7 +134,10 @@ async def collect(stream: AsyncIterator[tuple[int, RequestOutput]], num_prompts:
     choices = [Choice(i) for i in range(num_prompts * n)]
     async for i, out in stream:
         for c in out.outputs:
-            choices[i * n + c.index].add(c)
+            choice = choices[i * n + c.index]
+            choice.add(c)
+            if out.prompt_logprobs is not None:
+                choice.prompt_logprobs = out.prompt_logprobs
     return choices
 
 

@@ -9,6 +9,7 @@ Unknown fields are refused (400 naming the field) rather than silently ignored.
 import time
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import BaseModel, Discriminator, Field, PlainValidator, Tag
 
 from common.errors import InvalidParameter
@@ -200,15 +201,32 @@ class UsageInfo(BaseModel):
 class CompletionRequest(OpenAICompletionFields, SamplingFields):
     prompt: PromptInput = Field(description="a string, a list of strings, a list of token ids, or a list of lists "
                                             f"of token ids (at most {MAX_PROMPTS} prompts, {MAX_TOKEN_IDS} token ids)")
-    max_tokens: int | None = Field(16, ge=1, description="tokens to generate; null: up to max_model_len")
-    logprobs: int | None = Field(None, ge=0, le=20, description="log probabilities of the sampled and top-N tokens")
-    echo: bool = Field(False, description="prepend the prompt to the text (its tokens get null logprobs)")
+    max_tokens: int | None = Field(16, ge=0, description="tokens to generate; null: up to max_model_len; 0 (with "
+                                                          "echo): score the prompt only")
+    logprobs: int | None = Field(None, ge=0, le=20, description="log probabilities of the sampled and top-N tokens "
+                                                                "(of the prompt's too, with echo)")
+    echo: bool = Field(False, description="prepend the prompt to the text; with logprobs, its tokens' logprobs too")
+    prompt_logprobs: int | None = Field(None, ge=0, le=20, description=(
+        "vLLM extension: each prompt token's logprob given the tokens before it, with the top N, in the choice's "
+        "prompt_logprobs"))
+
+    @property
+    def scores_only(self) -> bool:
+        """max_tokens 0 with echo: the prompt is scored and nothing is generated (what evaluation harnesses send)."""
+        return self.echo and self.max_tokens == 0
 
     def to_sampling_params(self) -> SamplingParams:
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidParameter("best_of", f"best_of {self.best_of} is not supported: completions are not ranked, "
                                               f"so best_of must equal n ({self.n}) or be left out")
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidParameter("max_tokens", "max_tokens 0 needs echo: true (it returns the scored prompt only)")
+        # the engine computes one token that a scoring-only request never shows: the prompt's last logits come free
+        params = self._sampling_params(1 if self.scores_only else self.max_tokens, self.logprobs)
+        scored = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
+        if scored:
+            params = msgspec.structs.replace(params, prompt_logprobs=max(scored))
+        return params
 
 
 class CompletionLogprobs(BaseModel):
@@ -218,10 +236,18 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = []
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
+    # vLLM's field, with `prompt_logprobs` in the request: per prompt token (null for the first), token id -> logprob
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = Field(None, description="the stop string or token id that ended it")
 

@@ -1,7 +1,9 @@
 """POST /v1/completions: prompts as text or token ids, streamed (SSE) or whole.
 
-Choice i x n + j is completion j of prompt i. With `echo` the prompt text comes first; the core
-does not compute prompt logprobs, so the echoed prompt tokens carry null logprobs.
+Choice i x n + j is completion j of prompt i. With `echo` the prompt text comes first, and with `logprobs` its
+tokens' logprobs too (the core scores the prompt: SamplingParams.prompt_logprobs), the first token's null as
+OpenAI's are. `echo` with `max_tokens: 0` returns the scored prompt alone, which is how evaluation harnesses
+(lm-eval's loglikelihood tasks) ask for a continuation's log-likelihood.
 """
 
 from fastapi import Request
@@ -10,7 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from frontend.api import generation as G
 from frontend.api.errors import APIError
 from frontend.api.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-                                   CompletionStreamResponse)
+                                   CompletionStreamResponse, PromptLogprob)
 from frontend.api.state import ServerState
 from frontend.api.streams import ClientDisconnected, cancel_on_disconnect, sse
 from frontend.async_llm import AsyncLLM
@@ -37,15 +39,16 @@ class LogprobsBuilder:
         self.num_top = num_top
         self.offset = offset
 
-    def prompt(self, token_ids: list[int]) -> CompletionLogprobs:
-        out = CompletionLogprobs()
-        for tid in token_ids:
-            self._token(out, G.decoded(self.engine, tid, None), None, None)
-        return out
+    def prompt(self, token_ids: list[int], scored: list[dict[int, Logprob] | None] | None) -> CompletionLogprobs:
+        """The echoed prompt's tokens with their logprobs (scored: the core's, the first token's None)."""
+        return self.generated(token_ids, scored if scored is not None else [None] * len(token_ids))
 
-    def generated(self, token_ids: list[int], logprobs: list[dict[int, Logprob]]) -> CompletionLogprobs:
+    def generated(self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None]) -> CompletionLogprobs:
         out = CompletionLogprobs()
         for tid, entry in zip(token_ids, logprobs):
+            if entry is None:
+                self._token(out, G.decoded(self.engine, tid, None), None, None)
+                continue
             sampled = entry.get(tid)
             top = {G.decoded(self.engine, t, lp): lp.logprob for t, lp in G.top_entries(entry, tid, self.num_top)}
             token = G.decoded(self.engine, tid, sampled)
@@ -91,19 +94,24 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     except Exception as e:
         raise G.engine_error(e) from e
     G.check_finished(state, choices)
+    if body.scores_only:  # the one token the engine computed is not part of the answer
+        for choice in choices:
+            choice.text, choice.token_ids, choice.logprobs = "", [], []
     result = []
     for choice in choices:
         prompt = prompts[choice.index // params.n]
         text, logprobs = choice.text, None
         if body.logprobs is not None:
             builder = LogprobsBuilder(engine, body.logprobs)
-            logprobs = builder.prompt(prompt.prompt_token_ids) if body.echo else CompletionLogprobs()
+            logprobs = (builder.prompt(prompt.prompt_token_ids, choice.prompt_logprobs) if body.echo
+                        else CompletionLogprobs())
             gen = builder.generated(choice.token_ids, choice.logprobs)
             for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                 getattr(logprobs, name).extend(getattr(gen, name))
         if body.echo:
             text = _echo_text(engine, prompt) + text
         result.append(CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
+                                       prompt_logprobs=_vllm_prompt_logprobs(body, choice.prompt_logprobs),
                                        finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
     completion_tokens = sum(len(c.token_ids) for c in choices)
     return CompletionResponse(id=request_id, model=state.model_name, choices=result,
@@ -114,33 +122,71 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
     n = body.n
     model = state.model_name
     builders = {}
+    scores_sent = set()  # choices whose vLLM prompt_logprobs have gone out
+    echoed = set()  # prompts whose echo has gone out: each at its first output, which brings its prompt logprobs
     completion_tokens = 0
 
     def chunk(choices: list[CompletionChoice], usage=None) -> str:
         return sse(CompletionStreamResponse(id=request_id, model=model, choices=choices, usage=usage))
 
-    if body.echo:
-        for index in range(len(prompts) * n):
-            prompt = prompts[index // n]
-            text = _echo_text(engine, prompt)
+    def echo(i: int, scored) -> list[CompletionChoice]:
+        echoed.add(i)
+        choices = []
+        for index in range(i * n, (i + 1) * n):
             logprobs = None
             if body.logprobs is not None:
                 builders[index] = LogprobsBuilder(engine, body.logprobs)
-                logprobs = builders[index].prompt(prompt.prompt_token_ids)
-            yield chunk([CompletionChoice(index=index, text=text, logprobs=logprobs)])
-    async for i, out in stream:
+                logprobs = builders[index].prompt(prompts[i].prompt_token_ids, scored)
+            choices.append(CompletionChoice(index=index, text=_echo_text(engine, prompts[i]), logprobs=logprobs,
+                                            prompt_logprobs=_vllm_prompt_logprobs(body, scored)))
+        return choices
+
+    def generated(i: int, out) -> list[CompletionChoice]:
+        nonlocal completion_tokens
         choices = []
         for c in out.outputs:
             G.raise_request_error(c)
             index = i * n + c.index
+            if body.scores_only:
+                c.text, c.token_ids, c.logprobs = "", [], []
             completion_tokens += len(c.token_ids)
             logprobs = None
             if body.logprobs is not None:
                 builder = builders.setdefault(index, LogprobsBuilder(engine, body.logprobs))
                 logprobs = builder.generated(c.token_ids, c.logprobs or [])
-            choices.append(CompletionChoice(index=index, text=c.text, logprobs=logprobs,
+            scored = None  # without echo, vLLM's prompt_logprobs come with a choice's first chunk that has them
+            if not body.echo and index not in scores_sent and out.prompt_logprobs is not None:
+                scored = _vllm_prompt_logprobs(body, out.prompt_logprobs)
+                scores_sent.add(index)
+            choices.append(CompletionChoice(index=index, text=c.text, logprobs=logprobs, prompt_logprobs=scored,
                                             finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+        return choices
+
+    # the echo goes first, with the prompt's logprobs where asked: a prompt's outputs wait for them (sample 0
+    # scores the prompt, and another sample may be faster)
+    waits = body.echo and (body.logprobs is not None or body.prompt_logprobs is not None)
+    held: dict[int, list] = {}
+    async for i, out in stream:
+        if body.echo and i not in echoed:
+            if waits and out.prompt_logprobs is None and not out.finished:
+                held.setdefault(i, []).append(out)
+                continue
+            choices = echo(i, out.prompt_logprobs)
+            for earlier in held.pop(i, []):
+                choices += generated(i, earlier)
+        else:
+            choices = []
+        choices += generated(i, out)
         if choices:
             yield chunk(choices)
     if body.include_usage:
         yield chunk([], G.usage(prompts, completion_tokens))
+
+
+def _vllm_prompt_logprobs(body: CompletionRequest, scored) -> list[dict[int, PromptLogprob] | None] | None:
+    """vLLM's `prompt_logprobs` of a choice: only where the request named the field."""
+    if body.prompt_logprobs is None or scored is None:
+        return None
+    return [None if entry is None else
+            {tid: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=lp.decoded_token)
+             for tid, lp in entry.items()} for entry in scored]
