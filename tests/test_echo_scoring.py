@@ -177,3 +177,20 @@ def test_lm_eval_local_completions_equals_its_hf_model(server, tiny, tmp_path, m
         assert ours == pytest.approx(theirs, abs=ATOL), item
         assert all(math.isfinite(x) and x < 0 for x in ours)
     assert served_acc == hf_acc
+
+
+def test_chat_prompt_logprobs_score_the_rendered_prompt(server, tiny):
+    path, hf = tiny
+    messages = [{"role": "user", "content": "Name a colour."}]
+    ids = httpx.post(server[0] + "/tokenize", json={"model": path, "messages": messages}, timeout=60).json()["tokens"]
+    expected = reference(hf, ids)
+    r = httpx.post(server[0] + "/v1/chat/completions", json={"model": path, "messages": messages, "max_tokens": 1,
+                                                             "prompt_logprobs": 0}, timeout=300)
+    assert r.status_code == 200, r.text
+    scored = r.json()["prompt_logprobs"]
+    assert len(scored) == len(ids) == r.json()["usage"]["prompt_tokens"] and scored[0] is None
+    for p in range(1, len(ids)):
+        assert scored[p][str(ids[p])]["logprob"] == pytest.approx(expected[p - 1, ids[p]].item(), abs=ATOL)
+    streamed = httpx.post(server[0] + "/v1/chat/completions", json={"model": path, "messages": messages,
+                                                                    "prompt_logprobs": 0, "stream": True}, timeout=60)
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"

@@ -18,7 +18,7 @@ from common.validation import request_token_cost
 from frontend.api import offload
 from frontend.api.admission import Ticket
 from frontend.api.errors import APIError, bad_request, engine_unavailable
-from frontend.api.protocol import UsageInfo
+from frontend.api.protocol import PromptLogprob, UsageInfo
 from frontend.api.state import MAX_SEQUENCES_PER_REQUEST, ServerState
 from frontend.api.streams import SSE_DONE, merge
 from frontend.async_llm import AsyncLLM
@@ -200,3 +200,12 @@ def top_entries(entry: dict[int, Logprob], sampled: int, num_top: int) -> list[t
     ranked = [(tid, lp) for tid, lp in entry.items() if lp.rank is not None and lp.rank <= num_top]
     ranked.sort(key=lambda item: item[1].rank)
     return ranked
+
+
+def vllm_prompt_logprobs(requested: int | None, scored) -> list[dict[int, PromptLogprob] | None] | None:
+    """vLLM's `prompt_logprobs` in a response: only where the request named the field."""
+    if requested is None or scored is None:
+        return None
+    return [None if entry is None else
+            {tid: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=lp.decoded_token)
+             for tid, lp in entry.items()} for entry in scored]

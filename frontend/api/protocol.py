@@ -150,6 +150,9 @@ class SamplingFields(ConstraintFields, StrictModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = Field(None, description="accepted and ignored")
+    prompt_logprobs: int | None = Field(None, ge=0, le=20, description=(
+        "vLLM extension: each prompt token's logprob given the tokens before it, with the top N (completions: in "
+        "each choice's prompt_logprobs; chat: in the response's)"))
     cache_salt: Text | None = Field(None, max_length=1024, description=(
         "vLLM extension: only requests with the same salt share prefix-cache blocks, so one tenant "
         "cannot learn from cache hits what another's prompts hold"))
@@ -178,6 +181,7 @@ class SamplingFields(ConstraintFields, StrictModel):
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,  # streamed as is, or joined for a whole response
             structured_outputs=constraint,
@@ -206,9 +210,6 @@ class CompletionRequest(OpenAICompletionFields, SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=20, description="log probabilities of the sampled and top-N tokens "
                                                                 "(of the prompt's too, with echo)")
     echo: bool = Field(False, description="prepend the prompt to the text; with logprobs, its tokens' logprobs too")
-    prompt_logprobs: int | None = Field(None, ge=0, le=20, description=(
-        "vLLM extension: each prompt token's logprob given the tokens before it, with the top N, in the choice's "
-        "prompt_logprobs"))
 
     @property
     def scores_only(self) -> bool:
@@ -223,9 +224,8 @@ class CompletionRequest(OpenAICompletionFields, SamplingFields):
             raise InvalidParameter("max_tokens", "max_tokens 0 needs echo: true (it returns the scored prompt only)")
         # the engine computes one token that a scoring-only request never shows: the prompt's last logits come free
         params = self._sampling_params(1 if self.scores_only else self.max_tokens, self.logprobs)
-        scored = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
-        if scored:
-            params = msgspec.structs.replace(params, prompt_logprobs=max(scored))
+        if self.echo and self.logprobs is not None:  # the echoed prompt's logprobs
+            params = msgspec.structs.replace(params, prompt_logprobs=max(self.logprobs, self.prompt_logprobs or 0))
         return params
 
 
@@ -354,6 +354,8 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
     service_tier: str = Field("default", description="how it was served: always as OpenAI's default tier")
+    # vLLM's field, with `prompt_logprobs` in the request: per prompt token (null for the first), token id -> logprob
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
 
 
 class DeltaMessage(OmitNone):

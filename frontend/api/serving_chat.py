@@ -66,6 +66,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    if body.prompt_logprobs is not None and body.stream:  # as vLLM: a chat stream has no place for them
+        raise APIError(400, "prompt_logprobs are not available with stream: true", param="prompt_logprobs")
     params, constraint_field = G.sampling_params(body)
     try:
         plan = plan_chat(body, engine.tokenizer, state.chat)
@@ -120,7 +122,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             logprobs=chat_logprobs(engine, c.token_ids, c.logprobs, num_top) if body.logprobs else None,
             finish_reason=reason, stop_reason=c.stop_reason))
     return ChatCompletionResponse(id=request_id, model=state.model_name, choices=result,
-                                  usage=G.usage(prompts, sum(len(c.token_ids) for c in choices)))
+                                  usage=G.usage(prompts, sum(len(c.token_ids) for c in choices)),
+                                  prompt_logprobs=G.vllm_prompt_logprobs(body.prompt_logprobs, choices[0].prompt_logprobs))
 
 
 async def _stream(state: ServerState, engine, body: ChatCompletionRequest, request_id: str, prompts, stream,

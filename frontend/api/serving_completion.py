@@ -12,7 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from frontend.api import generation as G
 from frontend.api.errors import APIError
 from frontend.api.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-                                   CompletionStreamResponse, PromptLogprob)
+                                   CompletionStreamResponse)
 from frontend.api.state import ServerState
 from frontend.api.streams import ClientDisconnected, cancel_on_disconnect, sse
 from frontend.async_llm import AsyncLLM
@@ -111,7 +111,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         if body.echo:
             text = _echo_text(engine, prompt) + text
         result.append(CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
-                                       prompt_logprobs=_vllm_prompt_logprobs(body, choice.prompt_logprobs),
+                                       prompt_logprobs=G.vllm_prompt_logprobs(body.prompt_logprobs, choice.prompt_logprobs),
                                        finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
     completion_tokens = sum(len(c.token_ids) for c in choices)
     return CompletionResponse(id=request_id, model=state.model_name, choices=result,
@@ -138,7 +138,7 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
                 builders[index] = LogprobsBuilder(engine, body.logprobs)
                 logprobs = builders[index].prompt(prompts[i].prompt_token_ids, scored)
             choices.append(CompletionChoice(index=index, text=_echo_text(engine, prompts[i]), logprobs=logprobs,
-                                            prompt_logprobs=_vllm_prompt_logprobs(body, scored)))
+                                            prompt_logprobs=G.vllm_prompt_logprobs(body.prompt_logprobs, scored)))
         return choices
 
     def generated(i: int, out) -> list[CompletionChoice]:
@@ -156,7 +156,7 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
                 logprobs = builder.generated(c.token_ids, c.logprobs or [])
             scored = None  # without echo, vLLM's prompt_logprobs come with a choice's first chunk that has them
             if not body.echo and index not in scores_sent and out.prompt_logprobs is not None:
-                scored = _vllm_prompt_logprobs(body, out.prompt_logprobs)
+                scored = G.vllm_prompt_logprobs(body.prompt_logprobs, out.prompt_logprobs)
                 scores_sent.add(index)
             choices.append(CompletionChoice(index=index, text=c.text, logprobs=logprobs, prompt_logprobs=scored,
                                             finish_reason=c.finish_reason, stop_reason=c.stop_reason))
@@ -182,11 +182,3 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
     if body.include_usage:
         yield chunk([], G.usage(prompts, completion_tokens))
 
-
-def _vllm_prompt_logprobs(body: CompletionRequest, scored) -> list[dict[int, PromptLogprob] | None] | None:
-    """vLLM's `prompt_logprobs` of a choice: only where the request named the field."""
-    if body.prompt_logprobs is None or scored is None:
-        return None
-    return [None if entry is None else
-            {tid: PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=lp.decoded_token)
-             for tid, lp in entry.items()} for entry in scored]
