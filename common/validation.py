@@ -86,6 +86,23 @@ def check_prompt(ids: list[int], limits: RequestLimits) -> None:
     check_token_ids("prompt", ids, limits)
 
 
+def check_beam_search(request: EngineCoreRequest, limits: RequestLimits) -> None:
+    """A beam search runs beam_width sequences of max_tokens each; its sampling_params carry the same max_tokens
+    (checked above against max_model_len) and nothing the beams would ignore."""
+    beam = request.beam_search
+    beam.validate(limits.max_n)
+    if request.sampling_params.max_tokens != beam.max_tokens:
+        raise invalid("max_tokens", f"of the sampling parameters ({request.sampling_params.max_tokens}) must equal "
+                                    f"the beam search's ({beam.max_tokens})")
+    if request.sampling_params.n != 1:
+        raise invalid("n", f"must be 1 on the wire for a beam search (beam_width says how many beams), "
+                           f"got {request.sampling_params.n}")
+    cost = beam.beam_width * beam.max_tokens
+    if cost > limits.max_request_tokens:
+        raise invalid("max_tokens", f"{beam.max_tokens} x beam_width ({beam.beam_width}) is {cost}, more than one "
+                                    f"request may ask for ({limits.max_request_tokens}, --max-request-tokens)")
+
+
 def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_constraint: bool = False,
                   constraint_field: str | None = None) -> None:
     """Raises InvalidParameter naming the first bad field of the request and its limit."""
@@ -99,6 +116,8 @@ def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_con
         raise InvalidParameter("eos_token_ids", f"eos_token_ids holds {len(request.eos_token_ids)} ids; at most "
                          f"{limits.max_stop_token_ids} are allowed")
     check_token_ids("eos_token_ids", request.eos_token_ids, limits)
+    if request.beam_search is not None:
+        check_beam_search(request, limits)
     if not math.isfinite(request.arrival_time):
         raise InvalidParameter("arrival_time", f"arrival_time must be a finite number, got {request.arrival_time}")
     if request.cache_salt is not None and len(request.cache_salt) > limits.max_cache_salt_chars:

@@ -13,6 +13,7 @@ from common.protocol import (PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutpu
 from engine_core.platform.cpu_threads import ThreadPoolSizer
 from engine_core.engine_config import resolve_engine_config
 from engine_core.executor.fatal_errors import is_fatal
+from engine_core.sched.beam_group import BeamGroup
 from engine_core.sched.kv_cache_manager import KVCacheManager
 from engine_core.weights.model_folder import eos_token_ids, read_tokenizer_files
 from engine_core.sched.request import Request
@@ -103,6 +104,8 @@ class EngineCore:
         Processor in this process, or by the core process on the ADD it decoded. Its output constraint, if
         any, starts compiling now, off this thread."""
         core_request = Request.from_engine_core_request(request)
+        if request.beam_search is not None:
+            BeamGroup(core_request, request.beam_search, self.config.model.vocab_size)
         constraint = request.sampling_params.structured_outputs
         if constraint is not None:
             core_request.grammar = RequestGrammar(self.grammar_compiler.compile(constraint),
