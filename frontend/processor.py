@@ -83,8 +83,8 @@ class Processor:
         if beam_search is not None:
             # the beams choose their tokens by logprob alone: of the sampling parameters only what shapes the
             # text stays (the max_tokens check against the prompt is the beams')
-            params = SamplingParams(max_tokens=beam_search.max_tokens, skip_special_tokens=params.skip_special_tokens,
-                                    output_kind=params.output_kind)
+            params = SamplingParams(n=beam_search.beam_width, max_tokens=beam_search.max_tokens,
+                                    skip_special_tokens=params.skip_special_tokens, output_kind=params.output_kind)
         if params.max_tokens is None:  # as many as fit (check_request names the prompt first if none do)
             params = msgspec.structs.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         request = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
@@ -95,7 +95,8 @@ class Processor:
             _wire.encode(request)
         except (OverflowError, UnicodeError, msgspec.EncodeError) as e:
             raise InvalidParameter(None, f"a parameter is out of range or not valid UTF-8: {e}") from None
-        samples = [_sample(request, i) for i in range(params.n)]
+        # n samples are n core requests; a beam search's n beams are one
+        samples = [request] if beam_search is not None else [_sample(request, i) for i in range(params.n)]
         return ProcessedRequest(request_id, text, ids, params, samples, self.fingerprint, beam_search)
 
 

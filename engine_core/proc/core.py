@@ -7,6 +7,8 @@ import logging
 import time
 import uuid
 
+import msgspec
+
 from common.config import EngineArgs
 from common.protocol import (PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready,
                              StepCounts)
@@ -68,7 +70,10 @@ class EngineCore:
             enable_prefix_caching=config.enable_prefix_caching), self.kv_cache_manager,
             speculator_for(config.speculative_config))
         self.num_blocks = num_blocks
-        self.limits = args.request_limits(config.model.vocab_size, max_model_len)
+        limits = args.request_limits(config.model.vocab_size, max_model_len)
+        # a beam search runs all its beams in one step
+        self.limits = msgspec.structs.replace(limits, max_beam_width=min(
+            limits.max_n, config.max_num_seqs, config.max_num_batched_tokens))
         tokenizer_files = read_tokenizer_files(config.model.path)
         self.grammar_compiler = GrammarCompiler(tokenizer_files.get("tokenizer.json", ""), config.model.vocab_size,
                                                 eos_token_ids(config.model.path, config.model.hf_config))

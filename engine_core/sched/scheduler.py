@@ -14,7 +14,8 @@ or none (a step whose remaining budget is short of its beams skips it). It takes
 A beam forked after a step gets a copy of its parent's last partial block before the next forward: the step's
 SchedulerOutput names those (src, dst) copies. Preemption frees every block of the group and restarts its search
 from the prompt (the simplest correct rule: the same request gives the same beams again, since nothing depends on
-the batch); abort frees every beam's blocks. Speculative decoding does not run beams: such a request fails.
+the batch); abort frees every beam's blocks. Beams get no proposals (speculative decoding goes on for the other requests;
+a draft model only reads the block tables of requests with proposals).
 
 Why this never spins forever:
 - blocks are held only by running requests, and a victim is always the newest running request, so the
@@ -139,8 +140,6 @@ class Scheduler:
         return outputs
 
     def _beam_search_error(self, width: int) -> str | None:
-        if self.proposer is not None:
-            return "beam search does not run with speculative decoding: serve without --speculative-config"
         if width > min(self.config.max_num_seqs, self.config.max_num_batched_tokens):
             return (f"beam_width {width} is more than a step can run (max_num_seqs {self.config.max_num_seqs}, "
                     f"max_num_batched_tokens {self.config.max_num_batched_tokens})")

@@ -1,14 +1,16 @@
 """POST /v1/completions: prompts as text or token ids, streamed (SSE) or whole.
 
 Choice i x n + j is completion j of prompt i. With `echo` the prompt text comes first; the core
-does not compute prompt logprobs, so the echoed prompt tokens carry null logprobs.
+does not compute prompt logprobs, so the echoed prompt tokens carry null logprobs. With `use_beam_search` the
+n choices of a prompt are its n best beams, best score first (one engine request per prompt, answered whole).
 """
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from frontend.api import generation as G
-from frontend.api.errors import APIError
+from common.errors import InvalidParameter
+from frontend.api.errors import APIError, bad_request
 from frontend.api.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                    CompletionStreamResponse)
 from frontend.api.state import ServerState
@@ -70,13 +72,18 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     engine = state.ready_engine()
     state.check_model(body.model)
     params, constraint_field = G.sampling_params(body)
+    try:
+        beam_search = body.beam_search_params()
+    except InvalidParameter as e:
+        raise bad_request(e) from None
     request_id = G.new_request_id("cmpl")
     raw_prompts = _prompts(body.prompt)
     G.check_sequences(raw_prompts, params)
     ticket = state.admission.admit(len(raw_prompts) * params.n)  # 503 when overloaded, before any work
     try:
         prompts = await G.process_prompts(state, engine, request_id, raw_prompts, params,
-                                          cache_salt=body.cache_salt, constraint_field=constraint_field)
+                                          cache_salt=body.cache_salt, constraint_field=constraint_field,
+                                          beam_search=beam_search)
     except BaseException:
         ticket.release()
         raise
@@ -95,7 +102,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     for choice in choices:
         prompt = prompts[choice.index // params.n]
         text, logprobs = choice.text, None
-        if body.logprobs is not None:
+        if body.logprobs is not None and beam_search is None:  # beams carry no per-token logprobs
             builder = LogprobsBuilder(engine, body.logprobs)
             logprobs = builder.prompt(prompt.prompt_token_ids) if body.echo else CompletionLogprobs()
             gen = builder.generated(choice.token_ids, choice.logprobs)
