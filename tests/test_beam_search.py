@@ -81,6 +81,7 @@ def test_beams_match_transformers_without_eos_in_reach(tiny):
             assert_same_beams(ours, transformers_beams(hf, PROMPT, width, penalty, MAX_TOKENS, eos=2))
         stats = llm.get_stats()
         assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
+        assert stats.totals.prefix_cache_hits >= 2 * 16  # the later searches took the prompt's full block from the cache
 
 
 def test_beams_match_transformers_with_eos_in_reach(tiny):
