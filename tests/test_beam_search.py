@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from common.beam_search_params import BeamSearchParams
+from common.errors import InvalidParameter
 from common.protocol import FinishReason
 from common.sampling_params import SamplingParams
 from frontend.llm import LLM
@@ -79,6 +80,12 @@ def test_beams_match_transformers_without_eos_in_reach(tiny):
             assert all(s.finish_reason == "length" for s in ours.sequences)
             assert all(s.tokens == PROMPT + s.output_token_ids for s in ours.sequences)
             assert_same_beams(ours, transformers_beams(hf, PROMPT, width, penalty, MAX_TOKENS, eos=2))
+        for bad, field in ((dict(beam_width=0), "beam_width"), (dict(beam_width=129), "beam_width"),
+                           (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=200), "max_tokens"),
+                           (dict(length_penalty=float("inf")), "length_penalty")):
+            with pytest.raises(InvalidParameter) as e:
+                llm.beam_search([PROMPT], BeamSearchParams(**({"beam_width": 2, "max_tokens": 4} | bad)))
+            assert e.value.param == field and str(e.value).startswith(field)
         stats = llm.get_stats()
         assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
         assert stats.totals.prefix_cache_hits >= 2 * 16  # the later searches took the prompt's full block from the cache
