@@ -20,6 +20,8 @@ class RequestLimits(msgspec.Struct, array_like=True, omit_defaults=True, kw_only
     max_cache_salt_chars: int = 1024
     max_constraint_chars: int = 256 * 1024  # a JSON schema's, regex's, grammar's or choice list's text
     max_logit_bias: int = 1024  # entries of logit_bias
+    # beams of one beam search: max_n, and no more than one engine step runs (the core sets it; 0: max_n)
+    max_beam_width: int = 0
 
 
 # the limits an engine flag sets (EngineArgs has a field of the same name for each)

@@ -9,16 +9,17 @@ from enum import IntEnum, StrEnum
 
 import msgspec
 
+from common.beam_search_params import BeamSearchParams
 from common.limits import RequestLimits
 from common.sampling_params import SamplingParams
 
 # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8
 MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
-PROTOCOL_VERSION = 5  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
+PROTOCOL_VERSION = 6  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
 # 3: SchedulerStats as gauges, totals and step counts; EngineCoreOutputs without engine_index;
 # 4: UtilityCall.method a UtilityMethod; EngineCoreOutput.failure (tagged) for error and error_param;
-# 5: EngineCoreOutput.prompt_logprobs
+# 5: EngineCoreOutput.prompt_logprobs; 6: EngineCoreRequest.beam_search, EngineCoreOutput.beams
 
 
 class FinishReason(IntEnum):
@@ -38,6 +39,17 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     eos_token_ids: list[int] = []
     arrival_time: float = 0.0
     cache_salt: str | None = None  # mixed into the prefix-cache hashes: only requests with the same salt share blocks
+    # a beam search: the core runs its beams as one request and answers once, with EngineCoreOutput.beams
+    beam_search: BeamSearchParams | None = None
+
+
+class BeamHypothesis(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One finished beam: its generated tokens (EOS included when it ended on one), their summed logprob and
+    its score (cum_logprob / len(token_ids) ** length_penalty)."""
+    token_ids: list[int]
+    cum_logprob: float
+    score: float
+    finish_reason: FinishReason = FinishReason.LENGTH  # STOP: it ended on EOS
 
 
 class Logprobs(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -91,6 +103,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     failure: Failure | None = None  # with finish_reason ERROR (or ABORT, CoreShutDown): what went wrong
     # with the first token of a request that asked for prompt logprobs: those of prompt tokens 1.. (token 0 has none)
     prompt_logprobs: list[Logprobs] = []
+    # a finished beam search: its beam_width best beams, best score first (new_token_ids stays empty)
+    beams: list[BeamHypothesis] = []
 
     @property
     def error(self) -> str | None:

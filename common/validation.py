@@ -86,6 +86,21 @@ def check_prompt(ids: list[int], limits: RequestLimits) -> None:
     check_token_ids("prompt", ids, limits)
 
 
+def check_beam_search(request: EngineCoreRequest, limits: RequestLimits) -> None:
+    """A beam search runs beam_width sequences of max_tokens each: its sampling_params carry the same n and
+    max_tokens, which check_sampling_params then holds to the request limits (max_model_len, the token cost)."""
+    beam = request.beam_search
+    if limits.max_beam_width and beam.beam_width > limits.max_beam_width:
+        raise invalid("beam_width", f"must be at most {limits.max_beam_width} (--max-n, and no more sequences than "
+                                    f"one engine step runs), got {beam.beam_width}")
+    beam.validate(limits.max_n)
+    if request.sampling_params.max_tokens != beam.max_tokens:
+        raise invalid("max_tokens", f"of the sampling parameters ({request.sampling_params.max_tokens}) must equal "
+                                    f"the beam search's ({beam.max_tokens})")
+    if request.sampling_params.n != beam.beam_width:
+        raise invalid("n", f"of a beam search is its beam_width ({beam.beam_width}), got {request.sampling_params.n}")
+
+
 def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_constraint: bool = False,
                   constraint_field: str | None = None) -> None:
     """Raises InvalidParameter naming the first bad field of the request and its limit."""
@@ -93,6 +108,8 @@ def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_con
         raise InvalidParameter("request_id", f"request_id must be 1 to {limits.max_request_id_chars} characters, got "
                          f"{len(request.request_id)}")
     check_prompt(request.prompt_token_ids, limits)
+    if request.beam_search is not None:  # first: a width over the limit is named as the beam search's
+        check_beam_search(request, limits)
     check_sampling_params(request.sampling_params, limits, len(request.prompt_token_ids), compile_constraint,
                           constraint_field)
     if len(request.eos_token_ids) > limits.max_stop_token_ids:

@@ -1,8 +1,9 @@
 """The frontend: tokenizing, validating, detokenizing, the offline and HTTP APIs. Imports no torch."""
 
+from common.beam_search_params import BeamSearchParams
 from common.sampling_params import RequestOutputKind, SamplingParams
 from common.structured_outputs import StructuredOutputsParams
-from frontend.outputs import CompletionOutput, Logprob, RequestOutput
+from frontend.outputs import BeamSearchOutput, BeamSearchSequence, CompletionOutput, Logprob, RequestOutput
 
 
 def __getattr__(name):
@@ -17,4 +18,4 @@ def __getattr__(name):
 
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput",
-           "Logprob", "RequestOutputKind"]
+           "Logprob", "RequestOutputKind", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]

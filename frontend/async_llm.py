@@ -19,6 +19,7 @@ import asyncio
 import logging
 from typing import AsyncIterator, Callable
 
+from common.beam_search_params import BeamSearchParams
 from common.config import EngineArgs
 from common.protocol import SchedulerStats, UtilityMethod
 from common.sampling_params import SamplingParams
@@ -188,13 +189,13 @@ class AsyncLLM:
 
     def process(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams,
                 prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
-                constraint_field: str | None = None) -> ProcessedRequest:
+                constraint_field: str | None = None, beam_search: BeamSearchParams | None = None) -> ProcessedRequest:
         """Validates and tokenizes one request for the served model (InvalidParameter names a bad field)."""
         dead = self.dead
         if dead is not None:
             raise dead
         return self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt,
-                                      constraint_field)
+                                      constraint_field, beam_search)
 
     async def generate(self, prompt: str | list[int] | None, sampling_params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None,

@@ -10,12 +10,13 @@ from typing import Sequence
 import msgspec
 from tqdm.auto import tqdm
 
+from common.beam_search_params import BeamSearchParams
 from common.config import EngineArgs
 from common.errors import InvalidParameter
 from common.sampling_params import RequestOutputKind, SamplingParams
 from frontend.chat_template import render_chat
 from frontend.core_client import InprocClient
-from frontend.outputs import RequestOutput
+from frontend.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
 from frontend.processor import ProcessedRequest
 from frontend.served_model import ServedModel
 
@@ -77,6 +78,27 @@ class LLM:
                 self.client.add_request(core_request)
         return self._run([request.request_id for request in processed], use_tqdm)
 
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Per prompt, params.beam_width beams best score first (vLLM's LLM.beam_search). Each prompt is one
+        request that the engine core searches on its own (engine_core/sched/beam_group.py)."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        processed = [self._process(prompt, SamplingParams(), params) for prompt in prompts]
+        for request in processed:
+            for core_request in self.output_processor.add_request(request):
+                self.client.add_request(core_request)
+        results = []
+        for out in self._run([request.request_id for request in processed], use_tqdm):
+            if len(out.outputs) == 1 and out.outputs[0].finish_reason == "error":
+                raise RuntimeError(f"beam search failed: {out.outputs[0].stop_reason}")
+            results.append(BeamSearchOutput([
+                BeamSearchSequence(out.prompt_token_ids + c.token_ids,
+                                   self.tokenizer.decode(out.prompt_token_ids + c.token_ids, skip_special_tokens=True),
+                                   c.cumulative_logprob, c.score, c.finish_reason, c.token_ids, c.text)
+                for c in out.outputs]))
+        return results
+
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -88,12 +110,13 @@ class LLM:
             out.prompt = text
         return outs
 
-    def _process(self, prompt: PromptType, params: SamplingParams) -> ProcessedRequest:
+    def _process(self, prompt: PromptType, params: SamplingParams,
+                 beam_search: BeamSearchParams | None = None) -> ProcessedRequest:
         # the offline API returns only finished requests: skip the per-token outputs
         params = msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
         if isinstance(prompt, dict):
             prompt = prompt_of(prompt)
-        return self.processor.process(str(next(self._ids)), prompt, params)
+        return self.processor.process(str(next(self._ids)), prompt, params, beam_search=beam_search)
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

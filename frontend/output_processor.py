@@ -61,6 +61,10 @@ class OutputProcessor:
                 record.first_token_time = record.first_token_time or now
                 record.last_token_time = now
                 record.num_cached_tokens = max(record.num_cached_tokens, out.num_cached_tokens)
+            if out.beams:
+                record.beams = out.beams
+                record.last_token_time = now
+                record.num_cached_tokens = max(record.num_cached_tokens, out.num_cached_tokens)
             seq.token_ids.extend(out.new_token_ids)
             self._add_logprobs(seq, out.new_logprobs)
             # sample 0 scores the prompt for all n (processor.py), so its first output carries them
@@ -85,6 +89,20 @@ class OutputProcessor:
                 self.tracker.remove(record.request_id)
         return results, to_abort
 
+    def _beam_output(self, record: TrackedRequest) -> RequestOutput:
+        """A finished beam search: one completion per beam, best score first, all at once."""
+        completions = []
+        for i, beam in enumerate(record.beams):
+            detok = IncrementalDetokenizer(self.tokenizer, record.prompt_token_ids, [], False,
+                                           record.params.skip_special_tokens)
+            detok.update(beam.token_ids)
+            completions.append(CompletionOutput(i, detok.text, list(beam.token_ids), beam.cum_logprob,
+                                                finish_reason=str(FinishReason(beam.finish_reason)), score=beam.score))
+        metrics = {"arrival_time": record.arrival_time, "first_token_time": record.last_token_time,
+                   "last_token_time": record.last_token_time}
+        return RequestOutput(record.request_id, record.prompt, record.prompt_token_ids, completions, True,
+                             record.num_cached_tokens, metrics)
+
     def _add_logprobs(self, seq: SequenceState, lps: list[Logprobs]) -> None:
         if seq.logprobs is None:
             return
@@ -106,6 +124,8 @@ class OutputProcessor:
         kind = record.params.output_kind
         if kind == RequestOutputKind.FINAL_ONLY and not record.finished:
             return None
+        if record.beams is not None:
+            return self._beam_output(record)
         completions = []
         for seq in sorted(record.sequences.values(), key=lambda s: s.index):
             done = seq.finished

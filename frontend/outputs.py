@@ -20,6 +20,7 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it (the error's text)
     error_param: str | None = None  # with finish_reason "error": the request field it is about, if it is one
+    score: float | None = None  # beam search: cumulative_logprob / len(token_ids) ** length_penalty
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -37,3 +38,21 @@ class RequestOutput:
     # with SamplingParams.prompt_logprobs: per prompt token, its logprob given the tokens before it (None for the
     # first token), with the top ids, as vLLM gives them
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+@dataclass
+class BeamSearchSequence:
+    """One finished beam, shaped like vLLM's: `tokens` and `text` include the prompt, as vLLM's do."""
+    tokens: list[int]
+    text: str
+    cum_logprob: float
+    score: float
+    finish_reason: str  # "stop" (it ended on EOS) or "length"
+    output_token_ids: list[int]
+    output_text: str
+
+
+@dataclass
+class BeamSearchOutput:
+    """A beam search's beams for one prompt, best score first."""
+    sequences: list[BeamSearchSequence]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from common.beam_search_params import BeamSearchParams
 from common.errors import InvalidParameter, invalid
 from common.limits import RequestLimits
 from common.protocol import EngineCoreRequest, Ready
@@ -34,6 +35,7 @@ class ProcessedRequest:
     params: SamplingParams  # validated, max_tokens filled in
     core_requests: list[EngineCoreRequest]
     model_fingerprint: str  # the model (tokenizer, limits) it was tokenized and checked for
+    beam_search: BeamSearchParams | None = None  # a beam search: one core request, beam_width outputs at the end
 
 
 def model_fingerprint(info: Ready) -> str:
@@ -72,24 +74,30 @@ class Processor:
 
     def process(self, request_id: str, prompt: Prompt, params: SamplingParams,
                 prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
-                constraint_field: str | None = None) -> ProcessedRequest:
+                constraint_field: str | None = None, beam_search: BeamSearchParams | None = None) -> ProcessedRequest:
         """Raises InvalidParameter naming the first bad field; what returns can go on the wire. This is the
         frontend's one check of a request (check_request: every field, the constraint compiled, named
         `constraint_field` where the caller's API calls it something else)."""
         text, ids = (prompt if isinstance(prompt, str) else None, prompt_token_ids) \
             if prompt_token_ids is not None else self.tokenize(prompt)
+        if beam_search is not None:
+            # the beams choose their tokens by logprob alone: of the sampling parameters only what shapes the
+            # text stays (the max_tokens check against the prompt is the beams')
+            params = SamplingParams(n=beam_search.beam_width, max_tokens=beam_search.max_tokens,
+                                    skip_special_tokens=params.skip_special_tokens, output_kind=params.output_kind)
         if params.max_tokens is None:  # as many as fit (check_request names the prompt first if none do)
             params = msgspec.structs.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         request = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
                                     eos_token_ids=self.eos_token_ids, arrival_time=time.time(),
-                                    cache_salt=cache_salt)
+                                    cache_salt=cache_salt, beam_search=beam_search)
         check_request(request, self.limits, compile_constraint=True, constraint_field=constraint_field)
         try:  # what cannot go on the wire must fail here, not once a stream has begun
             _wire.encode(request)
         except (OverflowError, UnicodeError, msgspec.EncodeError) as e:
             raise InvalidParameter(None, f"a parameter is out of range or not valid UTF-8: {e}") from None
-        samples = [_sample(request, i) for i in range(params.n)]
-        return ProcessedRequest(request_id, text, ids, params, samples, self.fingerprint)
+        # n samples are n core requests; a beam search's n beams are one
+        samples = [request] if beam_search is not None else [_sample(request, i) for i in range(params.n)]
+        return ProcessedRequest(request_id, text, ids, params, samples, self.fingerprint, beam_search)
 
 
 def _sample(request: EngineCoreRequest, index: int) -> EngineCoreRequest:

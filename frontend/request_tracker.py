@@ -65,6 +65,7 @@ class TrackedRequest:
     arrival_time: float = field(default_factory=time.time)
     first_token_time: float | None = None
     last_token_time: float | None = None
+    beams: list | None = None  # a finished beam search: the core's BeamHypothesis list, best first
 
     @property
     def finished(self) -> bool:

@@ -393,3 +393,22 @@ def test_tp2_prompt_logprobs_equal_tp1(models):
         assert one.keys() == two.keys()  # the prompt token and the top 2
         for t in one:
             assert two[t][0] == pytest.approx(one[t][0], abs=1e-5)
+
+
+def test_tp2_beam_search_equals_tp1(models):
+    """Forked beams' copies of their parents' partial blocks run on every rank (each on its own KV heads)."""
+    from common.beam_search_params import BeamSearchParams
+    from frontend.llm import LLM
+
+    params = BeamSearchParams(beam_width=4, max_tokens=20, length_penalty=0.5)
+    beams = {}
+    for tp in (1, 2):
+        llm = LLM(models["llama-kv2"], tensor_parallel_size=tp, **ENGINE)
+        try:
+            beams[tp] = [[(s.output_token_ids, s.score) for s in out.sequences]
+                         for out in llm.beam_search(PROMPTS[:2], params)]
+        finally:
+            llm.shutdown()
+    assert [[tokens for tokens, _ in b] for b in beams[2]] == [[tokens for tokens, _ in b] for b in beams[1]]
+    for two, one in zip(beams[2], beams[1]):
+        assert [score for _, score in two] == pytest.approx([score for _, score in one], abs=1e-5)

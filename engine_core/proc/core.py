@@ -7,12 +7,15 @@ import logging
 import time
 import uuid
 
+import msgspec
+
 from common.config import EngineArgs
 from common.protocol import (PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready,
                              StepCounts)
 from engine_core.platform.cpu_threads import ThreadPoolSizer
 from engine_core.engine_config import resolve_engine_config
 from engine_core.executor.fatal_errors import is_fatal
+from engine_core.sched.beam_group import BeamGroup
 from engine_core.sched.kv_cache_manager import KVCacheManager
 from engine_core.weights.model_folder import eos_token_ids, read_tokenizer_files
 from engine_core.sched.request import Request
@@ -67,7 +70,10 @@ class EngineCore:
             enable_prefix_caching=config.enable_prefix_caching), self.kv_cache_manager,
             speculator_for(config.speculative_config))
         self.num_blocks = num_blocks
-        self.limits = args.request_limits(config.model.vocab_size, max_model_len)
+        limits = args.request_limits(config.model.vocab_size, max_model_len)
+        # a beam search runs all its beams in one step
+        self.limits = msgspec.structs.replace(limits, max_beam_width=min(
+            limits.max_n, config.max_num_seqs, config.max_num_batched_tokens))
         tokenizer_files = read_tokenizer_files(config.model.path)
         self.grammar_compiler = GrammarCompiler(tokenizer_files.get("tokenizer.json", ""), config.model.vocab_size,
                                                 eos_token_ids(config.model.path, config.model.hf_config))
@@ -103,6 +109,8 @@ class EngineCore:
         Processor in this process, or by the core process on the ADD it decoded. Its output constraint, if
         any, starts compiling now, off this thread."""
         core_request = Request.from_engine_core_request(request)
+        if request.beam_search is not None:
+            BeamGroup(core_request, request.beam_search, self.config.model.vocab_size)
         constraint = request.sampling_params.structured_outputs
         if constraint is not None:
             core_request.grammar = RequestGrammar(self.grammar_compiler.compile(constraint),

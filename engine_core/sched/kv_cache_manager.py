@@ -160,6 +160,20 @@ class KVCacheManager:
         for block_id in request.block_ids[max(num_tokens // self.block_size, request.num_dropped_blocks):]:
             self.block_pool.uncache(self.block_pool.blocks[block_id])
 
+    def fork(self, parent: Request, child: Request) -> int | None:
+        """Give child (a new beam of parent's, all of whose tokens are computed) parent's block table: a
+        reference on each full block, whose K/V the two now share. Returns parent's last block when it is partial:
+        the child gets its own copy of it (the caller copies it into a fresh block before the next forward)."""
+        num_full = parent.num_tokens // self.block_size
+        child.num_dropped_blocks = min(parent.num_dropped_blocks, num_full)
+        child.block_ids = parent.block_ids[:num_full]
+        child.block_hashes = parent.block_hashes[:num_full]
+        blocks = self.block_pool.blocks
+        self.block_pool.touch([blocks[i] for i in child.block_ids[child.num_dropped_blocks:]])
+        if parent.num_tokens % self.block_size == 0:
+            return None
+        return parent.block_ids[num_full]
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first; they keep their hashes until evicted."""
         blocks = self.block_pool.blocks

@@ -38,6 +38,11 @@ class Request:
         self.num_preemptions = 0
         self.prompt_logprobs: list = []  # Logprobs of prompt tokens 1.. as chunks compute them, until sent
         self.grammar = None  # a RequestGrammar when the request carries an output constraint (set by the core)
+        # beam search (sched/beam_group.py): the group, on its root request and on each of its beams; a beam's
+        # summed logprob, and the block it copies into a block of its own before its next step (copy on write)
+        self.group = None
+        self.cum_logprob = 0.0
+        self.cow_src: int | None = None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> "Request":
@@ -61,6 +66,16 @@ class Request:
         """It asks for prompt logprobs and has not had them: its prompt must be computed, not taken from the
         prefix cache."""
         return self.sampling_params.prompt_logprobs is not None and not self.output_token_ids
+
+    @property
+    def is_beam(self) -> bool:
+        """One of a beam search's live sequences (the root request stands for the group elsewhere)."""
+        return self.group is not None and self.group.root is not self
+
+    @property
+    def owner(self) -> "Request":
+        """The request the frontend sent: the root for a beam, itself otherwise."""
+        return self.group.root if self.is_beam else self
 
     @property
     def is_finished(self) -> bool:

@@ -8,6 +8,15 @@ With speculative decoding, a decoding request also computes the tokens a propose
 last one (spec_token_ids); their slots come from free blocks only, and update_from_output keeps the
 ones verification kept and gives back the blocks of the rest.
 
+Beam search (sched/beam_group.py): a beam-search request is one entry in `running` (its root request) that
+prefills its prompt like any other, then runs its live beams as one-token sequences, all of them in the same step
+or none (a step whose remaining budget is short of its beams skips it). It takes beam_width seats of max_num_seqs.
+A beam forked after a step gets a copy of its parent's last partial block before the next forward: the step's
+SchedulerOutput names those (src, dst) copies. Preemption frees every block of the group and restarts its search
+from the prompt (the simplest correct rule: the same request gives the same beams again, since nothing depends on
+the batch); abort frees every beam's blocks. Beams get no proposals (speculative decoding goes on for the other requests;
+a draft model only reads the block tables of requests with proposals).
+
 Why this never spins forever:
 - blocks are held only by running requests, and a victim is always the newest running request, so the
   oldest running request is never preempted by another; it gets tokens every step (the budget is at
@@ -62,6 +71,8 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)  # finished since the last step; drop their state
+    # (src, dst) KV blocks to copy, in every layer, before this step's forward: beams' copies on write
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -103,6 +114,11 @@ class Scheduler:
             self._finish_with_error(request, f"prompt has {request.num_tokens} tokens, which leaves no room to "
                                              f"generate within max_model_len {self.config.max_model_len}")
             return
+        if request.group is not None:
+            error = self._beam_search_error(request.group.width)
+            if error is not None:
+                self._finish_with_error(request, error)
+                return
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -122,6 +138,12 @@ class Scheduler:
                                             finish_reason=FinishReason.ABORT,
                                             num_cached_tokens=max(0, request.num_cached_tokens)))
         return outputs
+
+    def _beam_search_error(self, width: int) -> str | None:
+        if width > min(self.config.max_num_seqs, self.config.max_num_batched_tokens):
+            return (f"beam_width {width} is more than a step can run (max_num_seqs {self.config.max_num_seqs}, "
+                    f"max_num_batched_tokens {self.config.max_num_batched_tokens})")
+        return None
 
     def wait_for_grammars(self, timeout: float) -> None:
         """Block until a waiting request's grammar is compiled (or the timeout): what a step that had
@@ -146,6 +168,8 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.stop_reason = stop_reason
+        if request.group is not None:
+            request.group.release(self.kv)
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
         self.finished_ids.append(request.request_id)
@@ -158,6 +182,8 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         """Free its blocks and send it to the front of the queue to recompute everything it had."""
+        if request.group is not None:
+            request.group.restart(self.kv)
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -186,6 +212,32 @@ class Scheduler:
                 return False
         return True
 
+    def _reserve_beams(self, root: Request, preempted_ids: list[str]) -> bool:
+        """A slot for the next token of each live beam of the group (and the fresh blocks its copies on write go
+        to), all or none, preempting the newest running requests until they fit. False when the group itself
+        left `running` instead."""
+        bs, beams = self.kv.block_size, root.group.beams
+        needed = sum(max(0, -(-(b.num_computed_tokens + 1) // bs) - len(b.block_ids)) for b in beams)
+        while needed > self.kv.num_free_blocks:
+            if len(self.running) == 1:
+                self.running.pop()
+                self._finish_with_error(root, f"the beams need {needed} more KV cache blocks, but only "
+                                              f"{self.kv.num_free_blocks} of {self.kv.num_blocks} are free with "
+                                              f"nothing else running: raise the KV cache size")
+                return False
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted_ids.append(victim.request_id)
+            if victim is root:
+                return False
+        for beam in beams:
+            if not self.kv.allocate_slots(beam, 1):
+                raise RuntimeError(f"beam {beam.request_id!r} got no slot although enough blocks were free")
+        return True
+
+    def _seats_in_use(self) -> int:
+        return sum(r.group.width if r.group is not None else 1 for r in self.running)
+
     def _proposals(self, request: Request, room: int) -> list[int]:
         """Proposed next tokens for a decoding request: no more than the budget's room, and none that
         could take it past max_tokens or max_model_len (the step also adds one token of its own)."""
@@ -206,11 +258,27 @@ class Scheduler:
         speculate = self.proposer is not None and (
             self.proposer.disable_by_batch_size is None or len(self.running) <= self.proposer.disable_by_batch_size)
         i = 0
+        block_copies: list[tuple[int, int]] = []
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if request.group is not None and request.group.decoding:
+                beams = request.group.beams
+                if len(beams) > budget:
+                    i += 1  # all its beams or none: it waits for a step with room
+                    continue
+                if not self._reserve_beams(request, preempted_ids):
+                    continue
+                for beam in beams:
+                    if beam.cow_src is not None:
+                        block_copies.append((beam.cow_src, beam.block_ids[-1]))
+                        beam.cow_src = None
+                    scheduled.append(ScheduledRequest(beam, 1, beam.num_computed_tokens))
+                budget -= len(beams)
+                i += 1
+                continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             decoding = request.num_tokens - request.num_computed_tokens == 1
-            drafts = self._proposals(request, budget - 1) if speculate and decoding else []
+            drafts = self._proposals(request, budget - 1) if speculate and decoding and request.group is None else []
             # proposals take free blocks only: they never cost another request its blocks
             if not (drafts and self.kv.allocate_slots(request, 1 + len(drafts))):
                 drafts = []
@@ -226,6 +294,9 @@ class Scheduler:
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
                and not preempted_ids):
             request = self.waiting[0]
+            seats = request.group.width if request.group is not None else 1
+            if self._seats_in_use() + seats > self.config.max_num_seqs:
+                break
             if request.grammar is not None:
                 if not request.grammar.ready():
                     compiling.append(self.waiting.popleft())
@@ -263,6 +334,7 @@ class Scheduler:
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
             preempted_ids=preempted_ids,
             finished_ids=finished_ids,
+            block_copies=block_copies,
         )
 
     def update_from_output(self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]],
@@ -274,8 +346,16 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         finished: set[int] = set()
         self.step_prompt_tokens = self.step_generation_tokens = 0
+        beam_tops: dict[int, tuple[Request, dict[str, Logprobs]]] = {}  # id(root) -> the root, its beams' top logprobs
         for s in scheduler_output.scheduled:
             request = s.request
+            if request.is_beam:
+                root = request.owner
+                if self.requests.get(root.request_id) is root and request in root.group.beams:
+                    request.num_computed_tokens += 1
+                    top = (logprobs or {}).get(request.request_id)
+                    beam_tops.setdefault(id(root), (root, {}))[1].update({request.request_id: top[0]} if top else {})
+                continue
             if self.requests.get(request.request_id) is not request or request.status != RequestStatus.RUNNING:
                 continue  # aborted (or finished) since schedule()
             before = request.num_computed_tokens
@@ -287,6 +367,11 @@ class Scheduler:
             self.step_prompt_tokens += max(0, min(request.num_computed_tokens, request.num_prompt_tokens) - before)
             if request.num_computed_tokens < request.num_tokens:
                 continue  # mid-prefill: nothing was sampled
+            if request.group is not None:  # the prompt is computed: its last row starts the beam search
+                beam = request.group.start(self.kv)
+                top = (logprobs or {}).get(request.request_id)
+                beam_tops[id(request)] = (request, {beam.request_id: top[0]} if top else {})
+                continue
             tokens = sampled.get(request.request_id)
             if not tokens or len(tokens) > num_drafts + 1:
                 self.running.remove(request)
@@ -328,10 +413,36 @@ class Scheduler:
                 new_logprobs=(logprobs or {}).get(request.request_id, [])[:len(new_tokens)],
                 finish_reason=reason, stop_reason=stop_reason,
                 num_cached_tokens=max(0, request.num_cached_tokens), failure=failure, prompt_logprobs=scored))
+        for root, tops in beam_tops.values():
+            output = self._advance_beams(root, tops)
+            if output is not None:
+                outputs.append(output)
+                finished.add(id(root))
         if finished:
             self.running = [r for r in self.running if id(r) not in finished]
         outputs, self.pending_outputs = self.pending_outputs + outputs, []
         return outputs
+
+    def _advance_beams(self, root: Request, tops: dict[str, Logprobs]) -> EngineCoreOutput | None:
+        """After a step of the group's beams: fork and drop them; its one output when the search is done."""
+        group = root.group
+        missing = [b.request_id for b in group.beams if b.request_id not in tops]
+        if missing:
+            self._finish(root, FinishReason.ERROR)
+            return EngineCoreOutput(request_id=root.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR,
+                                    num_cached_tokens=max(0, root.num_cached_tokens),
+                                    failure=EngineFailed(f"the model runner returned no logprobs for {len(missing)} "
+                                                         f"of the {len(group.beams)} beams of this request"))
+        self.step_generation_tokens += len(group.beams)
+        done = group.advance(self.kv, [(tops[b.request_id].top_token_ids, tops[b.request_id].top_logprobs)
+                                       for b in group.beams])
+        if not done:
+            return None
+        beams = group.hypotheses()
+        reason = beams[0].finish_reason if beams else FinishReason.LENGTH
+        self._finish(root, reason)
+        return EngineCoreOutput(request_id=root.request_id, new_token_ids=[], finish_reason=reason,
+                                num_cached_tokens=max(0, root.num_cached_tokens), beams=beams)
 
     def _count_kept(self, num_drafts: int, num_kept: int) -> None:
         self.spec_num_drafts += 1
@@ -347,14 +458,16 @@ class Scheduler:
         of its tokens were computed before the failed step: the blocks past it were registered in the
         prefix cache for K/V the step never wrote, so they leave the cache instead of being reused."""
         outputs = []
+        requests = list({id(r.owner): r.owner for r in requests}.values())  # a beam fails its whole search
         failed = {id(r) for r in requests}
         self.running = [r for r in self.running if id(r) not in failed]
         self.waiting = deque(r for r in self.waiting if id(r) not in failed)
         for request in requests:
             if self.requests.get(request.request_id) is request:
-                before = (computed_before or {}).get(request.request_id)
-                if before is not None:
-                    self.kv.uncache_from(request, before)
+                for seq in [request] + (request.group.beams if request.group is not None else []):
+                    before = (computed_before or {}).get(seq.request_id)
+                    if before is not None:
+                        self.kv.uncache_from(seq, before)
                 self._finish(request, FinishReason.ERROR)
             outputs.append(EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
                                             finish_reason=FinishReason.ERROR,

@@ -251,6 +251,8 @@ class ModelRunner:
     def forward_step(self, step: StepInput) -> tuple[torch.Tensor | None, list[Logprobs]]:
         """The sampled rows' logits and, for each of step.scored_rows, the logprob of its target token with
         step.scored_top_n top ids (rank 0; None and [] on other ranks, which only join the collectives)."""
+        if step.block_copies:
+            self.copy_blocks(step.block_copies)
         if self.graph_runner is not None and self.graph_runner.can_run(step):
             hidden = self.graph_runner.run(step)
             if step.sample_rows == list(range(len(step.input_ids))):
@@ -265,6 +267,15 @@ class ModelRunner:
             hidden = self.model(input_ids, positions)
         sample_rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[sample_rows]), self._score_rows(hidden, step)
+
+    def copy_blocks(self, copies: list[list[int]]) -> None:
+        """Copy whole KV blocks src -> dst in every layer (beams forked after the last step get their own copy of
+        their parent's partial block); every rank runs the same copies on its own heads."""
+        src = torch.tensor([c[0] for c in copies], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([c[1] for c in copies], dtype=torch.int64, device=self.device)
+        for attn in self.attn_layers:
+            attn.k_cache.index_copy_(0, dst, attn.k_cache.index_select(0, src))
+            attn.v_cache.index_copy_(0, dst, attn.v_cache.index_select(0, src))
 
     def _score_rows(self, hidden: torch.Tensor, step: StepInput) -> list[Logprobs]:
         """Prompt logprobs: the head over the scored rows, a slice at a time so a long prompt chunk never holds

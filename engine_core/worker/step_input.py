@@ -26,6 +26,8 @@ class StepInput(msgspec.Struct, array_like=True):
     scored_rows: list[int] = []
     scored_targets: list[int] = []
     scored_top_n: int = 0
+    # [src, dst] KV cache blocks to copy in every layer before the forward (beam search's copies on write)
+    block_copies: list[list[int]] = []
 
 
 class StepBuilder:
@@ -108,7 +110,9 @@ def build_step_input(out: "SchedulerOutput", block_size: int) -> PlannedStep:
         if sample:
             sampled.append(req)
             drafts.append(s.spec_token_ids)
-    return PlannedStep(builder.build(), sampled, drafts, scored)
+    step = builder.build()
+    step.block_copies = [[src, dst] for src, dst in out.block_copies]
+    return PlannedStep(step, sampled, drafts, scored)
 
 
 def prompt_targets(req: Request, start: int, end: int) -> list[int]:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from pydantic import BaseModel, Discriminator, Field, PlainValidator, Tag
 
+from common.beam_search_params import BeamSearchParams
 from common.errors import InvalidParameter
 from common.sampling_params import MAX_SCALE, RequestOutputKind, SamplingParams
 from frontend.api.constraint_fields import ConstraintFields
@@ -210,11 +211,34 @@ class CompletionRequest(OpenAICompletionFields, SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=20, description="log probabilities of the sampled and top-N tokens "
                                                                 "(of the prompt's too, with echo)")
     echo: bool = Field(False, description="prepend the prompt to the text; with logprobs, its tokens' logprobs too")
+    use_beam_search: bool = Field(False, description=(
+        "vLLM extension: beam search with n beams; the n choices are the n best beams, best score first. "
+        "Sampling settings (temperature, top_p, top_k, min_p, seed, penalties, stop, logprobs, logit_bias, "
+        "allowed_token_ids, min_tokens) are ignored; not with stream or an output constraint"))
+    length_penalty: float = Field(1.0, ge=-1e6, le=1e6, allow_inf_nan=False, description=(
+        "vLLM extension, with use_beam_search: a beam's score is its cumulative logprob / its length ** "
+        "length_penalty"))
 
     @property
     def scores_only(self) -> bool:
         """max_tokens 0 with echo: the prompt is scored and nothing is generated (what evaluation harnesses send)."""
         return self.echo and self.max_tokens == 0
+
+    def beam_search_params(self) -> BeamSearchParams | None:
+        """The beam search the body asks for (None: it samples), or InvalidParameter naming the field."""
+        if not self.use_beam_search:
+            return None
+        if self.stream:
+            raise InvalidParameter("stream", "stream is not supported with use_beam_search: the beams are ranked "
+                                             "only when the search ends")
+        if not self.max_tokens:
+            raise InvalidParameter("max_tokens", "max_tokens must be set, and at least 1, with use_beam_search")
+        _, constraint_field = self.constraint()
+        if constraint_field is not None:  # the beams would not follow it
+            raise InvalidParameter(constraint_field, f"{constraint_field}: output constraints are not supported with "
+                                                     "use_beam_search")
+        return BeamSearchParams(beam_width=self.n, max_tokens=self.max_tokens, length_penalty=self.length_penalty,
+                                ignore_eos=self.ignore_eos)
 
     def to_sampling_params(self) -> SamplingParams:
         if self.best_of is not None and self.best_of != self.n:

@@ -121,9 +121,10 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             index=c.index, message=message,
             logprobs=chat_logprobs(engine, c.token_ids, c.logprobs, num_top) if body.logprobs else None,
             finish_reason=reason, stop_reason=c.stop_reason))
+    scored = G.vllm_prompt_logprobs(body.prompt_logprobs, choices[0].prompt_logprobs)
     return ChatCompletionResponse(id=request_id, model=state.model_name, choices=result,
                                   usage=G.usage(prompts, sum(len(c.token_ids) for c in choices)),
-                                  prompt_logprobs=G.vllm_prompt_logprobs(body.prompt_logprobs, choices[0].prompt_logprobs))
+                                  prompt_logprobs=scored)
 
 
 async def _stream(state: ServerState, engine, body: ChatCompletionRequest, request_id: str, prompts, stream,

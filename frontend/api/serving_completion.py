@@ -3,14 +3,16 @@
 Choice i x n + j is completion j of prompt i. With `echo` the prompt text comes first, and with `logprobs` its
 tokens' logprobs too (the core scores the prompt: SamplingParams.prompt_logprobs), the first token's null as
 OpenAI's are. `echo` with `max_tokens: 0` returns the scored prompt alone, which is how evaluation harnesses
-(lm-eval's loglikelihood tasks) ask for a continuation's log-likelihood.
+(lm-eval's loglikelihood tasks) ask for a continuation's log-likelihood. With `use_beam_search` the
+n choices of a prompt are its n best beams, best score first (one engine request per prompt, answered whole).
 """
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from frontend.api import generation as G
-from frontend.api.errors import APIError
+from common.errors import InvalidParameter
+from frontend.api.errors import APIError, bad_request
 from frontend.api.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                    CompletionStreamResponse)
 from frontend.api.state import ServerState
@@ -73,13 +75,18 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     engine = state.ready_engine()
     state.check_model(body.model)
     params, constraint_field = G.sampling_params(body)
+    try:
+        beam_search = body.beam_search_params()
+    except InvalidParameter as e:
+        raise bad_request(e) from None
     request_id = G.new_request_id("cmpl")
     raw_prompts = _prompts(body.prompt)
     G.check_sequences(raw_prompts, params)
     ticket = state.admission.admit(len(raw_prompts) * params.n)  # 503 when overloaded, before any work
     try:
         prompts = await G.process_prompts(state, engine, request_id, raw_prompts, params,
-                                          cache_salt=body.cache_salt, constraint_field=constraint_field)
+                                          cache_salt=body.cache_salt, constraint_field=constraint_field,
+                                          beam_search=beam_search)
     except BaseException:
         ticket.release()
         raise
@@ -101,7 +108,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     for choice in choices:
         prompt = prompts[choice.index // params.n]
         text, logprobs = choice.text, None
-        if body.logprobs is not None:
+        if body.logprobs is not None and beam_search is None:  # beams carry no per-token logprobs
             builder = LogprobsBuilder(engine, body.logprobs)
             logprobs = (builder.prompt(prompt.prompt_token_ids, choice.prompt_logprobs) if body.echo
                         else CompletionLogprobs())
@@ -110,8 +117,8 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
                 getattr(logprobs, name).extend(getattr(gen, name))
         if body.echo:
             text = _echo_text(engine, prompt) + text
-        result.append(CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
-                                       prompt_logprobs=G.vllm_prompt_logprobs(body.prompt_logprobs, choice.prompt_logprobs),
+        scored = G.vllm_prompt_logprobs(body.prompt_logprobs, choice.prompt_logprobs)
+        result.append(CompletionChoice(index=choice.index, text=text, logprobs=logprobs, prompt_logprobs=scored,
                                        finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
     completion_tokens = sum(len(c.token_ids) for c in choices)
     return CompletionResponse(id=request_id, model=state.model_name, choices=result,
