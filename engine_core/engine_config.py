@@ -55,6 +55,13 @@ class ParallelConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self.tensor_parallel_size == 1 and self.nnodes == 1
 
 
+class LoRAConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """LoRA serving (--enable-lora): adapter slots resident at once, their largest rank, adapters kept read."""
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 1
+
+
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: ModelConfig
     draft_model: ModelConfig | None = None  # speculative decoding with a draft model
@@ -75,6 +82,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     gpu_memory_utilization: float
     speculative_config: SpeculativeConfig | None
     cpu_threads: int | None
+    lora: LoRAConfig | None = None  # None: --enable-lora is off
 
     def torch_dtype(self):
         from engine_core.platform.device import torch_dtype
@@ -126,6 +134,8 @@ def resolve_engine_config(args: EngineArgs) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         speculative_config=None if spec is None else msgspec.structs.replace(spec),  # not shared with args
         cpu_threads=args.cpu_threads,
+        lora=LoRAConfig(max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                        max_cpu_loras=args.max_cpu_loras or args.max_loras) if args.enable_lora else None,
     )
 
 

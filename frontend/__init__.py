@@ -1,5 +1,6 @@
 """The frontend: tokenizing, validating, detokenizing, the offline and HTTP APIs. Imports no torch."""
 
+from common.lora import LoRARequest
 from common.sampling_params import RequestOutputKind, SamplingParams
 from common.structured_outputs import StructuredOutputsParams
 from frontend.outputs import CompletionOutput, Logprob, RequestOutput
@@ -17,4 +18,4 @@ def __getattr__(name):
 
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput",
-           "Logprob", "RequestOutputKind"]
+           "Logprob", "RequestOutputKind", "LoRARequest"]

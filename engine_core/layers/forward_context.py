@@ -19,6 +19,8 @@ class ForwardContext:
     meta: AttentionMetadata
     backend: AttentionBackend
     rotary: RotaryPlan = field(default_factory=RotaryPlan)
+    # LoRA: (adapter slot, its rows or None for all) per adapter with rows in the step (lora/manager.py)
+    lora_groups: list = field(default_factory=list)
 
 
 _current: ForwardContext | None = None
@@ -34,10 +36,15 @@ def get_forward_context() -> ForwardContext:
 
 
 @contextmanager
-def forward_context(meta: AttentionMetadata, backend: AttentionBackend):
+def forward_context(meta: AttentionMetadata, backend: AttentionBackend, lora_groups: list | None = None):
     global _current
-    previous, _current = _current, ForwardContext(meta, backend)
+    previous, _current = _current, ForwardContext(meta, backend, lora_groups=lora_groups or [])
     try:
         yield
     finally:
         _current = previous
+
+
+def lora_groups() -> list:
+    """The step's LoRA row groups; [] outside a step or when no row has an adapter."""
+    return _current.lora_groups if _current is not None else []
