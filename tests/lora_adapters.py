@@ -9,7 +9,7 @@ def randomise_lora(model, seed: int, scale: float = 0.5) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lora_" in name:
+            if ("lora_A" in name or "lora_B" in name) and p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=generator) * scale / p.shape[1] ** 0.5)
 
 
