@@ -13,7 +13,7 @@ import transformers
 from common.lora import LoRARequest
 from common.sampling_params import SamplingParams
 from frontend.llm import LLM
-from tests.lora_adapters import make_adapter, peft_greedy, peft_logprobs
+from lora_adapters import make_adapter, peft_greedy, peft_logprobs
 
 pytestmark = pytest.mark.integration
 

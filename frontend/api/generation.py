@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from common.errors import InvalidParameter
+from common.lora import LoRARequest
 from common.request_ids import part_id
 from common.sampling_params import SamplingParams
 from common.validation import request_token_cost
@@ -74,7 +75,8 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
                           params: SamplingParams, param: str = "prompt", cache_salt: str | None = None,
                           prompt_token_ids: list[list[int]] | None = None,
                           constraint_field: str | None = None,
-                          max_tokens_field: str = "max_tokens") -> list[ProcessedRequest]:
+                          max_tokens_field: str = "max_tokens",
+                          lora_request: LoRARequest | None = None) -> list[ProcessedRequest]:
     """One ProcessedRequest per prompt (tokenized and checked once; the same objects are then streamed),
     or a 400 naming the field (`param` is what this endpoint calls the prompt, `max_tokens_field` its output
     length; `constraint_field` what set the output constraint). Characters are counted first; big prompts, and every constraint (llguidance
@@ -91,7 +93,8 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
             ids = prompt_token_ids[i] if prompt_token_ids is not None else None
             try:
                 request = engine.process(rid, prompt, params, prompt_token_ids=ids, cache_salt=cache_salt,
-                                         constraint_field=constraint_field)  # the one check, with the constraint
+                                         constraint_field=constraint_field,  # the one check, with the constraint
+                                         lora_request=lora_request)
             except InvalidParameter as e:
                 raise bad_request(e, rename={"prompt": param, "max_tokens": max_tokens_field}) from None
             processed.append(request)
