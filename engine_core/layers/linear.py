@@ -12,15 +12,15 @@ from torch import nn
 from engine_core.distributed.parallel_state import all_reduce, partition_heads, split_evenly, tp_rank, tp_size
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing, cpu_quant
 from engine_core.layers.activation import act_and_mul
-from engine_core.layers.forward_context import lora_groups
+from engine_core.layers.forward_context import lora_step
 
 
 def with_lora(layer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """y plus the LoRA deltas of the step's adapter rows, where the layer has adapter slots (lora/layers.py)."""
     if layer.lora is None:
         return y
-    groups = lora_groups()
-    return layer.lora.add_delta(x, y, groups) if groups else y
+    step = lora_step()
+    return layer.lora.add_delta(x, y, step) if step is not None else y
 
 
 class ColumnParallelLinear(cpu_packing.PackableWeight, nn.Module):

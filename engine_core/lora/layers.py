@@ -1,18 +1,24 @@
-"""The LoRA part of a linear layer: each adapter slot's low-rank factors over this rank's shard, and the delta
-they add to the rows of the step that use that slot.
+"""The LoRA part of a linear layer: the low-rank factors of every adapter slot over this rank's shard, and the
+delta they add to the rows of a step that use an adapter.
 
-Per slot, one shrink and one expand: A [pieces * max_rank, in] and B [out, pieces * max_rank], zero-padded, where
-a fused layer's pieces (q, k, v; gate, up) each own a block of the rank columns and B is zero outside its piece's
-output rows and rank block, so one pair of matmuls serves them all and a target the adapter lacks adds nothing.
-The scaling is folded into B. The weights are never merged into the base layer.
+Per slot, A [pieces * max_rank, in] and B [out, pieces * max_rank], zero-padded: a fused layer's pieces (q, k,
+v; gate, up) each own a block of the rank columns, and B is zero outside its piece's output rows and rank block,
+so a target the adapter lacks adds nothing. The scaling is folded into B. The base weights are never touched.
 
-Batch invariance: a row's delta is its own: on the CPU the factors go into the fixed-order panels of
-cpu_gemm_f32.c (a row's sum order does not depend on the row count), and the delta is added to the row alone.
+One step, any mix of adapters, two matmuls: the slots' A stacked [slots * r, in] shrink every adapter row
+against every slot; each row keeps only its own slot's columns (the others are set to zero), and the slots' B
+side by side [out, slots * r] expand that. A row's sum then holds its own adapter's products in order with
+exact zeros between them, so its bits do not depend on which slot holds its adapter or what the other slots
+hold. On the CPU both matmuls run in cpu_gemm_f32.c's fixed-order panels (a row's sum order does not depend on
+the row count), so a row's delta is the same alone or in any batch (batch invariance). Rows without an adapter
+get nothing added, not even a zero.
 
 Tensor parallelism: a column-parallel layer keeps A whole and its own output rows of B (qkv: this rank's heads
-of each of q, k and v; gate/up: its rows of each). A row-parallel layer keeps its input columns of A; the [T, r]
+of each of q, k and v; gate/up: its rows of each). A row-parallel layer keeps its input columns of A; the
 shrink is all-reduced and the whole B applied once, after the base all-reduce, identically on every rank.
 """
+
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -23,75 +29,91 @@ from engine_core.lora.peft_adapter import PeftAdapter
 from engine_core.platform.batch_invariance import batch_invariant
 
 
-class SlotFactors:
-    """One slot's (A, B) of one layer, with the matmul that applies each."""
+@dataclass
+class LoRAStep:
+    """Which rows of a step use which slot: `rows` the adapter rows (None: every row), `row_slots` the slot of
+    each of them, `slots` those in use."""
+    rows: torch.Tensor | None
+    row_slots: torch.Tensor
+    slots: frozenset
+    _masks: dict = field(default_factory=dict)
 
-    def __init__(self, a: torch.Tensor, b: torch.Tensor):
-        self.a, self.b = a, b
-        fixed_order = (a.is_cpu and batch_invariant() and cpu_gemm_f32.can_pack(a))
-        self.a_packed = cpu_gemm_f32.GenericPanelWeight(a) if fixed_order else None
-        self.b_packed = cpu_gemm_f32.GenericPanelWeight(b) if fixed_order else None
+    def keep_mask(self, slot_width: int, num_slots: int) -> torch.Tensor:
+        """[adapter rows, num_slots * slot_width]: True in the columns of each row's own slot."""
+        mask = self._masks.get(slot_width)
+        if mask is None:
+            col_slots = torch.arange(num_slots * slot_width, device=self.row_slots.device) // slot_width
+            mask = self._masks[slot_width] = col_slots.unsqueeze(0) == self.row_slots.unsqueeze(1)
+        return mask
 
-    def shrink(self, x: torch.Tensor) -> torch.Tensor:
-        return self.a_packed.matmul(x) if self.a_packed is not None else F.linear(x, self.a)
 
-    def expand(self, t: torch.Tensor) -> torch.Tensor:
-        return self.b_packed.matmul(t) if self.b_packed is not None else F.linear(t, self.b)
+class Factors:
+    """A weight and the matmul that applies it: fixed-order panels on the CPU, F.linear elsewhere."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        fixed_order = weight.is_cpu and batch_invariant() and cpu_gemm_f32.can_pack(weight)
+        self.packed = cpu_gemm_f32.GenericPanelWeight(weight) if fixed_order else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.packed.matmul(x) if self.packed is not None else F.linear(x, self.weight)
 
 
 class LoRALayer:
     """The slots of one LoRA-able linear layer. `pieces` maps each PEFT module name the layer serves to where
-    its output rows go: (offset in this rank's output, start in the module's whole output, count) for column
-    layers; row layers have one piece and slice A by `in_slice` instead."""
+    its output rows go: (offset in this rank's output, start in the module's whole output, count). Row-parallel
+    layers slice A's columns by `in_slice` (start, count)."""
 
     def __init__(self, layer_index: int, pieces: dict[str, tuple[int, int, int]], in_features: int,
                  out_features: int, max_loras: int, max_rank: int, in_slice: tuple[int, int] | None,
                  device: torch.device, dtype: torch.dtype):
         self.layer_index = layer_index
         self.pieces = pieces
-        self.in_slice = in_slice  # (start, count) of A's columns on this rank: row-parallel layers
+        self.in_slice = in_slice
         self.reduce_shrink = in_slice is not None and tp_size() > 1
         self.max_rank = max_rank
-        rank_cols = len(pieces) * max_rank
-        self.a_stack = torch.zeros(max_loras, rank_cols, in_features, dtype=dtype, device=device)
-        self.b_stack = torch.zeros(max_loras, out_features, rank_cols, dtype=dtype, device=device)
-        self.slots: list[SlotFactors | None] = [None] * max_loras  # None: the slot's adapter leaves this layer be
+        self.num_slots = max_loras
+        self.slot_width = len(pieces) * max_rank
+        self.a_stack = torch.zeros(max_loras, self.slot_width, in_features, dtype=dtype, device=device)
+        self.b_stack = torch.zeros(max_loras, out_features, self.slot_width, dtype=dtype, device=device)
+        self.used_slots: set[int] = set()  # slots whose adapter has factors in this layer
+        self.shrink: Factors | None = None
+        self.expand: Factors | None = None
 
     def load(self, slot: int, adapter: PeftAdapter) -> None:
         a, b = self.a_stack[slot], self.b_stack[slot]
         a.zero_()
         b.zero_()
-        used = False
+        self.used_slots.discard(slot)
         for j, (module, (offset, start, count)) in enumerate(self.pieces.items()):
             weights = adapter.modules.get((self.layer_index, module))
             if weights is None:
                 continue
-            used = True
+            self.used_slots.add(slot)
             cols = slice(j * self.max_rank, j * self.max_rank + weights.rank)
-            wa = weights.a
-            if self.in_slice is not None:
-                wa = wa.narrow(1, *self.in_slice)
+            wa = weights.a if self.in_slice is None else weights.a.narrow(1, *self.in_slice)
             a[cols].copy_(wa)
             b[offset:offset + count, cols].copy_(weights.b.narrow(0, start, count))
-        self.slots[slot] = SlotFactors(a, b) if used else None
+        self._pack()
 
-    def clear(self, slot: int) -> None:
-        self.slots[slot] = None
+    def _pack(self) -> None:
+        if not self.used_slots:
+            self.shrink = self.expand = None
+            return
+        out_features = self.b_stack.shape[1]
+        self.shrink = Factors(self.a_stack.reshape(-1, self.a_stack.shape[2]))
+        self.expand = Factors(self.b_stack.permute(1, 0, 2).reshape(out_features, -1).contiguous())
 
-    def add_delta(self, x: torch.Tensor, y: torch.Tensor, groups) -> torch.Tensor:
-        """y plus, for each (slot, rows) group of the step, the rows' low-rank delta. Every rank runs the same
-        groups (the all-reduce of a row-parallel shrink is a collective)."""
-        for slot, rows in groups:
-            factors = self.slots[slot]
-            if factors is None:  # every rank holds the same adapter here, so none of them reduces
-                continue
-            xg = x if rows is None else x.index_select(0, rows)
-            t = factors.shrink(xg)
-            if self.reduce_shrink:
-                t = all_reduce(t)
-            delta = factors.expand(t)
-            if rows is None:
-                y = y + delta
-            else:
-                y = y.index_add(0, rows, delta)
-        return y
+    def add_delta(self, x: torch.Tensor, y: torch.Tensor, step: LoRAStep) -> torch.Tensor:
+        """y with each adapter row's delta added. Every tensor-parallel rank runs the same steps (the all-reduce
+        of a row-parallel shrink is a collective), since their slots hold the same adapters."""
+        if self.shrink is None or not (step.slots & self.used_slots):
+            return y
+        xa = x if step.rows is None else x.index_select(0, step.rows)
+        t = self.shrink(xa)
+        if self.reduce_shrink:
+            t = all_reduce(t)
+        t = torch.where(step.keep_mask(self.slot_width, self.num_slots), t, torch.zeros((), dtype=t.dtype,
+                                                                                         device=t.device))
+        delta = self.expand(t)
+        return y + delta if step.rows is None else y.index_add(0, step.rows, delta)

@@ -3,7 +3,7 @@ out; adapters read from disk are kept (max_cpu_loras of them, LRU) so a slot ref
 
 Each step names the adapters of every running request (StepInput.lora_requests: the scheduler keeps them at most
 max_loras) and which sequence uses which. `prepare` makes them all resident, evicting only adapters no running
-request uses, and returns the step's row groups, one per slot, for the layers (forward_context.lora_groups).
+request uses, and returns which rows use which slot (a LoRAStep) for the layers (forward_context.lora_step).
 Every tensor-parallel rank runs the same `prepare` on the same steps, so their slots agree.
 """
 
@@ -16,7 +16,7 @@ from common.lora import LoRARequest
 from engine_core.distributed.parallel_state import tp_rank
 from engine_core.engine_config import LoRAConfig
 from engine_core.families.spec import ModelSpec
-from engine_core.lora.layers import LoRALayer
+from engine_core.lora.layers import LoRALayer, LoRAStep
 from engine_core.lora.peft_adapter import PeftAdapter, read_peft_adapter
 
 logger = logging.getLogger("nvllm")
@@ -100,20 +100,23 @@ class LoRAManager:
         return slot
 
     def prepare(self, lora_requests: list[LoRARequest], seq_loras: list[int],
-                query_start_loc: list[int]) -> list[tuple[int, torch.Tensor | None]]:
-        """Makes the step's adapters resident; returns (slot, rows) per adapter that has rows this step (rows
-        None: every row of the step)."""
+                query_start_loc: list[int]) -> LoRAStep | None:
+        """Makes the step's adapters resident; returns which rows use which slot (None: no row uses one)."""
         if not lora_requests:
-            return []
+            return None
         self.clock += 1
         pinned = {lora.key for lora in lora_requests}
         slots = [self._slot_for(lora, pinned) for lora in lora_requests]
         for slot in slots:
             self.last_used[slot] = self.clock
-        rows: dict[int, list[int]] = {}
+        rows, row_slots = [], []
         for seq, index in enumerate(seq_loras):
             if index >= 0:
-                rows.setdefault(slots[index], []).extend(range(query_start_loc[seq], query_start_loc[seq + 1]))
-        total = query_start_loc[-1]
-        return [(slot, None if len(r) == total else torch.tensor(r, dtype=torch.int64, device=self.device))
-                for slot, r in rows.items()]
+                start, end = query_start_loc[seq], query_start_loc[seq + 1]
+                rows.extend(range(start, end))
+                row_slots.extend([slots[index]] * (end - start))
+        if not rows:
+            return None
+        every = len(rows) == query_start_loc[-1]
+        return LoRAStep(None if every else torch.tensor(rows, dtype=torch.int64, device=self.device),
+                        torch.tensor(row_slots, dtype=torch.int64, device=self.device), frozenset(row_slots))

@@ -272,9 +272,9 @@ class ModelRunner:
         meta = self._metadata(step)
         input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
         positions = torch.tensor(step.positions, dtype=torch.int64, device=self.device)
-        groups = (self.lora.prepare(step.lora_requests, step.seq_loras, step.query_start_loc)
-                  if self.lora is not None else [])
-        with forward_context(meta, self.backend, groups):
+        rows = (self.lora.prepare(step.lora_requests, step.seq_loras, step.query_start_loc)
+                if self.lora is not None else None)
+        with forward_context(meta, self.backend, rows):
             hidden = self.model(input_ids, positions)
         sample_rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[sample_rows]), self._score_rows(hidden, step)
