@@ -93,11 +93,12 @@ def _print(r: dict) -> None:
 
 
 def _compare_pairs(args, prompts, out_lens, pairs: int, variants: list[tuple[str, dict]], ratio_name: str,
-                   what: str) -> int:
-    """The workload under two settings (attributes of args), in alternating pairs (this machine's load
-    drifts: pairs taken side by side compare fairly); prints the median ratio of the first to the second."""
+                   what: str, more: list[tuple[str, int, int, str]] = ()) -> int:
+    """The workload under two (or more) settings (attributes of args), in alternating rounds (this machine's load
+    drifts: runs taken side by side compare fairly); prints the median ratio of the first to the second, and of
+    each `more` (name, variant i, variant j, what): variant i to variant j."""
     mode = "inproc" if args.engine_mode == "both" else args.engine_mode
-    results, ratios = [], []
+    results, ratios = [], {name: [] for name, *_ in [(ratio_name, 0, 1, what), *more]}
     for _ in range(pairs):
         pair = []
         for label, settings in variants:
@@ -106,10 +107,15 @@ def _compare_pairs(args, prompts, out_lens, pairs: int, variants: list[tuple[str
             pair.append(run_nvllm(args, prompts, out_lens, mode, label))
             _print(pair[-1])
         results += pair
-        ratios.append(round(pair[0]["output_tok_s"] / pair[1]["output_tok_s"], 3))
-    median = sorted(ratios)[len(ratios) // 2]
-    print(f"{what} output throughput: {median:.3f} (median of pairs {ratios})")
-    results.append({ratio_name: median, "pairs": ratios})
+        for name, i, j, _ in [(ratio_name, 0, 1, what), *more]:
+            ratios[name].append(round(pair[i]["output_tok_s"] / pair[j]["output_tok_s"], 3))
+    summary = {}
+    for name, _, _, text in [(ratio_name, 0, 1, what), *more]:
+        median = sorted(ratios[name])[len(ratios[name]) // 2]
+        print(f"{text} output throughput: {median:.3f} (median of {ratios[name]})")
+        summary[name] = median
+        summary["pairs" if name == ratio_name else f"{name}_rounds"] = ratios[name]
+    results.append(summary)
     if args.output_json:
         write_result(args, results)
     return 0
@@ -129,8 +135,10 @@ def run_throughput(args) -> int:
         n = args.lora_adapters or 4
         return _compare_pairs(args, prompts, out_lens, args.compare_lora,
                               [(f"{n} adapters", {"lora_adapters": n, "enable_lora": True, "max_loras": n}),
-                               ("base", {"lora_adapters": 0, "enable_lora": False})],
-                              "lora_over_base", f"{n} LoRA adapters mixed / the base model alone")
+                               ("base", {"lora_adapters": 0, "enable_lora": False}),
+                               ("base, lora on", {"lora_adapters": 0, "enable_lora": True, "max_loras": n})],
+                              "lora_over_base", f"{n} LoRA adapters mixed / the base model alone",
+                              [("lora_on_base_over_base", 2, 1, "the base model with --enable-lora / without")])
     if getattr(args, "compare_structured", 0):
         share = args.structured_share or 0.5
         return _compare_pairs(args, prompts, out_lens, args.compare_structured,

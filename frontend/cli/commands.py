@@ -42,8 +42,8 @@ def register_bench(sub) -> None:
                          "(needs --enable-lora and --max-loras N)")
     tp.add_argument("--lora-rank", type=int, default=16, help="rank of the random adapters")
     tp.add_argument("--compare-lora", type=int, default=0, metavar="PAIRS",
-                    help="run the workload PAIRS times with --lora-adapters (default 4) mixed and on the base model "
-                         "(LoRA off), alternating, and print the median ratio")
+                    help="run the workload PAIRS times with --lora-adapters (default 4) mixed, on the base model "
+                         "(LoRA off) and on the base model with --enable-lora, alternating, and print the median ratios")
     tp.add_argument("--output-json", default=None, help="write the figures here")
     tp.add_argument("--random-model", default=None, choices=sorted(RANDOM_MODELS),
                     help="benchmark a random-weight model of this shape, one per family (common/random_models.py; "
