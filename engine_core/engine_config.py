@@ -89,8 +89,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         return torch_dtype(self.dtype)
 
     def for_draft_model(self) -> "EngineConfig":
-        """The draft model's config: its own folder and facts, everything else the target's."""
-        return msgspec.structs.replace(self, model=self.draft_model, draft_model=None, speculative_config=None)
+        """The draft model's config: its own folder and facts, everything else the target's (no LoRA: adapters
+        are the target's; the draft proposes from the base model, and verification keeps only what the adapter
+        would have sampled)."""
+        return msgspec.structs.replace(self, model=self.draft_model, draft_model=None, speculative_config=None,
+                                       lora=None)
 
     def with_model_path(self, path: str) -> "EngineConfig":
         """The same config reading weights from another copy of the model (a worker node's own folder)."""
