@@ -88,6 +88,20 @@ def test_one_slot_two_adapters_alternating(family):
         llm.shutdown()
 
 
+def test_ngram_speculation_keeps_each_adapters_tokens(family):
+    """Verification rows carry their request's adapter: greedy tokens are peft's with prompt-lookup proposals."""
+    path, base, small, wide = family
+    llm = make_llm(path, max_loras=2, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    try:
+        prompts = [PROMPTS[0] * 3, PROMPTS[2] * 2]  # repeats for the n-gram proposer to find
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0), use_tqdm=False,
+                               lora_request=[small, wide])
+        for output, lora, prompt in zip(outputs, (small, wide), prompts):
+            assert output.outputs[0].token_ids == peft_greedy(base, lora.lora_path, prompt, MAX_TOKENS)[0]
+    finally:
+        llm.shutdown()
+
+
 def test_prefix_cache_never_shared_across_adapters(family):
     path, base, small, wide = family
     llm = make_llm(path, max_loras=2)
