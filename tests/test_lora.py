@@ -174,3 +174,25 @@ def test_default_model_with_an_adapter_matches_peft(default_model_dir, smollm2_t
         check_against_peft(outputs[1], smollm2_transformers, None, PROMPTS[0])
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("arch, targets", [("gemma3", ALL_TARGETS), ("qwen2_moe", ["q_proj", "k_proj", "v_proj",
+                                                                                   "o_proj"])])
+def test_other_families_match_peft(arch, targets, default_model_dir, tmp_path):
+    """Gemma 3's sandwich norms and a MoE model's attention (its experts take no adapter: refused by name)."""
+    from conftest import build_tiny_model
+
+    path = build_tiny_model(str(tmp_path / arch), arch, default_model_dir)
+    base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    adapter = LoRARequest(arch, 1, make_adapter(base, str(tmp_path / "adapter"), seed=4, targets=targets))
+    llm = make_llm(path)
+    try:
+        (out,) = llm.generate([PROMPTS[1]], GREEDY, use_tqdm=False, lora_request=adapter)
+        check_against_peft(out, base, adapter.lora_path, PROMPTS[1])
+        if arch == "qwen2_moe":
+            experts = LoRARequest("experts", 2, make_adapter(base, str(tmp_path / "experts"), seed=5,
+                                                             targets=["down_proj"]))
+            with pytest.raises(ValueError, match="'experts'.*mixture of experts"):
+                llm.generate([PROMPTS[1]], GREEDY, use_tqdm=False, lora_request=experts)
+    finally:
+        llm.shutdown()

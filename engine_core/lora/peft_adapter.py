@@ -28,6 +28,7 @@ TARGETS = {"q_proj": ("self_attn", "qkv_proj", "q"), "k_proj": ("self_attn", "qk
            "down_proj": ("mlp", "down_proj", None)}
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 _NAME = re.compile(r"base_model\.model\.(?:model\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
+_MLP_PART = re.compile(r"base_model\.model\.(?:model\.)?layers\.(\d+)\.mlp\.")
 
 
 def target_shape(spec: ModelSpec, module: str) -> tuple[int, int]:
@@ -129,6 +130,10 @@ def read_peft_adapter(name: str, path: str, spec: ModelSpec, max_rank: int) -> P
     factors: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for tensor_name, tensor in tensors.items():
         m = _NAME.fullmatch(tensor_name)
+        moe = _MLP_PART.match(tensor_name)
+        if moe is not None and int(moe.group(1)) in spec.sparse_layers:
+            raise _refuse(name, f"layer {moe.group(1)}'s MLP is a mixture of experts: LoRA on its experts, shared "
+                                f"expert or router (tensor {tensor_name!r}) is not supported")
         if m is None:
             raise _refuse(name, f"tensor {tensor_name!r} is not a LoRA factor of a q/k/v/o or gate/up/down "
                                 f"projection of a decoder layer")
@@ -137,9 +142,6 @@ def read_peft_adapter(name: str, path: str, spec: ModelSpec, max_rank: int) -> P
             raise _refuse(name, f"target module {block}.{module} (tensor {tensor_name!r}) is not in the model")
         if layer >= spec.num_layers:
             raise _refuse(name, f"tensor {tensor_name!r} is for layer {layer}; the model has {spec.num_layers}")
-        if module in MLP_TARGETS and layer in spec.sparse_layers:
-            raise _refuse(name, f"layer {layer}'s MLP is a mixture of experts: LoRA on its experts "
-                                f"({module}) is not supported")
         factors.setdefault((layer, module), {})[which] = tensor
     modules = {}
     for (layer, module), pair in sorted(factors.items()):
