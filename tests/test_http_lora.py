@@ -80,6 +80,9 @@ def test_load_use_unload_at_run_time(server, setup):
     again = httpx.post(server[0] + "/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": setup[2]["wide"]},
                        timeout=60)
     assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
+    inplace = httpx.post(server[0] + "/v1/load_lora_adapter", timeout=60,
+                         json={"lora_name": "wide", "lora_path": setup[2]["wide"], "load_inplace": True})
+    assert inplace.status_code == 200, inplace.text
     assert "wide" in [c["id"] for c in httpx.get(server[0] + "/v1/models", timeout=30).json()["data"]]
     reply = complete(server, "wide")
     assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == expected_text(setup, "wide")

@@ -148,7 +148,7 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     if state.loras.allow_runtime_updates:  # as vLLM: without the switch the endpoints do not exist (404)
         @api.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
         async def load_lora_adapter(body: LoadLoRAAdapterRequest):
-            lora = await state.loras.load(state.ready_engine(), body.lora_name, body.lora_path)
+            lora = await state.loras.load(state.ready_engine(), body.lora_name, body.lora_path, body.load_inplace)
             logger.info("loaded LoRA adapter %r from %s", lora.lora_name, lora.lora_path)
             return f"Success: LoRA adapter '{lora.lora_name}' added successfully."
 

@@ -45,12 +45,13 @@ class LoRAAdapters:
                 raise exc(message)
             raise APIError(400, message, param="lora_name")
 
-    async def load(self, engine, name: str, path: str) -> LoRARequest:
-        """/v1/load_lora_adapter: a 400 for a name in use, LoRA off, or an adapter the engine refuses."""
+    async def load(self, engine, name: str, path: str, replace: bool = False) -> LoRARequest:
+        """/v1/load_lora_adapter: a 400 for a name in use (unless `replace`: load_inplace), LoRA off, or an adapter
+        the engine refuses. A replaced adapter's running requests finish with the old one."""
         if not name or not path:
             raise APIError(400, "lora_name and lora_path are both required", param="lora_name" if not name else
                            "lora_path")
-        if name in self.by_name:
+        if name in self.by_name and not replace:
             raise APIError(400, f"The lora adapter '{name}' has already been loaded.", param="lora_name")
         self._check_enabled(engine, name)
         lora = self.make(name, path)
@@ -58,9 +59,12 @@ class LoRAAdapters:
             await engine.add_lora(lora)
         except ValueError as e:
             raise APIError(400, str(e), param="lora_path") from None
-        if name in self.by_name:  # loaded meanwhile by another request
+        if name in self.by_name and not replace:  # loaded meanwhile by another request
             raise APIError(400, f"The lora adapter '{name}' has already been loaded.", param="lora_name")
+        old = self.by_name.get(name)
         self.by_name[name] = lora
+        if old is not None:
+            await engine.remove_lora(old)
         return lora
 
     async def unload(self, engine, name: str) -> None:

@@ -377,6 +377,7 @@ class ModelList(BaseModel):
 class LoadLoRAAdapterRequest(StrictModel):
     lora_name: str = Field(min_length=1, max_length=256)
     lora_path: str = Field(min_length=1, max_length=4096)
+    load_inplace: bool = Field(False, description="replace an adapter already loaded under this name (vLLM's)")
 
 
 class UnloadLoRAAdapterRequest(StrictModel):
