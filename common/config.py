@@ -71,6 +71,12 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     enforce_eager: bool = False
     # a request's result depends on it alone (batch, budget, prefix cache, preemption): README Determinism
     batch_invariant: bool = True
+    # LoRA adapters (common/lora.py): requests may name one; max_loras of them resident at once, of rank at most
+    # max_lora_rank; max_cpu_loras read adapters kept in memory (None: max_loras)
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     cpu_threads: int | None = None  # CPU: torch threads of the core; None: sized to the CPUs other work leaves
     usage: str = "server"  # server | offline (set by `LLM`): picks defaults such as the token budget
     # what one request may ask for (common/limits.py); the core sends them to its frontends
@@ -123,6 +129,10 @@ class EngineArgs(msgspec.Struct, kw_only=True):
              f"must be at least 1, got {self.tensor_parallel_size}"),
             (self.cpu_threads is None or self.cpu_threads >= 1, "cpu_threads",
              f"must be at least 1, got {self.cpu_threads}"),
+            (self.max_loras >= 1, "max_loras", f"must be at least 1, got {self.max_loras}"),
+            (self.max_lora_rank >= 1, "max_lora_rank", f"must be at least 1, got {self.max_lora_rank}"),
+            (self.max_cpu_loras is None or self.max_cpu_loras >= self.max_loras, "max_cpu_loras",
+             f"must be at least max_loras ({self.max_loras}), got {self.max_cpu_loras}"),
             (self.quantization in QUANTIZATIONS, "quantization",
              f"must be one of {_one_of(QUANTIZATIONS)}, got {self.quantization!r}"),
             (self.usage in USAGES, "usage", f"must be server or offline, got {self.usage!r}"),

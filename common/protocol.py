@@ -11,6 +11,7 @@ import msgspec
 
 from common.beam_search_params import BeamSearchParams
 from common.limits import RequestLimits
+from common.lora import LoRARequest
 from common.sampling_params import SamplingParams
 
 # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8
@@ -19,7 +20,8 @@ MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 PROTOCOL_VERSION = 6  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
 # 3: SchedulerStats as gauges, totals and step counts; EngineCoreOutputs without engine_index;
 # 4: UtilityCall.method a UtilityMethod; EngineCoreOutput.failure (tagged) for error and error_param;
-# 5: EngineCoreOutput.prompt_logprobs; 6: EngineCoreRequest.beam_search, EngineCoreOutput.beams
+# 5: EngineCoreOutput.prompt_logprobs; 6: EngineCoreRequest.beam_search, EngineCoreOutput.beams,
+# EngineCoreRequest.lora_request, Ready.enable_lora, ADD_LORA / REMOVE_LORA
 
 
 class FinishReason(IntEnum):
@@ -39,6 +41,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     eos_token_ids: list[int] = []
     arrival_time: float = 0.0
     cache_salt: str | None = None  # mixed into the prefix-cache hashes: only requests with the same salt share blocks
+    lora_request: LoRARequest | None = None  # the LoRA adapter the request runs with (None: the base model)
     # a beam search: the core runs its beams as one request and answers once, with EngineCoreOutput.beams
     beam_search: BeamSearchParams | None = None
 
@@ -207,6 +210,7 @@ class Ready(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     frontend_timeout: float = 0.0  # the core ends the session of a frontend silent this long (0: not said)
     resumed: bool = False  # answering HELLO(resume=True): the session, with its requests, lives on
     limits: RequestLimits = RequestLimits()  # what a request may ask for; the core refuses more
+    enable_lora: bool = False  # requests may name a LoRA adapter (--enable-lora)
 
 
 class UtilityMethod(StrEnum):
@@ -214,6 +218,8 @@ class UtilityMethod(StrEnum):
     RESET_PREFIX_CACHE = "reset_prefix_cache"
     GET_STATS = "get_stats"
     PING = "ping"
+    ADD_LORA = "add_lora"  # args: lora_name, lora_int_id, lora_path; checks and reads the adapter (error: why not)
+    REMOVE_LORA = "remove_lora"  # args: lora_name, lora_int_id, lora_path; forgets its CPU copy
 
 
 class UtilityCall(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -10,6 +10,7 @@ import math
 
 from common.errors import InvalidParameter, invalid
 from common.limits import RequestLimits
+from common.lora import MAX_LORA_NAME_CHARS, MAX_LORA_PATH_CHARS, LoRARequest
 from common.protocol import EngineCoreRequest
 from common.sampling_params import SamplingParams
 from common.structured_outputs import check_structured_outputs
@@ -121,3 +122,16 @@ def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_con
     if request.cache_salt is not None and len(request.cache_salt) > limits.max_cache_salt_chars:
         raise InvalidParameter("cache_salt", f"cache_salt must be at most {limits.max_cache_salt_chars} characters, got "
                          f"{len(request.cache_salt)}")
+    if request.lora_request is not None:
+        check_lora_request(request.lora_request)
+
+
+def check_lora_request(lora: LoRARequest) -> None:
+    """The adapter's name, id and path are well formed (whether its files are is the engine core's check)."""
+    if not lora.lora_name or len(lora.lora_name) > MAX_LORA_NAME_CHARS:
+        raise invalid("lora_request.lora_name", f"must be 1 to {MAX_LORA_NAME_CHARS} characters, got "
+                                                f"{len(lora.lora_name)}")
+    if not 1 <= lora.lora_int_id < 2**63:
+        raise invalid("lora_request.lora_int_id", f"must be a positive integer, got {lora.lora_int_id}")
+    if not lora.lora_path or len(lora.lora_path) > MAX_LORA_PATH_CHARS or "\x00" in lora.lora_path:
+        raise invalid("lora_request.lora_path", f"must be a path of 1 to {MAX_LORA_PATH_CHARS} characters")

@@ -55,6 +55,13 @@ class ParallelConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self.tensor_parallel_size == 1 and self.nnodes == 1
 
 
+class LoRAConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """LoRA serving (--enable-lora): adapter slots resident at once, their largest rank, adapters kept read."""
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 1
+
+
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: ModelConfig
     draft_model: ModelConfig | None = None  # speculative decoding with a draft model
@@ -75,14 +82,18 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     gpu_memory_utilization: float
     speculative_config: SpeculativeConfig | None
     cpu_threads: int | None
+    lora: LoRAConfig | None = None  # None: --enable-lora is off
 
     def torch_dtype(self):
         from engine_core.platform.device import torch_dtype
         return torch_dtype(self.dtype)
 
     def for_draft_model(self) -> "EngineConfig":
-        """The draft model's config: its own folder and facts, everything else the target's."""
-        return msgspec.structs.replace(self, model=self.draft_model, draft_model=None, speculative_config=None)
+        """The draft model's config: its own folder and facts, everything else the target's (no LoRA: adapters
+        are the target's; the draft proposes from the base model, and verification keeps only what the adapter
+        would have sampled)."""
+        return msgspec.structs.replace(self, model=self.draft_model, draft_model=None, speculative_config=None,
+                                       lora=None)
 
     def with_model_path(self, path: str) -> "EngineConfig":
         """The same config reading weights from another copy of the model (a worker node's own folder)."""
@@ -126,6 +137,8 @@ def resolve_engine_config(args: EngineArgs) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         speculative_config=None if spec is None else msgspec.structs.replace(spec),  # not shared with args
         cpu_threads=args.cpu_threads,
+        lora=LoRAConfig(max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                        max_cpu_loras=args.max_cpu_loras or args.max_loras) if args.enable_lora else None,
     )
 
 

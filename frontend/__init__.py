@@ -1,6 +1,7 @@
 """The frontend: tokenizing, validating, detokenizing, the offline and HTTP APIs. Imports no torch."""
 
 from common.beam_search_params import BeamSearchParams
+from common.lora import LoRARequest
 from common.sampling_params import RequestOutputKind, SamplingParams
 from common.structured_outputs import StructuredOutputsParams
 from frontend.outputs import BeamSearchOutput, BeamSearchSequence, CompletionOutput, Logprob, RequestOutput
@@ -18,4 +19,5 @@ def __getattr__(name):
 
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput",
-           "Logprob", "RequestOutputKind", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]
+           "Logprob", "RequestOutputKind", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence",
+           "LoRARequest"]

@@ -21,10 +21,11 @@ from typing import AsyncIterator, Callable
 
 from common.beam_search_params import BeamSearchParams
 from common.config import EngineArgs
+from common.lora import LoRARequest
 from common.protocol import SchedulerStats, UtilityMethod
 from common.sampling_params import SamplingParams
 from frontend.core_client import EngineDeadError
-from frontend.core_client_mp import STARTUP_TIMEOUT_SECONDS, AsyncMPClient
+from frontend.core_client_mp import STARTUP_TIMEOUT_SECONDS, AsyncMPClient, lora_args
 from frontend.engine_router import CoreLink, EngineRouter, sum_stats
 from frontend.output_processor import OutputProcessor
 from frontend.outputs import RequestOutput
@@ -189,13 +190,14 @@ class AsyncLLM:
 
     def process(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams,
                 prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
-                constraint_field: str | None = None, beam_search: BeamSearchParams | None = None) -> ProcessedRequest:
+                constraint_field: str | None = None, beam_search: BeamSearchParams | None = None,
+                lora_request: LoRARequest | None = None) -> ProcessedRequest:
         """Validates and tokenizes one request for the served model (InvalidParameter names a bad field)."""
         dead = self.dead
         if dead is not None:
             raise dead
         return self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt,
-                                      constraint_field, beam_search)
+                                      constraint_field, beam_search=beam_search, lora_request=lora_request)
 
     async def generate(self, prompt: str | list[int] | None, sampling_params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None,
@@ -281,16 +283,30 @@ class AsyncLLM:
 
     # ---- utilities --------------------------------------------------------------------------
 
-    async def _on_live_cores(self, method: UtilityMethod, timeout: float = 10.0) -> list:
+    async def _on_live_cores(self, method: UtilityMethod, *args, timeout: float = 10.0, every: bool = False) -> list:
+        """Each live core's answer; raises when none answers (`every`: when any fails, with its error)."""
         live = self.router.live(self.fingerprint)
         if not live:
             raise self.dead or EngineDeadError("no engine core is available")
-        results = await asyncio.gather(*(link.client.call_utility(method, timeout=timeout) for link in live),
+        results = await asyncio.gather(*(link.client.call_utility(method, *args, timeout=timeout) for link in live),
                                        return_exceptions=True)
         good = [r for r in results if not isinstance(r, BaseException)]
-        if not good:
-            raise results[0]
+        bad = [r for r in results if isinstance(r, BaseException)]
+        if not good or (every and bad):
+            raise bad[0]
         return good
+
+    async def add_lora(self, lora: LoRARequest, timeout: float = 60.0) -> None:
+        """Every live core reads and checks the adapter; ValueError with a core's reason if one refuses it."""
+        try:
+            await self._on_live_cores(UtilityMethod.ADD_LORA, *lora_args(lora), timeout=timeout, every=True)
+        except RuntimeError as e:  # a core's answer: the adapter is bad (EngineDeadError: no core to ask)
+            if isinstance(e, EngineDeadError):
+                raise
+            raise ValueError(str(e)) from None
+
+    async def remove_lora(self, lora: LoRARequest) -> None:
+        await self._on_live_cores(UtilityMethod.REMOVE_LORA, *lora_args(lora))
 
     async def check_health(self) -> None:
         """Raises unless a core serving the model answers a ping."""

@@ -2,6 +2,7 @@
 (debugging, `LLM(multiprocess=False)`), through the frontend's seam (engine_seam.py)."""
 
 from common.config import EngineArgs
+from common.lora import LoRARequest
 from common.protocol import EngineCoreOutputs, EngineCoreRequest
 from frontend import engine_seam
 
@@ -24,6 +25,12 @@ class InprocClient:
 
     def get_output(self) -> EngineCoreOutputs:
         return self.core.step()
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        self.core.add_lora(lora)
+
+    def remove_lora(self, lora: LoRARequest) -> bool:
+        return self.core.remove_lora(lora)
 
     def reset_prefix_cache(self) -> bool:
         return self.core.reset_prefix_cache()

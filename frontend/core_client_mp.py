@@ -44,6 +44,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from common import protocol as P
 from common.config import EngineArgs
+from common.lora import LoRARequest
 from common.protocol import EngineCoreOutputs, EngineCoreRequest
 from common.transport import DEAD_AFTER_SECONDS, limit_socket, new_identity, private_ipc_address
 from common.start_failure import read_start_failure, start_error
@@ -429,11 +430,26 @@ class SyncMPClient(MPClientBase):
     def reset_prefix_cache(self) -> bool:
         return self.call_utility(P.UtilityMethod.RESET_PREFIX_CACHE)
 
+    def add_lora(self, lora: LoRARequest) -> None:
+        """The core reads and checks the adapter; ValueError with its reason if it refuses it."""
+        try:
+            self.call_utility(P.UtilityMethod.ADD_LORA, *lora_args(lora))
+        except RuntimeError as e:
+            raise ValueError(str(e)) from None
+
+    def remove_lora(self, lora: LoRARequest) -> bool:
+        return self.call_utility(P.UtilityMethod.REMOVE_LORA, *lora_args(lora))
+
     def get_stats(self):
         return self.call_utility(P.UtilityMethod.GET_STATS)
 
     def shutdown(self) -> None:
         self._close()
+
+
+def lora_args(lora: LoRARequest) -> list:
+    """A LoRARequest as a UtilityCall's args (the core converts them back)."""
+    return [lora.lora_name, lora.lora_int_id, lora.lora_path]
 
 
 class AsyncMPClient(MPClientBase):

@@ -36,3 +36,9 @@ def hf_generate_seconds(model: str | None, device: str, prompts: list[list[int]]
     """transformers' batched generate on a workload (bench throughput --backend hf)."""
     from engine_core.bench.hf_baseline import hf_generate_seconds as seconds
     return seconds(model, device, prompts, out_lens, dtype)
+
+
+def random_lora_adapters(model: str | None, count: int, rank: int) -> list[str]:
+    """Folders of random PEFT LoRA adapters for a model (bench throughput --lora-adapters)."""
+    from engine_core.bench.random_lora import random_lora_adapters as adapters
+    return adapters(model, count, rank)

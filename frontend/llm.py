@@ -13,7 +13,9 @@ from tqdm.auto import tqdm
 from common.beam_search_params import BeamSearchParams
 from common.config import EngineArgs
 from common.errors import InvalidParameter
+from common.lora import LoRARequest
 from common.sampling_params import RequestOutputKind, SamplingParams
+from common.validation import check_lora_request
 from frontend.chat_template import render_chat
 from frontend.core_client import InprocClient
 from frontend.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
@@ -61,7 +63,10 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """lora_request: one adapter for every prompt, or a list with one (or None: the base model) per prompt;
+        a LoRA adapter the engine cannot apply is a ValueError naming it, before any prompt runs."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -71,20 +76,25 @@ class LLM:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"sampling_params has {len(sampling_params)} entries for {len(prompts)} prompts")
+        loras = self._lora_requests(lora_request, len(prompts))
         # validate every prompt before the first reaches the core, so a bad one leaves nothing behind
-        processed = [self._process(prompt, params) for prompt, params in zip(prompts, sampling_params)]
+        processed = [self._process(prompt, params, lora_request=lora)
+                     for prompt, params, lora in zip(prompts, sampling_params, loras)]
         for request in processed:
             for core_request in self.output_processor.add_request(request):
                 self.client.add_request(core_request)
         return self._run([request.request_id for request in processed], use_tqdm)
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
-                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+                    use_tqdm: bool = False, lora_request=None) -> list[BeamSearchOutput]:
         """Per prompt, params.beam_width beams best score first (vLLM's LLM.beam_search). Each prompt is one
-        request that the engine core searches on its own (engine_core/sched/beam_group.py)."""
+        request that the engine core searches on its own (engine_core/sched/beam_group.py); lora_request as in
+        generate."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        processed = [self._process(prompt, SamplingParams(), params) for prompt in prompts]
+        loras = self._lora_requests(lora_request, len(prompts))
+        processed = [self._process(prompt, SamplingParams(), params, lora_request=lora)
+                     for prompt, lora in zip(prompts, loras)]
         for request in processed:
             for core_request in self.output_processor.add_request(request):
                 self.client.add_request(core_request)
@@ -99,24 +109,44 @@ class LLM:
                 for c in out.outputs]))
         return results
 
+    def _lora_requests(self, lora_request, count: int) -> list[LoRARequest | None]:
+        """One adapter (or None) per prompt, each checked by the core once (it reads the adapter's files)."""
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * count
+        else:
+            loras = list(lora_request)
+            if len(loras) != count:
+                raise ValueError(f"lora_request has {len(loras)} entries for {count} prompts")
+        for lora in {lora.key: lora for lora in loras if lora is not None}.values():
+            if not isinstance(lora, LoRARequest):
+                raise ValueError(f"lora_request entries must be LoRARequest or None, got {type(lora).__name__}")
+            check_lora_request(lora)
+            if not self.model_info.enable_lora:
+                raise ValueError(f"LoRA adapter {lora.lora_name!r}: LoRA serving is off (LLM(..., enable_lora=True))")
+            self.client.add_lora(lora)
+        return loras
+
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
+             add_generation_prompt: bool = True, chat_template: str | None = None,
+             lora_request=None) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         # special tokens come from the template only: a message that spells one gets it as text
         rendered = [render_chat(self.tokenizer, c, add_generation_prompt, chat_template) for c in conversations]
         prompts, ids = [text for text, _ in rendered], [ids for _, ids in rendered]
-        outs = self.generate(ids, sampling_params, use_tqdm)
+        outs = self.generate(ids, sampling_params, use_tqdm, lora_request)
         for out, text in zip(outs, prompts):
             out.prompt = text
         return outs
 
     def _process(self, prompt: PromptType, params: SamplingParams,
-                 beam_search: BeamSearchParams | None = None) -> ProcessedRequest:
+                 beam_search: BeamSearchParams | None = None,
+                 lora_request: LoRARequest | None = None) -> ProcessedRequest:
         # the offline API returns only finished requests: skip the per-token outputs
         params = msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
         if isinstance(prompt, dict):
             prompt = prompt_of(prompt)
-        return self.processor.process(str(next(self._ids)), prompt, params, beam_search=beam_search)
+        return self.processor.process(str(next(self._ids)), prompt, params, beam_search=beam_search,
+                                      lora_request=lora_request)
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -15,6 +15,7 @@ import msgspec
 from common.beam_search_params import BeamSearchParams
 from common.errors import InvalidParameter, invalid
 from common.limits import RequestLimits
+from common.lora import LoRARequest
 from common.protocol import EngineCoreRequest, Ready
 from common.request_ids import sample_id
 from common.sampling_params import SamplingParams
@@ -74,7 +75,8 @@ class Processor:
 
     def process(self, request_id: str, prompt: Prompt, params: SamplingParams,
                 prompt_token_ids: list[int] | None = None, cache_salt: str | None = None,
-                constraint_field: str | None = None, beam_search: BeamSearchParams | None = None) -> ProcessedRequest:
+                constraint_field: str | None = None, beam_search: BeamSearchParams | None = None,
+                lora_request: LoRARequest | None = None) -> ProcessedRequest:
         """Raises InvalidParameter naming the first bad field; what returns can go on the wire. This is the
         frontend's one check of a request (check_request: every field, the constraint compiled, named
         `constraint_field` where the caller's API calls it something else)."""
@@ -89,7 +91,7 @@ class Processor:
             params = msgspec.structs.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         request = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
                                     eos_token_ids=self.eos_token_ids, arrival_time=time.time(),
-                                    cache_salt=cache_salt, beam_search=beam_search)
+                                    cache_salt=cache_salt, beam_search=beam_search, lora_request=lora_request)
         check_request(request, self.limits, compile_constraint=True, constraint_field=constraint_field)
         try:  # what cannot go on the wire must fail here, not once a stream has begun
             _wire.encode(request)

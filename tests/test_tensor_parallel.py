@@ -412,3 +412,35 @@ def test_tp2_beam_search_equals_tp1(models):
     assert [[tokens for tokens, _ in b] for b in beams[2]] == [[tokens for tokens, _ in b] for b in beams[1]]
     for two, one in zip(beams[2], beams[1]):
         assert [score for _, score in two] == pytest.approx([score for _, score in one], abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama-kv2", "qwen3-kv1"])
+def test_tp2_lora_equals_tp1(models, name, tmp_path):
+    """LoRA adapters shard with their layers (q/k/v: each rank's heads of B; o/down: its columns of A, the shrink
+    all-reduced, B added once): two adapters and the base model in one batch give TP=1's tokens and logprobs."""
+    import transformers
+
+    from common.lora import LoRARequest
+    from frontend.llm import LLM
+    from lora_adapters import make_adapter
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(models[name], dtype=torch.float32).eval()
+    every = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    loras = [LoRARequest("a", 1, make_adapter(base, str(tmp_path / "a"), seed=1, targets=every)),
+             LoRARequest("b", 2, make_adapter(base, str(tmp_path / "b"), seed=2, r=4, targets=["v_proj", "o_proj"])),
+             None]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    results = {}
+    for tp in (1, 2):
+        llm = LLM(models[name], tensor_parallel_size=tp, enable_lora=True, max_loras=2, **ENGINE)
+        try:
+            outs = llm.generate(PROMPTS, params, use_tqdm=False, lora_request=loras)
+        finally:
+            llm.shutdown()
+        results[tp] = [(o.outputs[0].token_ids, [e[t].logprob for e, t in zip(o.outputs[0].logprobs,
+                                                                               o.outputs[0].token_ids)])
+                       for o in outs]
+    assert len({tuple(tokens) for tokens, _ in results[1]}) == 3  # each adapter (and the base) answers its own way
+    for (tokens1, logprobs1), (tokens2, logprobs2) in zip(results[1], results[2]):
+        assert tokens2 == tokens1
+        assert logprobs2 == pytest.approx(logprobs1, abs=1e-5)

@@ -80,6 +80,14 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                    help="kernels whose result for a request does not depend on the rest of the batch, the token "
                         "budget, prefix-cache hits or preemption (README: Determinism); --no-batch-invariant "
                         "takes the shape-tuned kernels")
+    lo = parser.add_argument_group("LoRA adapters")
+    lo.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT folders) over the model")
+    lo.add_argument("--max-loras", type=positive_int, default=d.max_loras,
+                    help="adapters resident at once (one step uses at most this many)")
+    lo.add_argument("--max-lora-rank", type=positive_int, default=d.max_lora_rank,
+                    help="largest adapter rank accepted")
+    lo.add_argument("--max-cpu-loras", type=positive_int, default=None,
+                    help="adapters kept read in memory (default: --max-loras)")
     r = parser.add_argument_group("request limits (what one request may ask for; more is a 400)")
     r.add_argument("--max-n", type=positive_int, default=d.max_n, help="sequences per prompt (n)")
     r.add_argument("--max-logprobs", type=non_negative_int, default=d.max_logprobs,

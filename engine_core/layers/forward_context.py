@@ -19,6 +19,8 @@ class ForwardContext:
     meta: AttentionMetadata
     backend: AttentionBackend
     rotary: RotaryPlan = field(default_factory=RotaryPlan)
+    # LoRA: which rows use which adapter slot (lora/layers.LoRAStep); None: no row uses an adapter
+    lora_step: object = None
 
 
 _current: ForwardContext | None = None
@@ -34,10 +36,15 @@ def get_forward_context() -> ForwardContext:
 
 
 @contextmanager
-def forward_context(meta: AttentionMetadata, backend: AttentionBackend):
+def forward_context(meta: AttentionMetadata, backend: AttentionBackend, lora_step=None):
     global _current
-    previous, _current = _current, ForwardContext(meta, backend)
+    previous, _current = _current, ForwardContext(meta, backend, lora_step=lora_step)
     try:
         yield
     finally:
         _current = previous
+
+
+def lora_step():
+    """The step's LoRA rows (lora/layers.LoRAStep); None outside a step or when no row uses an adapter."""
+    return _current.lora_step if _current is not None else None

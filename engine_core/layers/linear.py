@@ -12,9 +12,20 @@ from torch import nn
 from engine_core.distributed.parallel_state import all_reduce, partition_heads, split_evenly, tp_rank, tp_size
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing, cpu_quant
 from engine_core.layers.activation import act_and_mul
+from engine_core.layers.forward_context import lora_step
+
+
+def with_lora(layer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y plus the LoRA deltas of the step's adapter rows, where the layer has adapter slots (lora/layers.py)."""
+    if layer.lora is None:
+        return y
+    step = lora_step()
+    return layer.lora.add_delta(x, y, step) if step is not None else y
 
 
 class ColumnParallelLinear(cpu_packing.PackableWeight, nn.Module):
+    lora = None  # a LoRALayer (lora/layers.py) where LoRA serving gave the layer adapter slots
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False, out_per_rank: int | None = None):
         super().__init__()
         self.out_start, count = split_evenly(out_features, tp_size(), tp_rank())
@@ -30,7 +41,7 @@ class ColumnParallelLinear(cpu_packing.PackableWeight, nn.Module):
         param.data.copy_(loaded.narrow(0, self.out_start, self.out_per_rank))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x, self.bias)
+        return with_lora(self, x, self.matmul(x, self.bias))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -64,13 +75,13 @@ class GateUpLinear(MergedColumnParallelLinear):
         self.activation = activation
 
     def packed_form(self, weight: torch.Tensor):
-        table = cpu_ops.silu_table() if self.activation == "silu" else None
+        table = cpu_ops.silu_table() if self.activation == "silu" and self.lora is None else None
         if table is None or not cpu_gemm.can_pack_gated(weight):
             return super().packed_form(weight)
         return cpu_gemm.GatedPanelWeight(weight, table)
 
     def quantized_form(self, weight: cpu_quant.QuantizedTensor, dtype: torch.dtype):
-        table = cpu_ops.silu_table() if self.activation == "silu" else None
+        table = cpu_ops.silu_table() if self.activation == "silu" and self.lora is None else None
         if (table is None or weight.shape[0] % (4 * cpu_gemm.LANES) or dtype is not torch.bfloat16
                 or not cpu_quant.can_pack(weight)):
             return super().quantized_form(weight, dtype)
@@ -79,7 +90,7 @@ class GateUpLinear(MergedColumnParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self.packed_weight, (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight)):
             return self.packed_weight.silu_and_mul(x, self.bias)
-        return act_and_mul(self.matmul(x, self.bias), self.activation)
+        return act_and_mul(with_lora(self, x, self.matmul(x, self.bias)), self.activation)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -134,6 +145,8 @@ class RowParallelLinear(cpu_packing.PackableWeight, nn.Module):
     given by the caller, e.g. the rows of this rank's attention heads); outputs all-reduced, unless the
     caller sums several partial products first (`reduce=False`: a MoE layer's experts, one all-reduce in all)."""
 
+    lora = None  # a LoRALayer (lora/layers.py) where LoRA serving gave the layer adapter slots
+
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  input_start: int | None = None, input_size: int | None = None, reduce: bool = True):
         super().__init__()
@@ -158,5 +171,5 @@ class RowParallelLinear(cpu_packing.PackableWeight, nn.Module):
         if not self.reduce:
             return y
         y = all_reduce(y)
-        # the bias is added once, after the sum of the partial products
-        return y + self.bias if self.bias is not None else y
+        # the bias is added once, after the sum of the partial products; a LoRA delta too (every rank adds the same)
+        return with_lora(self, x, y + self.bias if self.bias is not None else y)

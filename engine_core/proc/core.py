@@ -10,6 +10,9 @@ import uuid
 import msgspec
 
 from common.config import EngineArgs
+from common.errors import InvalidParameter
+from common.lora import LoRARequest
+from common.validation import check_lora_request
 from common.protocol import (PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready,
                              StepCounts)
 from engine_core.platform.cpu_threads import ThreadPoolSizer
@@ -67,7 +70,8 @@ class EngineCore:
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=max_model_len, block_size=block_size,
-            enable_prefix_caching=config.enable_prefix_caching), self.kv_cache_manager,
+            enable_prefix_caching=config.enable_prefix_caching,
+            max_loras=config.lora.max_loras if config.lora is not None else None), self.kv_cache_manager,
             speculator_for(config.speculative_config))
         self.num_blocks = num_blocks
         limits = args.request_limits(config.model.vocab_size, max_model_len)
@@ -97,6 +101,7 @@ class EngineCore:
             block_size=self.config.block_size,
             dtype=self.config.dtype,
             limits=self.limits,
+            enable_lora=self.config.lora is not None,
         )
 
     def _default_name(self) -> str:
@@ -117,6 +122,23 @@ class EngineCore:
                                                   constraint.starts_after_token_ids,
                                                   f"structured_outputs.{constraint.kinds()[0]}")
         self.scheduler.add_request(core_request)
+
+    def add_lora(self, lora: LoRARequest) -> None:
+        """Reads and checks the adapter now (kept for its first step); ValueError naming it and what is wrong,
+        or that LoRA serving is off."""
+        check_lora_request(lora)
+        runner = self.executor.runner
+        if runner.lora is None:
+            raise InvalidParameter("lora_request", f"LoRA adapter {lora.lora_name!r}: LoRA serving is off "
+                                                   f"(start the engine with --enable-lora)")
+        runner.lora.read(lora)
+
+    def remove_lora(self, lora: LoRARequest) -> bool:
+        """Forgets the adapter's kept copy (a running request's slot stays until it is done)."""
+        runner = self.executor.runner
+        if runner.lora is not None:
+            runner.lora.forget(lora)
+        return True
 
     def abort_requests(self, request_ids: list[str]) -> None:
         outputs = self.scheduler.abort_requests(request_ids)

@@ -41,6 +41,7 @@ from zmq.utils.monitor import recv_monitor_message
 from common import protocol as P
 from common.config import EngineArgs
 from common.curve import Authenticator, ServerKeys, apply_server
+from common.lora import LoRARequest
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from common.request_ids import scoped_id, unscoped_id
 from common.transport import (CORE_RCVHWM, CORE_SNDHWM, HEARTBEAT_SECONDS, MAX_REQUEST_FRAME_BYTES,
@@ -345,6 +346,8 @@ class EngineCoreProc:
             rid = scoped_id(tag, message.request_id)
             try:  # every field, before the scheduler sees it: a bad one is this request's ERROR, nothing more
                 check_request(message, self.core.limits)
+                if message.lora_request is not None:
+                    self.core.add_lora(message.lora_request)
                 if rid in self.owner:
                     raise ValueError(f"request_id {message.request_id!r} is already running")
             except ValueError as e:
@@ -381,6 +384,16 @@ class EngineCoreProc:
             result.result = self.core.scheduler.get_stats()
         elif call.method is P.UtilityMethod.PING:
             result.result = True
+        elif call.method in (P.UtilityMethod.ADD_LORA, P.UtilityMethod.REMOVE_LORA):
+            try:
+                lora = msgspec.convert(call.args, LoRARequest)
+                if call.method is P.UtilityMethod.ADD_LORA:
+                    self.core.add_lora(lora)
+                    result.result = True
+                else:
+                    result.result = self.core.remove_lora(lora)
+            except (ValueError, msgspec.ValidationError) as e:
+                result.error = str(e)
         self.out_push.send_multipart([identity, P.UTILITY_RESULT, self.encoder.encode(result)])
 
     def _route(self, outputs: EngineCoreOutputs) -> None:

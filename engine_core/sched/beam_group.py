@@ -56,7 +56,7 @@ class BeamGroup:
     def _new_beam(self, tokens: list[int], num_computed: int) -> Request:
         root = self.root
         beam = Request(f"{root.request_id}{BEAM_ID_SEPARATOR}{next(self._ids)}", root.prompt_token_ids,
-                       root.sampling_params, (), root.arrival_time, root.cache_salt)
+                       root.sampling_params, (), root.arrival_time, root.cache_salt, root.lora_request)
         beam.eos_token_ids = root.eos_token_ids
         beam.all_token_ids = tokens
         beam.output_token_ids = tokens[root.num_prompt_tokens:]

@@ -31,12 +31,25 @@ def hash_block_tokens(parent_hash: int | None, token_ids) -> int:
     return h.intdigest()
 
 
-def salt_hash(cache_salt: str | None) -> int | None:
+def salt_hash(cache_salt: str | None, lora_key: tuple | None = None) -> int | None:
     """The parent hash of a request's first block: a salt makes its whole chain differ from those of
-    requests without it (or with another), so tenants cannot probe each other's cached prompts."""
-    if cache_salt is None:
+    requests without it (or with another), so tenants cannot probe each other's cached prompts; a LoRA
+    adapter likewise (its K/V differ from the base model's), so two adapters never share blocks."""
+    if cache_salt is None and lora_key is None:
         return None
-    return xxhash.xxh3_64_intdigest(b"nvllm-cache-salt\x00" + cache_salt.encode("utf-8", "surrogatepass"))
+    h = xxhash.xxh3_64()
+    if cache_salt is not None:
+        h.update(b"nvllm-cache-salt\x00" + cache_salt.encode("utf-8", "surrogatepass"))
+    if lora_key is not None:
+        name, int_id, path = lora_key
+        h.update(b"\x00nvllm-lora\x00" + lora_identity_bytes(name, int_id, path))
+    return h.intdigest()
+
+
+def lora_identity_bytes(name: str, int_id: int, path: str) -> bytes:
+    """The adapter's identity as bytes no two identities share (lengths included)."""
+    parts = [name.encode("utf-8", "surrogatepass"), str(int_id).encode(), path.encode("utf-8", "surrogatepass")]
+    return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
 
 
 class KVCacheManager:
@@ -69,7 +82,8 @@ class KVCacheManager:
         """Extend request.block_hashes to cover every full block among its first num_tokens tokens."""
         bs, hashes, tokens = self.block_size, request.block_hashes, request.all_token_ids
         for i in range(len(hashes), min(num_tokens, len(tokens)) // bs):
-            parent = hashes[-1] if hashes else salt_hash(request.cache_salt)
+            lora = request.lora_request
+            parent = hashes[-1] if hashes else salt_hash(request.cache_salt, lora.key if lora is not None else None)
             hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs]))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:

@@ -2,6 +2,7 @@
 
 from enum import IntEnum
 
+from common.lora import LoRARequest
 from common.protocol import EngineCoreRequest, FinishReason
 from common.sampling_params import SamplingParams
 
@@ -15,13 +16,15 @@ class RequestStatus(IntEnum):
 
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_ids: list[int] = (), arrival_time: float = 0.0, cache_salt: str | None = None):
+                 eos_token_ids: list[int] = (), arrival_time: float = 0.0, cache_salt: str | None = None,
+                 lora_request: LoRARequest | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = frozenset(eos_token_ids)
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids)  # checked per token: a set, not a list
         self.cache_salt = cache_salt
+        self.lora_request = lora_request  # the adapter it runs with (None: the base model)
         self.arrival_time = arrival_time
         self.all_token_ids: list[int] = list(prompt_token_ids)  # prompt, then generated tokens
         self.output_token_ids: list[int] = []
@@ -47,7 +50,7 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> "Request":
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
-                   req.arrival_time, req.cache_salt)
+                   req.arrival_time, req.cache_salt, req.lora_request)
 
     @property
     def num_tokens(self) -> int:

@@ -48,6 +48,7 @@ class SchedulerConfig:
     max_model_len: int = 2048
     block_size: int = 16
     enable_prefix_caching: bool = True
+    max_loras: int | None = None  # LoRA adapters the running requests may use at once; None: LoRA is off
 
 
 @dataclass
@@ -73,6 +74,8 @@ class SchedulerOutput:
     finished_ids: list[str] = field(default_factory=list)  # finished since the last step; drop their state
     # (src, dst) KV blocks to copy, in every layer, before this step's forward: beams' copies on write
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # the LoRA adapters of every running request (at most max_loras): the model runner keeps them resident
+    active_loras: list = field(default_factory=list)
 
 
 class Scheduler:
@@ -289,14 +292,20 @@ class Scheduler:
             i += 1
 
         # 2. waiting requests, FCFS; none after a preemption, since blocks are already short. A request
-        # whose grammar still compiles steps aside for this step and keeps its place in the queue
+        # whose grammar still compiles steps aside for this step and keeps its place in the queue; so does one
+        # whose LoRA adapter would make the running requests use more than max_loras adapters
         compiling = []
+        loras = self._running_loras()
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
                and not preempted_ids):
             request = self.waiting[0]
             seats = request.group.width if request.group is not None else 1
             if self._seats_in_use() + seats > self.config.max_num_seqs:
                 break
+            lora = request.lora_request
+            if lora is not None and lora.key not in loras and len(loras) >= (self.config.max_loras or 0):
+                compiling.append(self.waiting.popleft())
+                continue
             if request.grammar is not None:
                 if not request.grammar.ready():
                     compiling.append(self.waiting.popleft())
@@ -320,6 +329,8 @@ class Scheduler:
                 request.num_cached_tokens = num_hit_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            if lora is not None:
+                loras.setdefault(lora.key, lora)
             scheduled.append(ScheduledRequest(request, num_new, num_hit_tokens))
             budget -= num_new
 
@@ -335,7 +346,16 @@ class Scheduler:
             preempted_ids=preempted_ids,
             finished_ids=finished_ids,
             block_copies=block_copies,
+            active_loras=list(self._running_loras().values()),
         )
+
+    def _running_loras(self) -> dict:
+        """The adapters of the running requests, by key, in order of first use."""
+        loras = {}
+        for request in self.running:
+            if request.lora_request is not None:
+                loras.setdefault(request.lora_request.key, request.lora_request)
+        return loras
 
     def update_from_output(self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]],
                            logprobs: dict[str, list[Logprobs]] | None = None,

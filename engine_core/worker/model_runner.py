@@ -26,6 +26,7 @@ from engine_core.families.spec import for_context
 from engine_core.layers.forward_context import forward_context
 from engine_core.layers import cpu_ops, cpu_packing
 from engine_core.layers.attention import PagedAttention
+from engine_core.lora.manager import LoRAManager
 from engine_core.models.cpu_decoder import CpuDecoder
 from engine_core.models.cpu_decoder_f32 import CpuDecoderBF16Generic, CpuDecoderF32
 from engine_core.models.registry import model_class
@@ -63,6 +64,8 @@ class ModelRunner:
                 self.model = model_class(spec)(spec)
         finally:
             torch.set_default_dtype(previous)
+        # LoRA slots before packing: a gate/up layer with adapters keeps its projection unfused (lora/layers.py)
+        self.lora = (LoRAManager(self.model, spec, config.lora, device, dtype) if config.lora is not None else None)
         # layers kept quantized get their GGUF blocks first, so their float copies are never read nor made
         self.quantization, as_blocks = quantized.keep_gguf_blocks(self.model, config.model.path, config.quantization,
                                                                   device, dtype)
@@ -78,7 +81,13 @@ class ModelRunner:
             cpu_ops.load()  # likewise the fused norm / SiLU-and-mul / rotary kernels
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.backend = self._attention_backend()
-        if self.backend.capabilities.fused_cpu_decoder and hasattr(self.model, "cpu_decoder"):
+        # the one-call C loop knows nothing of LoRA: with adapters on, every step runs the modules, so a base
+        # request computes the same whether or not adapter rows share its step
+        if self.lora is not None and tp_rank() == 0:
+            logger.info("LoRA: %d adapter slot(s) of rank up to %d; decoder layers run as modules",
+                        config.lora.max_loras, config.lora.max_lora_rank)
+        if (self.lora is None and self.backend.capabilities.fused_cpu_decoder
+                and hasattr(self.model, "cpu_decoder")):
             # bf16: cpu_decoder.c's kernels where they run (avx512_bf16 and up), else, where the attention is the
             # generic kernel's as in the loop, the float32 loop's source built for bf16
             loops = ((CpuDecoderF32,) if dtype is torch.float32
@@ -215,6 +224,8 @@ class ModelRunner:
             why = f"the {self.backend.name} attention backend sizes decode steps on the host"
         elif tp_size() > 1:
             why = "tensor parallelism does not capture its collectives yet"
+        elif self.lora is not None:
+            why = "LoRA adapters pick their rows on the host"
         elif self.model.spec.num_experts:
             why = "the MoE layers count each expert's tokens on the host (layers/moe.py)"
         if why:
@@ -263,7 +274,9 @@ class ModelRunner:
         meta = self._metadata(step)
         input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
         positions = torch.tensor(step.positions, dtype=torch.int64, device=self.device)
-        with forward_context(meta, self.backend):
+        rows = (self.lora.prepare(step.lora_requests, step.seq_loras, step.query_start_loc)
+                if self.lora is not None else None)
+        with forward_context(meta, self.backend, rows):
             hidden = self.model(input_ids, positions)
         sample_rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
         return self.model.compute_logits(hidden[sample_rows]), self._score_rows(hidden, step)

@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
+from common.lora import LoRARequest
 from common.protocol import Logprobs
 
 from engine_core.sched.request import Request
@@ -28,6 +29,10 @@ class StepInput(msgspec.Struct, array_like=True):
     scored_top_n: int = 0
     # [src, dst] KV cache blocks to copy in every layer before the forward (beam search's copies on write)
     block_copies: list[list[int]] = []
+    # LoRA: the adapters of every running request (each rank keeps them resident, reading their files itself),
+    # and per sequence the index of its adapter among them (-1: the base model)
+    lora_requests: list[LoRARequest] = []
+    seq_loras: list[int] = []
 
 
 class StepBuilder:
@@ -39,9 +44,11 @@ class StepBuilder:
         self.input_ids, self.positions, self.slots = [], [], []
         self.query_start_loc, self.seq_lens, self.tables, self.sample_rows = [0], [], [], []
         self.scored_rows, self.scored_targets, self.scored_top_n = [], [], 0
+        self.lora_requests: list[LoRARequest] = []
+        self.seq_loras: list[int] = []
 
     def add(self, block_ids: list[int], token_ids: list[int], start: int, sample: bool,
-            scored_targets: list[int] = (), top_n: int = 0) -> None:
+            scored_targets: list[int] = (), top_n: int = 0, lora: int = -1) -> None:
         """token_ids at positions start.. of the sequence whose blocks are block_ids; sample: its last row's
         logits are wanted; scored_targets: the tokens that follow its first rows, whose logprobs (and top_n
         more) are wanted."""
@@ -57,6 +64,7 @@ class StepBuilder:
         self.query_start_loc.append(self.query_start_loc[-1] + len(token_ids))
         self.seq_lens.append(end)
         self.tables.append(block_ids)
+        self.seq_loras.append(lora)
         if sample:
             self.sample_rows.append(self.query_start_loc[-1] - 1)
 
@@ -65,7 +73,8 @@ class StepBuilder:
         num_decodes = next((i for i, n in enumerate(lengths) if n != 1), len(lengths))
         return StepInput(self.input_ids, self.positions, self.slots, self.query_start_loc, self.seq_lens,
                          self.tables, num_decodes, self.sample_rows, self.scored_rows, self.scored_targets,
-                         self.scored_top_n)
+                         self.scored_top_n, lora_requests=self.lora_requests,
+                         seq_loras=self.seq_loras if any(i >= 0 for i in self.seq_loras) else [])
 
 
 class PlannedStep(NamedTuple):
@@ -93,18 +102,21 @@ def build_step_input(out: "SchedulerOutput", block_size: int) -> PlannedStep:
     step's K/V before it attends). Every row is then computed exactly as the plain decode of that token
     would be, by the same decode kernels (CUDA graphs included), so verified tokens equal decoding's."""
     builder = StepBuilder(block_size)
+    builder.lora_requests = list(out.active_loras)
+    lora_index = {lora.key: i for i, lora in enumerate(builder.lora_requests)}
     sampled, drafts, scored = [], [], []
     for s in out.scheduled:
         req, start = s.request, s.num_computed_tokens_before
+        lora = lora_index[req.lora_request.key] if req.lora_request is not None else -1
         known_end = start + s.num_new_tokens - len(s.spec_token_ids)
         sample = known_end == req.num_tokens  # the chunk reached the last known token: sample the next
         if s.spec_token_ids:
             for j, token in enumerate([req.all_token_ids[start]] + s.spec_token_ids):
-                builder.add(req.block_ids, [token], start + j, sample)
+                builder.add(req.block_ids, [token], start + j, sample, lora=lora)
         else:
             targets = prompt_targets(req, start, known_end)
             builder.add(req.block_ids, req.all_token_ids[start:known_end], start, sample, targets,
-                        req.sampling_params.prompt_logprobs or 0)
+                        req.sampling_params.prompt_logprobs or 0, lora)
             if targets:
                 scored.append((req, len(targets)))
         if sample:

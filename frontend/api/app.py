@@ -13,7 +13,7 @@ from importlib import metadata
 from typing import Awaitable, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from common.start_failure import EngineStartError
@@ -21,11 +21,12 @@ from frontend.api import serving_chat, serving_completion, serving_tokenize
 from frontend.api.errors import engine_unavailable, install_error_handlers
 from frontend.api.chat_options import ChatOptions
 from frontend.api.limits import HTTPLimits, LimitsMiddleware, key_error
+from frontend.api.lora_adapters import LoRAAdapters
 from frontend.api.metrics import CONTENT_TYPE
 from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
-                                   HealthResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
-                                   VersionResponse)
+                                   HealthResponse, LoadLoRAAdapterRequest, ModelCard, ModelList, TokenizeRequest,
+                                   TokenizeResponse, UnloadLoRAAdapterRequest, VersionResponse)
 from frontend.api.state import ServerState
 from frontend.async_llm import AsyncLLM
 
@@ -61,11 +62,12 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
               api_key: str | None = None,
               served_model_name: str | None = None, on_ready: Callable | None = None,
               on_failure: Callable[[BaseException], None] | None = None,
-              limits: HTTPLimits | None = None, chat: ChatOptions | None = None) -> FastAPI:
+              limits: HTTPLimits | None = None, chat: ChatOptions | None = None,
+              loras: LoRAAdapters | None = None) -> FastAPI:
     """engine_factory(on_starting): awaitable AsyncLLM (e.g. `lambda on_starting: AsyncLLM.create(args,
     on_starting=on_starting)`); the engine it hands to on_starting before it is READY tells /health why
     it is still waiting."""
-    state = ServerState(served_model_name, api_key, limits, chat)
+    state = ServerState(served_model_name, api_key, limits, chat, loras)
 
     async def start_engine() -> None:
         try:
@@ -76,6 +78,15 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
             why = e.why if isinstance(e, EngineStartError) else str(e)
             state.startup_error = f"it failed to start: {why}"
             logger.error("the engine core failed to start: %s", why)
+            if on_failure is not None:
+                on_failure(e)
+            return
+        try:  # --lora-modules: each adapter read and checked before the server says it is ready
+            await state.loras.load_static(engine)
+        except (ValueError, RuntimeError, TimeoutError) as e:
+            state.startup_error = f"--lora-modules: {e}"
+            logger.error("%s", state.startup_error)
+            engine.shutdown()
             if on_failure is not None:
                 on_failure(e)
             return
@@ -128,7 +139,24 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     @api.get("/v1/models", response_model=ModelList)
     async def models():
         engine = state.ready_engine()
-        return ModelList(data=[ModelCard(id=state.model_name, max_model_len=engine.model_info.max_model_len)])
+        base, max_len = state.model_name, engine.model_info.max_model_len
+        cards = [ModelCard(id=base, max_model_len=max_len, root=base)]
+        cards += [ModelCard(id=lora.lora_name, max_model_len=max_len, root=lora.lora_path, parent=base)
+                  for lora in state.loras]
+        return ModelList(data=cards)
+
+    if state.loras.allow_runtime_updates:  # as vLLM: without the switch the endpoints do not exist (404)
+        @api.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+        async def load_lora_adapter(body: LoadLoRAAdapterRequest):
+            lora = await state.loras.load(state.ready_engine(), body.lora_name, body.lora_path, body.load_inplace)
+            logger.info("loaded LoRA adapter %r from %s", lora.lora_name, lora.lora_path)
+            return f"Success: LoRA adapter '{lora.lora_name}' added successfully."
+
+        @api.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
+        async def unload_lora_adapter(body: UnloadLoRAAdapterRequest):
+            await state.loras.unload(state.ready_engine(), body.lora_name)
+            logger.info("unloaded LoRA adapter %r", body.lora_name)
+            return f"Success: LoRA adapter '{body.lora_name}' removed successfully."
 
     @api.post("/tokenize", response_model=TokenizeResponse)
     async def tokenize(body: TokenizeRequest):

@@ -13,6 +13,7 @@ from typing import AsyncIterator
 
 from common.beam_search_params import BeamSearchParams
 from common.errors import InvalidParameter
+from common.lora import LoRARequest
 from common.request_ids import part_id
 from common.sampling_params import SamplingParams
 from common.validation import request_token_cost
@@ -77,7 +78,8 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
                           prompt_token_ids: list[list[int]] | None = None,
                           constraint_field: str | None = None,
                           max_tokens_field: str = "max_tokens",
-                          beam_search: BeamSearchParams | None = None) -> list[ProcessedRequest]:
+                          beam_search: BeamSearchParams | None = None,
+                          lora_request: LoRARequest | None = None) -> list[ProcessedRequest]:
     """One ProcessedRequest per prompt (tokenized and checked once; the same objects are then streamed),
     or a 400 naming the field (`param` is what this endpoint calls the prompt, `max_tokens_field` its output
     length; `constraint_field` what set the output constraint). Characters are counted first; big prompts, and every constraint (llguidance
@@ -95,7 +97,7 @@ async def process_prompts(state: ServerState, engine: AsyncLLM, request_id: str,
             try:
                 request = engine.process(rid, prompt, params, prompt_token_ids=ids, cache_salt=cache_salt,
                                          constraint_field=constraint_field,  # the one check, with the constraint
-                                         beam_search=beam_search)
+                                         beam_search=beam_search, lora_request=lora_request)
             except InvalidParameter as e:
                 # a beam search's width is the body's n
                 raise bad_request(e, rename={"prompt": param, "max_tokens": max_tokens_field, "beam_width": "n"}) from None

@@ -417,11 +417,24 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "nvllm"
     max_model_len: int
+    root: str | None = Field(None, description="a LoRA adapter's folder; the base model's name for the base model")
+    parent: str | None = Field(None, description="a LoRA adapter's base model (null for the base model)")
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class LoadLoRAAdapterRequest(StrictModel):
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+    load_inplace: bool = Field(False, description="replace an adapter already loaded under this name (vLLM's)")
+
+
+class UnloadLoRAAdapterRequest(StrictModel):
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_int_id: int | None = None  # vLLM's field; the name is what identifies the adapter here
 
 
 class TokenizeCompletionRequest(StrictModel):

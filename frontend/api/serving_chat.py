@@ -63,7 +63,7 @@ def chat_logprobs(engine, token_ids: list[int], logprobs: list[dict[int, Logprob
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request):
     engine = state.ready_engine()
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     if body.prompt_logprobs is not None and body.stream:  # as vLLM: a chat stream has no place for them
@@ -91,7 +91,8 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             params.structured_outputs or plan.tool_constraint, plan, text, engine.tokenizer))
         prompts = await G.process_prompts(state, engine, request_id, [text], params, param="messages",
                                           cache_salt=body.cache_salt, prompt_token_ids=[ids],
-                                          constraint_field=constraint_field, max_tokens_field=body.max_tokens_field)
+                                          constraint_field=constraint_field, max_tokens_field=body.max_tokens_field,
+                                          lora_request=lora)
     except BaseException:
         ticket.release()
         raise
@@ -100,7 +101,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     formats = (plan.tool_parser, plan.reasoning_parser, in_reasoning)
     if body.stream:
         return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream, num_top,
-                                                      formats), request_id),
+                                                      formats, state.response_model(lora)), request_id),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
         choices = await cancel_on_disconnect(raw, G.collect(stream, 1, params.n))
@@ -122,14 +123,13 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             logprobs=chat_logprobs(engine, c.token_ids, c.logprobs, num_top) if body.logprobs else None,
             finish_reason=reason, stop_reason=c.stop_reason))
     scored = G.vllm_prompt_logprobs(body.prompt_logprobs, choices[0].prompt_logprobs)
-    return ChatCompletionResponse(id=request_id, model=state.model_name, choices=result,
+    return ChatCompletionResponse(id=request_id, model=state.response_model(lora), choices=result,
                                   usage=G.usage(prompts, sum(len(c.token_ids) for c in choices)),
                                   prompt_logprobs=scored)
 
 
 async def _stream(state: ServerState, engine, body: ChatCompletionRequest, request_id: str, prompts, stream,
-                  num_top: int, formats: tuple):
-    model = state.model_name
+                  num_top: int, formats: tuple, model: str):
     completion_tokens = 0
     readers = [ChatOutputReader(*formats) for _ in range(body.n)]
 

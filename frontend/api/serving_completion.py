@@ -73,7 +73,7 @@ def _echo_text(engine: AsyncLLM, prompt: ProcessedRequest) -> str:
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request):
     engine = state.ready_engine()
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     params, constraint_field = G.sampling_params(body)
     try:
         beam_search = body.beam_search_params()
@@ -86,13 +86,14 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
     try:
         prompts = await G.process_prompts(state, engine, request_id, raw_prompts, params,
                                           cache_salt=body.cache_salt, constraint_field=constraint_field,
-                                          beam_search=beam_search)
+                                          beam_search=beam_search, lora_request=lora)
     except BaseException:
         ticket.release()
         raise
     stream = G.generate(state, engine, prompts, ticket, constraint_field)
     if body.stream:
-        return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream), request_id),
+        return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream,
+                                                      state.response_model(lora)), request_id),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
         choices = await cancel_on_disconnect(raw, G.collect(stream, len(prompts), params.n))
@@ -121,13 +122,13 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
         result.append(CompletionChoice(index=choice.index, text=text, logprobs=logprobs, prompt_logprobs=scored,
                                        finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
     completion_tokens = sum(len(c.token_ids) for c in choices)
-    return CompletionResponse(id=request_id, model=state.model_name, choices=result,
+    return CompletionResponse(id=request_id, model=state.response_model(lora), choices=result,
                               usage=G.usage(prompts, completion_tokens))
 
 
-async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest, request_id: str, prompts, stream):
+async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest, request_id: str, prompts, stream,
+                  model: str):
     n = body.n
-    model = state.model_name
     builders = {}
     scores_sent = set()  # choices whose vLLM prompt_logprobs have gone out
     echoed = set()  # prompts whose echo has gone out: each at its first output, which brings its prompt logprobs

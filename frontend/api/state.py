@@ -1,9 +1,11 @@
 """What every endpoint needs: the engine (once it is ready), the served model name, the metrics."""
 
+from common.lora import LoRARequest
 from frontend.api.admission import AdmissionGate
 from frontend.api.chat_options import ChatOptions
 from frontend.api.errors import APIError, engine_unavailable, model_not_found
 from frontend.api.limits import HTTPLimits
+from frontend.api.lora_adapters import LoRAAdapters
 from frontend.api.metrics import Metrics
 from frontend.async_llm import AsyncLLM
 
@@ -12,11 +14,13 @@ MAX_SEQUENCES_PER_REQUEST = 1024  # prompts x n in one HTTP request
 
 class ServerState:
     def __init__(self, served_model_name: str | None = None, api_key: str | None = None,
-                 limits: HTTPLimits | None = None, chat: ChatOptions | None = None):
+                 limits: HTTPLimits | None = None, chat: ChatOptions | None = None,
+                 loras: LoRAAdapters | None = None):
         self.engine: AsyncLLM | None = None  # once the core said READY
         self.chat = chat or ChatOptions()  # how tool calls and reasoning are read out of chat outputs
         self.served_model_name = served_model_name
         self.api_key = api_key
+        self.loras = loras or LoRAAdapters()  # adapters a request names as its model
         self.limits = limits or HTTPLimits()
         self.admission = AdmissionGate(self.limits.max_queued_requests)
         self.metrics = Metrics()
@@ -46,9 +50,18 @@ class ServerState:
             return f"it is still starting ({self.starting.waiting_reason()}); retry shortly"
         return "it is still starting; retry shortly"
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """The LoRA adapter a request's `model` names (None: the base model); a 404 for a name not served."""
+        if name is None or name == self.model_name:
+            return None
+        lora = self.loras.get(name)
+        if lora is None:
             raise model_not_found(name, self.model_name)
+        return lora
+
+    def response_model(self, lora: LoRARequest | None) -> str:
+        """The `model` a response reports: the adapter's name where the request used one."""
+        return lora.lora_name if lora is not None else self.model_name
 
     def check_chars(self, num_chars: int, param: str) -> None:
         """A prompt's characters against --max-prompt-chars, before any tokenizing."""

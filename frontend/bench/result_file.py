@@ -71,6 +71,9 @@ def provenance(argv: list[str] | None) -> dict:
 
 def write_result(args, results) -> None:
     """Writes args.output_json (a bench's parsed arguments; args.argv is its command line, set by main)."""
+    # where it came from first: opening the file empties it, and a committed result file being rewritten would
+    # make the tree look modified
+    payload = provenance(getattr(args, "argv", None)) | {"results": results}
     with open(args.output_json, "w") as f:
-        json.dump(provenance(getattr(args, "argv", None)) | {"results": results}, f, indent=2)
+        json.dump(payload, f, indent=2)
         f.write("\n")

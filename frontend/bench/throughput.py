@@ -15,6 +15,7 @@ up to 49151; the random prompts use ids below 10000). nano-vllm's bench.py workl
 import random
 import time
 
+from common.lora import LoRARequest
 from common.sampling_params import SamplingParams
 from common.structured_outputs import StructuredOutputsParams
 from frontend import engine_seam
@@ -40,21 +41,34 @@ def run_nvllm(args, prompts, out_lens, mode: str, label: str | None = None) -> d
     schema = constrained_indices(len(out_lens), getattr(args, "structured_share", 0.0), args.bench_seed)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n, structured_outputs=(
         StructuredOutputsParams(json=BENCH_SCHEMA) if i in schema else None)) for i, n in enumerate(out_lens)]
-    llm.generate(["warm up"], SamplingParams(max_tokens=4), use_tqdm=False)
+    loras = lora_requests(args, len(prompts))
+    llm.generate(["warm up"], SamplingParams(max_tokens=4), use_tqdm=False, lora_request=loras[0] if loras else None)
     if schema:  # the vocabulary index is built once per core: not part of the timed run
         llm.generate(["warm up"], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
             json_object=True)), use_tqdm=False)
     start = time.perf_counter()
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(prompts, params, lora_request=loras or None)
     elapsed = time.perf_counter() - start
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    info = {"dtype": llm.model_info.dtype, "model": llm.model_info.model_name, "constrained_requests": len(schema)}
+    info = {"dtype": llm.model_info.dtype, "model": llm.model_info.model_name, "constrained_requests": len(schema),
+            "lora_adapters": getattr(args, "lora_adapters", 0) or 0}
     if schema:
         info |= compile_times(llm.model_info.tokenizer_files["tokenizer.json"], llm.model_info.vocab_size,
                               llm.model_info.eos_token_ids)
     llm.shutdown()
     label = label or ("nvllm" if args.engine_mode != "both" else f"nvllm-{mode}")
     return _figures(label, elapsed, prompts, out_tokens) | info
+
+
+def lora_requests(args, count: int) -> list:
+    """With --lora-adapters N: N random adapters (made once per run), the requests taking them in turn."""
+    n = getattr(args, "lora_adapters", 0) or 0
+    if not n:
+        return []
+    if getattr(args, "_lora_folders", None) is None:
+        args._lora_folders = engine_seam.random_lora_adapters(args.model, n, args.lora_rank)
+    adapters = [LoRARequest(f"bench-{i}", i + 1, path) for i, path in enumerate(args._lora_folders)]
+    return [adapters[i % n] for i in range(count)]
 
 
 def run_hf(args, prompts, out_lens, dtype: str) -> dict:
@@ -79,11 +93,12 @@ def _print(r: dict) -> None:
 
 
 def _compare_pairs(args, prompts, out_lens, pairs: int, variants: list[tuple[str, dict]], ratio_name: str,
-                   what: str) -> int:
-    """The workload under two settings (attributes of args), in alternating pairs (this machine's load
-    drifts: pairs taken side by side compare fairly); prints the median ratio of the first to the second."""
+                   what: str, more: list[tuple[str, int, int, str]] = ()) -> int:
+    """The workload under two (or more) settings (attributes of args), in alternating rounds (this machine's load
+    drifts: runs taken side by side compare fairly); prints the median ratio of the first to the second, and of
+    each `more` (name, variant i, variant j, what): variant i to variant j."""
     mode = "inproc" if args.engine_mode == "both" else args.engine_mode
-    results, ratios = [], []
+    results, ratios = [], {name: [] for name, *_ in [(ratio_name, 0, 1, what), *more]}
     for _ in range(pairs):
         pair = []
         for label, settings in variants:
@@ -92,10 +107,15 @@ def _compare_pairs(args, prompts, out_lens, pairs: int, variants: list[tuple[str
             pair.append(run_nvllm(args, prompts, out_lens, mode, label))
             _print(pair[-1])
         results += pair
-        ratios.append(round(pair[0]["output_tok_s"] / pair[1]["output_tok_s"], 3))
-    median = sorted(ratios)[len(ratios) // 2]
-    print(f"{what} output throughput: {median:.3f} (median of pairs {ratios})")
-    results.append({ratio_name: median, "pairs": ratios})
+        for name, i, j, _ in [(ratio_name, 0, 1, what), *more]:
+            ratios[name].append(round(pair[i]["output_tok_s"] / pair[j]["output_tok_s"], 3))
+    summary = {}
+    for name, _, _, text in [(ratio_name, 0, 1, what), *more]:
+        median = sorted(ratios[name])[len(ratios[name]) // 2]
+        print(f"{text} output throughput: {median:.3f} (median of {ratios[name]})")
+        summary[name] = median
+        summary["pairs" if name == ratio_name else f"{name}_rounds"] = ratios[name]
+    results.append(summary)
     if args.output_json:
         write_result(args, results)
     return 0
@@ -111,6 +131,14 @@ def run_throughput(args) -> int:
         return _compare_pairs(args, prompts, out_lens, args.compare_batch_invariant,
                               [("invariant", {"batch_invariant": True}), ("shape-tuned", {"batch_invariant": False})],
                               "invariant_over_shape_tuned", "batch-invariant / shape-tuned")
+    if getattr(args, "compare_lora", 0):
+        n = args.lora_adapters or 4
+        return _compare_pairs(args, prompts, out_lens, args.compare_lora,
+                              [(f"{n} adapters", {"lora_adapters": n, "enable_lora": True, "max_loras": n}),
+                               ("base", {"lora_adapters": 0, "enable_lora": False}),
+                               ("base, lora on", {"lora_adapters": 0, "enable_lora": True, "max_loras": n})],
+                              "lora_over_base", f"{n} LoRA adapters mixed / the base model alone",
+                              [("lora_on_base_over_base", 2, 1, "the base model with --enable-lora / without")])
     if getattr(args, "compare_structured", 0):
         share = args.structured_share or 0.5
         return _compare_pairs(args, prompts, out_lens, args.compare_structured,

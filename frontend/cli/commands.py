@@ -37,6 +37,13 @@ def register_bench(sub) -> None:
     tp.add_argument("--compare-structured", type=int, default=0, metavar="PAIRS",
                     help="run the workload PAIRS times with --structured-share (default 0.5) and without, "
                          "alternating, and print the median ratio")
+    tp.add_argument("--lora-adapters", type=int, default=0, metavar="N",
+                    help="N random LoRA adapters (every projection targeted), the requests taking them in turn "
+                         "(needs --enable-lora and --max-loras N)")
+    tp.add_argument("--lora-rank", type=int, default=16, help="rank of the random adapters")
+    tp.add_argument("--compare-lora", type=int, default=0, metavar="PAIRS",
+                    help="run the workload PAIRS times with --lora-adapters (default 4) mixed, on the base model "
+                         "(LoRA off) and on the base model with --enable-lora, alternating, and print the median ratios")
     tp.add_argument("--output-json", default=None, help="write the figures here")
     tp.add_argument("--random-model", default=None, choices=sorted(RANDOM_MODELS),
                     help="benchmark a random-weight model of this shape, one per family (common/random_models.py; "

@@ -55,6 +55,14 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                         "the connection closes (0: no limit)")
     g.add_argument("--metrics-require-key", action="store_true",
                    help="with an API key, /metrics needs it too")
+    lo = p.add_argument_group("LoRA adapters served by name (README: LoRA adapters)")
+    lo.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH", type=_lora_module,
+                    help="adapters a request picks by giving NAME as its model: NAME=PATH, or JSON "
+                         '\'{"name": NAME, "path": PATH, "base_model_name": BASE}\' (needs --enable-lora on the core)')
+    lo.add_argument("--allow-runtime-lora-updating", action="store_true",
+                    default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                    help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (default: "
+                         "$VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     c = p.add_argument_group("chat outputs (README: Structured outputs and tools)")
     c.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "generic"],
                    help="format of the model's tool calls (default: chosen from the chat template)")
@@ -62,6 +70,15 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                    help="split <think>...</think> into reasoning_content (default: chosen from the chat template)")
     c.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines; tool_choice auto is always on")
+
+
+def _lora_module(text: str) -> str:
+    from common.lora import parse_lora_module
+    try:
+        parse_lora_module(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _api_key(ns: argparse.Namespace) -> str | None:
@@ -79,11 +96,13 @@ def _http_limits(ns: argparse.Namespace):
 
 def _serve_http(ns: argparse.Namespace, engine_factory, served_model_name: str | None) -> int:
     from frontend.api.chat_options import ChatOptions
+    from frontend.api.lora_adapters import LoRAAdapters
     from frontend.api.server import run_server
+    loras = LoRAAdapters(ns.lora_modules, ns.allow_runtime_lora_updating)  # ValueError: a malformed --lora-modules
     return run_server(engine_factory, host=ns.host, port=ns.port, api_key=_api_key(ns),
                       served_model_name=served_model_name, log_level=ns.log_level,
                       access_log=not ns.disable_uvicorn_access_log, limits=_http_limits(ns),
-                      chat=ChatOptions(ns.tool_call_parser, ns.reasoning_parser))
+                      chat=ChatOptions(ns.tool_call_parser, ns.reasoning_parser), loras=loras)
 
 
 def run_serve(ns: argparse.Namespace) -> int:
