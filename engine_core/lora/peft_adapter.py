@@ -1,6 +1,6 @@
 """A PEFT LoRA adapter folder read and checked against the model it is to run on.
 
-A folder holds adapter_config.json and adapter_model.safetensors (never a pickled adapter_model.bin), with
+A folder holds adapter_config.json and adapter_model.safetensors (never a torch.save adapter_model.bin), with
 tensors named like `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` ([r, in]) and
 `...lora_B.weight` ([out, r]). What nvllm applies: q/k/v/o and gate/up/down projections of the dense decoder
 layers, scaling lora_alpha / r (use_rslora: lora_alpha / sqrt(r)). Everything else is refused with a
@@ -119,10 +119,10 @@ def read_peft_adapter(name: str, path: str, spec: ModelSpec, max_rank: int) -> P
     r, scaling = _check_config(name, config, max_rank)
     weights_path = os.path.join(path, "adapter_model.safetensors")
     if not os.path.isfile(weights_path):
-        pickled = os.path.isfile(os.path.join(path, "adapter_model.bin"))
+        torch_bin = os.path.isfile(os.path.join(path, "adapter_model.bin"))
         raise _refuse(name, f"{path!r} has no adapter_model.safetensors" +
-                      (" (adapter_model.bin is a pickle, which nvllm never loads: save with safetensors)"
-                       if pickled else ""))
+                      (" (nvllm never reads adapter_model.bin, a torch.save file that can run code when loaded: "
+                       "save the adapter with safetensors)" if torch_bin else ""))
     try:
         tensors = load_file(weights_path)
     except (SafetensorError, OSError, ValueError) as e:
