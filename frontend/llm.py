@@ -67,9 +67,7 @@ class LLM:
                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """lora_request: one adapter for every prompt, or a list with one (or None: the base model) per prompt;
         a LoRA adapter the engine cannot apply is a ValueError naming it, before any prompt runs."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -80,26 +78,19 @@ class LLM:
         # validate every prompt before the first reaches the core, so a bad one leaves nothing behind
         processed = [self._process(prompt, params, lora_request=lora)
                      for prompt, params, lora in zip(prompts, sampling_params, loras)]
-        for request in processed:
-            for core_request in self.output_processor.add_request(request):
-                self.client.add_request(core_request)
-        return self._run([request.request_id for request in processed], use_tqdm)
+        return self._submit_and_run(processed, use_tqdm)
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False, lora_request=None) -> list[BeamSearchOutput]:
         """Per prompt, params.beam_width beams best score first (vLLM's LLM.beam_search). Each prompt is one
         request that the engine core searches on its own (engine_core/sched/beam_group.py); lora_request as in
         generate."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         loras = self._lora_requests(lora_request, len(prompts))
         processed = [self._process(prompt, SamplingParams(), params, lora_request=lora)
                      for prompt, lora in zip(prompts, loras)]
-        for request in processed:
-            for core_request in self.output_processor.add_request(request):
-                self.client.add_request(core_request)
         results = []
-        for out in self._run([request.request_id for request in processed], use_tqdm):
+        for out in self._submit_and_run(processed, use_tqdm):
             if len(out.outputs) == 1 and out.outputs[0].finish_reason == "error":
                 raise RuntimeError(f"beam search failed: {out.outputs[0].stop_reason}")
             results.append(BeamSearchOutput([
@@ -147,6 +138,12 @@ class LLM:
             prompt = prompt_of(prompt)
         return self.processor.process(str(next(self._ids)), prompt, params, beam_search=beam_search,
                                       lora_request=lora_request)
+
+    def _submit_and_run(self, processed: list[ProcessedRequest], use_tqdm: bool) -> list[RequestOutput]:
+        for request in processed:
+            for core_request in self.output_processor.add_request(request):
+                self.client.add_request(core_request)
+        return self._run([request.request_id for request in processed], use_tqdm)
 
     def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
@@ -200,3 +197,10 @@ def prompt_of(prompt: dict) -> str | list[int]:
         return prompt[keys.pop()]
     raise InvalidParameter("prompt", f"prompt as a dict must hold one key, 'prompt' (text) or 'prompt_token_ids' "
                                      f"(ids); got keys {sorted(keys)}")
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (text, token ids or a dict) or a sequence of them, as a list."""
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)

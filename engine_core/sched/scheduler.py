@@ -238,9 +238,6 @@ class Scheduler:
                 raise RuntimeError(f"beam {beam.request_id!r} got no slot although enough blocks were free")
         return True
 
-    def _seats_in_use(self) -> int:
-        return sum(r.group.width if r.group is not None else 1 for r in self.running)
-
     def _proposals(self, request: Request, room: int) -> list[int]:
         """Proposed next tokens for a decoding request: no more than the budget's room, and none that
         could take it past max_tokens or max_model_len (the step also adds one token of its own)."""
@@ -296,11 +293,11 @@ class Scheduler:
         # whose LoRA adapter would make the running requests use more than max_loras adapters
         compiling = []
         loras = self._running_loras()
-        while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
-               and not preempted_ids):
+        seats_in_use = sum(r.group.width if r.group is not None else 1 for r in self.running)  # beams count each
+        while self.waiting and budget > 0 and not preempted_ids:
             request = self.waiting[0]
             seats = request.group.width if request.group is not None else 1
-            if self._seats_in_use() + seats > self.config.max_num_seqs:
+            if seats_in_use + seats > self.config.max_num_seqs:
                 break
             lora = request.lora_request
             if lora is not None and lora.key not in loras and len(loras) >= (self.config.max_loras or 0):
@@ -329,6 +326,7 @@ class Scheduler:
                 request.num_cached_tokens = num_hit_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            seats_in_use += seats
             if lora is not None:
                 loras.setdefault(lora.key, lora)
             scheduled.append(ScheduledRequest(request, num_new, num_hit_tokens))
@@ -346,7 +344,7 @@ class Scheduler:
             preempted_ids=preempted_ids,
             finished_ids=finished_ids,
             block_copies=block_copies,
-            active_loras=list(self._running_loras().values()),
+            active_loras=list(loras.values()),  # the running requests' adapters, those admitted just now included
         )
 
     def _running_loras(self) -> dict:
