@@ -18,6 +18,9 @@ def assert_greedy_under_preemption(path: str, prompts: list[list[int]], blocks: 
 
     spec = read_spec(read_hf_config(path))
     block = kv_block_bytes(spec.num_layers, spec.num_kv_heads, spec.head_dim, "float32", block_size=BLOCK_SIZE)
+    # in-process unless told otherwise: every request is queued before the first step, so the pool runs short
+    # whatever the machine's load (over a socket, requests that arrive a step apart may never meet)
+    engine.setdefault("multiprocess", False)
     with LLM(path, dtype="float32", block_size=BLOCK_SIZE, kv_cache_memory=blocks * block,
              max_model_len=max_model_len, max_num_batched_tokens=16, **engine) as llm:
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
