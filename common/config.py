@@ -78,6 +78,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     cpu_threads: int | None = None  # CPU: torch threads of the core; None: sized to the CPUs other work leaves
+    # OpenTelemetry: the OTLP collector both services send spans to (common/tracing.py); None: tracing off
+    otlp_traces_endpoint: str | None = None
     usage: str = "server"  # server | offline (set by `LLM`): picks defaults such as the token budget
     # what one request may ask for (common/limits.py); the core sends them to its frontends
     max_n: int = _LIMITS.max_n
@@ -149,6 +151,9 @@ class EngineArgs(msgspec.Struct, kw_only=True):
             if self.speculative_config.method == "draft_model" and (self.tensor_parallel_size > 1 or self.nnodes > 1):
                 raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 on one node "
                                  "only; use method ngram with tensor parallelism")
+        if self.otlp_traces_endpoint is not None:
+            from common.tracing import check_endpoint
+            check_endpoint(self.otlp_traces_endpoint)
         if self.kv_cache_memory is not None:
             try:
                 size = parse_size(self.kv_cache_memory)

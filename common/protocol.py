@@ -17,11 +17,12 @@ from common.sampling_params import SamplingParams
 # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8
 MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
-PROTOCOL_VERSION = 6  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
+PROTOCOL_VERSION = 7  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
 # 3: SchedulerStats as gauges, totals and step counts; EngineCoreOutputs without engine_index;
 # 4: UtilityCall.method a UtilityMethod; EngineCoreOutput.failure (tagged) for error and error_param;
 # 5: EngineCoreOutput.prompt_logprobs; 6: EngineCoreRequest.beam_search, EngineCoreOutput.beams,
-# EngineCoreRequest.lora_request, Ready.enable_lora, ADD_LORA / REMOVE_LORA
+# EngineCoreRequest.lora_request, Ready.enable_lora, ADD_LORA / REMOVE_LORA;
+# 7: EngineCoreRequest.trace_headers, EngineCoreOutput.time_in_queue (tracing)
 
 
 class FinishReason(IntEnum):
@@ -44,6 +45,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     lora_request: LoRARequest | None = None  # the LoRA adapter the request runs with (None: the base model)
     # a beam search: the core runs its beams as one request and answers once, with EngineCoreOutput.beams
     beam_search: BeamSearchParams | None = None
+    # tracing: the W3C traceparent/tracestate of the frontend's span for this request; the core's span is its child
+    # (None: not traced, and the core does no tracing work for it)
+    trace_headers: dict[str, str] | None = None
 
 
 class BeamHypothesis(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -108,6 +112,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     prompt_logprobs: list[Logprobs] = []
     # a finished beam search: its beam_width best beams, best score first (new_token_ids stays empty)
     beams: list[BeamHypothesis] = []
+    # a traced request's first output: seconds it waited in the core's queue before it was first scheduled
+    time_in_queue: float | None = None
 
     @property
     def error(self) -> str | None:

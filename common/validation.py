@@ -14,6 +14,7 @@ from common.lora import MAX_LORA_NAME_CHARS, MAX_LORA_PATH_CHARS, LoRARequest
 from common.protocol import EngineCoreRequest
 from common.sampling_params import SamplingParams
 from common.structured_outputs import check_structured_outputs
+from common.tracing import TRACE_HEADERS
 
 
 def request_token_cost(params: SamplingParams, max_tokens: int) -> int:
@@ -124,6 +125,22 @@ def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_con
                          f"{len(request.cache_salt)}")
     if request.lora_request is not None:
         check_lora_request(request.lora_request)
+    if request.trace_headers is not None:
+        check_trace_headers(request.trace_headers)
+
+
+# W3C trace context: traceparent is 55 characters, tracestate at most 32 members in 512
+MAX_TRACE_HEADER_CHARS = 512
+
+
+def check_trace_headers(headers: dict[str, str]) -> None:
+    """Only traceparent and tracestate, each a short string (what a span context needs, nothing more)."""
+    for name, value in headers.items():
+        if name not in TRACE_HEADERS:
+            raise invalid("trace_headers", f"may hold only {' and '.join(TRACE_HEADERS)}, got {name[:40]!r}")
+        if len(value) > MAX_TRACE_HEADER_CHARS:
+            raise invalid("trace_headers", f"{name} must be at most {MAX_TRACE_HEADER_CHARS} characters, got "
+                                           f"{len(value)}")
 
 
 def check_lora_request(lora: LoRARequest) -> None:

@@ -31,14 +31,17 @@ from frontend.output_processor import OutputProcessor
 from frontend.outputs import RequestOutput
 from frontend.processor import ProcessedRequest
 from frontend.request_tracker import RequestTracker, TrackedRequest
+from frontend.request_tracing import request_tracing_for
 from frontend.served_model import ServedModel
 
 logger = logging.getLogger("nvllm")
 
 
 class AsyncLLM:
-    def __init__(self, clients: AsyncMPClient | list[AsyncMPClient]):
+    def __init__(self, clients: AsyncMPClient | list[AsyncMPClient], otlp_traces_endpoint: str | None = None):
         clients = [clients] if isinstance(clients, AsyncMPClient) else list(clients)
+        # tracing (frontend/request_tracing.py): a span per request when given an OTLP endpoint; None: off
+        self.tracing = request_tracing_for(otlp_traces_endpoint)
         self.requests = RequestTracker()  # every request in flight, whichever model or core it is on
         self.router = EngineRouter(clients, self, self.requests)
         self.model: ServedModel | None = None  # what the live cores serve (set at the first READY)
@@ -48,10 +51,14 @@ class AsyncLLM:
     @classmethod
     async def create(cls, args: EngineArgs | None = None, address: str | list[str] | None = None,
                      socket_setup=None, restart_core: bool = True,
-                     on_starting: Callable[["AsyncLLM"], None] | None = None) -> "AsyncLLM":
+                     on_starting: Callable[["AsyncLLM"], None] | None = None,
+                     otlp_traces_endpoint: str | None = None) -> "AsyncLLM":
         """Starts a core child process for `args` (restarted when it dies, if restart_core), or connects
         to the core(s) at `address` (socket_setup: the CURVE client keys). on_starting(engine) is called
-        before any core answers, so that a caller can say why it is still waiting (engine.waiting_reason)."""
+        before any core answers, so that a caller can say why it is still waiting (engine.waiting_reason).
+        otlp_traces_endpoint: trace requests to this collector (default: args.otlp_traces_endpoint)."""
+        if otlp_traces_endpoint is None and args is not None:
+            otlp_traces_endpoint = args.otlp_traces_endpoint
         if address is None:
             clients = [AsyncMPClient(args, None, restart_core=restart_core)]
         else:
@@ -66,7 +73,7 @@ class AsyncLLM:
                 for c in clients:
                     c.shutdown()
                 raise
-        engine = cls(clients)
+        engine = cls(clients, otlp_traces_endpoint)
         if on_starting is not None:
             on_starting(engine)
         try:
@@ -122,7 +129,7 @@ class AsyncLLM:
                 if self.model is not None:
                     logger.info("the engine now serves %s (was %s)", link.client.model_info.model_name,
                                 self.model.name)
-                self.model = ServedModel.from_ready(link.client.model_info, self.requests)
+                self.model = ServedModel.from_ready(link.client.model_info, self.requests, self.tracing)
                 return
 
     # ---- RouterEvents: cores coming and going, outputs (on the event loop) --------------------
@@ -323,3 +330,5 @@ class AsyncLLM:
 
     def shutdown(self) -> None:
         self.router.shutdown()
+        if self.tracing is not None:
+            self.tracing.shutdown()

@@ -20,6 +20,7 @@ from frontend.chat_template import render_chat
 from frontend.core_client import InprocClient
 from frontend.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
 from frontend.processor import ProcessedRequest
+from frontend.request_tracing import request_tracing_for
 from frontend.served_model import ServedModel
 
 PromptType = str | list[int] | dict  # dict: vLLM's {"prompt": text} or {"prompt_token_ids": ids}
@@ -33,6 +34,8 @@ class LLM:
         self.engine_args = EngineArgs(model=model, **({"usage": "offline"} | engine_args))
         self.engine_args.validate()
         self.client = self._make_client(multiprocess)
+        # tracing (frontend/request_tracing.py): a span per request when otlp_traces_endpoint is given
+        self.tracing = request_tracing_for(self.engine_args.otlp_traces_endpoint)
         self._setup()
 
     @classmethod
@@ -42,11 +45,12 @@ class LLM:
         llm = cls.__new__(cls)
         llm.engine_args = None
         llm.client = SyncMPClient(None, address, socket_setup)
+        llm.tracing = None
         llm._setup()
         return llm
 
     def _setup(self) -> None:
-        model = ServedModel.from_ready(self.client.model_info)
+        model = ServedModel.from_ready(self.client.model_info, tracing=self.tracing)
         self.model_info, self.tokenizer = model.info, model.tokenizer
         self.processor, self.output_processor = model.processor, model.output_processor
         self.requests = model.output_processor.tracker
@@ -182,6 +186,8 @@ class LLM:
 
     def shutdown(self) -> None:
         self.client.shutdown()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     def __enter__(self) -> "LLM":
         return self

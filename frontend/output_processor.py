@@ -19,9 +19,11 @@ from frontend.request_tracker import RequestTracker, SequenceState, TrackedReque
 class OutputProcessor:
     """Keeps no request state of its own: it fills in the records of `tracker` (its own when none is given)."""
 
-    def __init__(self, tokenizer, tracker: RequestTracker | None = None):
+    def __init__(self, tokenizer, tracker: RequestTracker | None = None, tracing=None, model_name: str = ""):
         self.tokenizer = tokenizer
         self.tracker = tracker if tracker is not None else RequestTracker()
+        self.tracing = tracing  # a RequestTracing (frontend/request_tracing.py) when tracing is on
+        self.model_name = model_name
 
     def add_request(self, request: ProcessedRequest, stream=None) -> list[EngineCoreRequest]:
         """Tracks a request (`stream`: where AsyncLLM reads its outputs); returns its core requests (one per
@@ -35,8 +37,10 @@ class OutputProcessor:
             sequences[core_request.request_id] = SequenceState(
                 i, detok, logprobs=[] if params.logprobs is not None else None,
                 cumulative_logprob=0.0 if params.logprobs is not None else None)
-        self.tracker.add(TrackedRequest(request.request_id, request.prompt, request.prompt_token_ids, params,
-                                        sequences, stream))
+        record = self.tracker.add(TrackedRequest(request.request_id, request.prompt, request.prompt_token_ids, params,
+                                                 sequences, stream))
+        if self.tracing is not None:
+            self.tracing.start(request, record, self.model_name)
         return request.core_requests
 
     def abort_request(self, request_id: str) -> list[str]:
@@ -57,6 +61,8 @@ class OutputProcessor:
             seq = record.sequences[out.request_id]
             if seq.finished:
                 continue
+            if out.time_in_queue is not None and record.time_in_queue is None:
+                record.time_in_queue = out.time_in_queue
             if out.new_token_ids:
                 record.first_token_time = record.first_token_time or now
                 record.last_token_time = now

@@ -66,6 +66,8 @@ class TrackedRequest:
     first_token_time: float | None = None
     last_token_time: float | None = None
     beams: list | None = None  # a finished beam search: the core's BeamHypothesis list, best first
+    span: object = None  # tracing on: its open RequestSpan (frontend/request_tracing.py), ended when it leaves
+    time_in_queue: float | None = None  # traced: seconds it waited in the core's queue (the core says)
 
     @property
     def finished(self) -> bool:
@@ -107,6 +109,9 @@ class RequestTracker:
         if record is not None:
             for cid in record.sequences:
                 self._by_core_request.pop(cid, None)
+            if record.span is not None:
+                record.span, span = None, record.span
+                span.end(record)
         return record
 
     def on_core(self, core) -> list[TrackedRequest]:

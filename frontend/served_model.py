@@ -19,11 +19,12 @@ class ServedModel:
     output_processor: OutputProcessor
 
     @classmethod
-    def from_ready(cls, info: Ready, tracker: RequestTracker | None = None) -> "ServedModel":
+    def from_ready(cls, info: Ready, tracker: RequestTracker | None = None, tracing=None) -> "ServedModel":
         """`tracker`: where the output processor keeps its requests' records (AsyncLLM's one tracker, which
-        outlives a model change; a fresh one when None)."""
+        outlives a model change; a fresh one when None); `tracing`: a RequestTracing when tracing is on."""
         tokenizer = tokenizer_from_files(info.tokenizer_files)
-        return cls(info, tokenizer, Processor.for_model(tokenizer, info), OutputProcessor(tokenizer, tracker))
+        return cls(info, tokenizer, Processor.for_model(tokenizer, info),
+                   OutputProcessor(tokenizer, tracker, tracing, info.model_name))
 
     @property
     def fingerprint(self) -> str:

@@ -88,6 +88,7 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                     help="largest adapter rank accepted")
     lo.add_argument("--max-cpu-loras", type=positive_int, default=None,
                     help="adapters kept read in memory (default: --max-loras)")
+    add_tracing_args(parser)
     r = parser.add_argument_group("request limits (what one request may ask for; more is a 400)")
     r.add_argument("--max-n", type=positive_int, default=d.max_n, help="sequences per prompt (n)")
     r.add_argument("--max-logprobs", type=non_negative_int, default=d.max_logprobs,
@@ -100,6 +101,15 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                    help="n x max_tokens x (1 + logprobs), summed over the prompts of one request")
     r.add_argument("--max-constraint-chars", type=positive_int, default=d.max_constraint_chars,
                    help="characters of one request's output constraint (JSON schema, regex, grammar, choices)")
+
+
+def add_tracing_args(parser: argparse.ArgumentParser) -> None:
+    """--otlp-traces-endpoint (vLLM's flag): the engine core's and the HTTP frontend's alike."""
+    parser.add_argument_group("tracing (README: Tracing (OpenTelemetry))").add_argument(
+        "--otlp-traces-endpoint", default=None, metavar="URL",
+        help="send OpenTelemetry spans (one per request, with the engine core's as its child) to this OTLP "
+             "collector, e.g. http://localhost:4317; the protocol is $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL (grpc, "
+             "or http/protobuf), the other OTEL_* variables apply (default: no tracing)")
 
 
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:

@@ -18,6 +18,7 @@ from common.protocol import (PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutpu
 from engine_core.platform.cpu_threads import ThreadPoolSizer
 from engine_core.engine_config import resolve_engine_config
 from engine_core.executor.fatal_errors import is_fatal
+from engine_core.proc.request_spans import request_spans_for
 from engine_core.sched.beam_group import BeamGroup
 from engine_core.sched.kv_cache_manager import KVCacheManager
 from engine_core.weights.model_folder import eos_token_ids, read_tokenizer_files
@@ -82,6 +83,9 @@ class EngineCore:
         self.grammar_compiler = GrammarCompiler(tokenizer_files.get("tokenizer.json", ""), config.model.vocab_size,
                                                 eos_token_ids(config.model.path, config.model.hf_config))
         self.core_id = uuid.uuid4().hex
+        # tracing (proc/request_spans.py): None unless --otlp-traces-endpoint; then only requests that carry trace
+        # headers are traced
+        self.spans = request_spans_for(args.otlp_traces_endpoint)
 
     @property
     def max_model_len(self) -> int:
@@ -121,6 +125,8 @@ class EngineCore:
             core_request.grammar = RequestGrammar(self.grammar_compiler.compile(constraint),
                                                   constraint.starts_after_token_ids,
                                                   f"structured_outputs.{constraint.kinds()[0]}")
+        if request.trace_headers is not None and self.spans is not None:
+            self.spans.start(request)
         self.scheduler.add_request(core_request)
 
     def add_lora(self, lora: LoRARequest) -> None:
@@ -172,6 +178,8 @@ class EngineCore:
                 step_outputs = self._fail_step(sched_out, e)
             self.executor.forget_requests([o.request_id for o in step_outputs if o.finish_reason is not None])
             outputs, step = step_outputs, self.scheduler.step_counts()
+            if self.spans is not None and self.spans.live:
+                self.spans.after_step(sched_out, outputs)
         stats = self.scheduler.get_stats()
         stats.step = step
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=stats, timestamp=time.time())
@@ -201,5 +209,7 @@ class EngineCore:
         return self.kv_cache_manager.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        if self.spans is not None:
+            self.spans.shutdown()
         self.grammar_compiler.shutdown()
         self.executor.shutdown()

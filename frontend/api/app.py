@@ -19,6 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from common.start_failure import EngineStartError
 from frontend.api import serving_chat, serving_completion, serving_tokenize
 from frontend.api.errors import engine_unavailable, install_error_handlers
+from frontend.api.trace_context import TraceContextMiddleware
 from frontend.api.chat_options import ChatOptions
 from frontend.api.limits import HTTPLimits, LimitsMiddleware, key_error
 from frontend.api.lora_adapters import LoRAAdapters
@@ -119,6 +120,7 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     install_error_handlers(app)
     # the key and the body size are checked here, before FastAPI reads or parses a body
     app.add_middleware(LimitsMiddleware, limits=state.limits, api_key=api_key)
+    app.add_middleware(TraceContextMiddleware, state=state)  # a traceparent header continues the caller's trace
 
     def require_api_key(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
         # LimitsMiddleware has already refused a bad key; this declares the scheme in /openapi.json

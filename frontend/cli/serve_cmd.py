@@ -13,7 +13,7 @@ import os
 from common.cli.arg_types import (DEFAULT_CORE_ADDRESS, add_log_level, non_negative_float, non_negative_int, number,
                                   positive_int, zmq_address)
 from common.cli.curve_args import add_frontend_curve_args
-from common.cli.engine_args import add_engine_args, engine_args_from
+from common.cli.engine_args import add_engine_args, add_tracing_args, engine_args_from
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
 
@@ -122,8 +122,13 @@ def run_frontend(ns: argparse.Namespace) -> int:
     if len(set(engines)) != len(engines):
         raise ValueError(f"--engine names an engine core twice: {' '.join(engines)}")
     socket_setup = frontend_socket_setup(ns, engines)
+    endpoint = ns.otlp_traces_endpoint
+    if endpoint is not None:
+        from common.tracing import check_endpoint
+        check_endpoint(endpoint)
     return _serve_http(ns, lambda on_starting: AsyncLLM.create(address=engines, socket_setup=socket_setup,
-                                                               on_starting=on_starting),
+                                                               on_starting=on_starting,
+                                                               otlp_traces_endpoint=endpoint),
                        ns.served_model_name)
 
 
@@ -145,6 +150,7 @@ def register_frontend(sub) -> None:
                         f"each request goes to the least-loaded live one (default: {DEFAULT_CORE_ADDRESS})")
     p.add_argument("--served-model-name", default=None, help="model name the API reports (default: the core's)")
     _add_http_args(p)
+    add_tracing_args(p)
     add_frontend_curve_args(p)
     add_log_level(p)
     p.set_defaults(func=run_frontend)
