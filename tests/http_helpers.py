@@ -86,10 +86,12 @@ def wait_healthy(base_url: str, proc: Proc, timeout: float = 600) -> None:
     raise TimeoutError(f"nvllm did not become healthy in {timeout} s:\n{proc.log()[-5000:]}")
 
 
-def start_serve(args: list[str], log_path: str, host: str = "127.0.0.1") -> tuple[str, int, Proc]:
-    """(base url, port, Proc) of `nvllm serve ARGS` on a free port, once healthy; stopped if it never is."""
+def start_serve(args: list[str], log_path: str, host: str = "127.0.0.1",
+                env: dict | None = None) -> tuple[str, int, Proc]:
+    """(base url, port, Proc) of `nvllm serve ARGS` on a free port, once healthy; stopped if it never is. `env`:
+    variables to set for it."""
     port = free_port()
-    proc = Proc(["serve", *args, "--host", host, "--port", str(port)], log_path)
+    proc = Proc(["serve", *args, "--host", host, "--port", str(port)], log_path, env)
     base = f"http://{host}:{port}"
     try:
         wait_healthy(base, proc)
@@ -100,10 +102,11 @@ def start_serve(args: list[str], log_path: str, host: str = "127.0.0.1") -> tupl
 
 
 @contextlib.contextmanager
-def serving(args: list[str], log_dir):
+def serving(args: list[str], log_dir, env: dict | None = None):
     """(base url, Proc) of `nvllm serve ARGS` (access log off, small KV cache) for a test module; at the end it
     must stop cleanly on SIGTERM."""
-    base, _, proc = start_serve(["--disable-uvicorn-access-log", *args, *SMALL_ENGINE], str(log_dir / "serve.log"))
+    base, _, proc = start_serve(["--disable-uvicorn-access-log", *args, *SMALL_ENGINE], str(log_dir / "serve.log"),
+                                env=env)
     yield base, proc
     assert proc.stop(signal.SIGTERM) == 0, proc.log()[-3000:]
 
