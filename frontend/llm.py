@@ -30,11 +30,12 @@ class LLM:
     """The core runs in a background process (`multiprocess=False` keeps it in this process,
     for debugging); `LLM.connect(address)` uses a core that is already running."""
 
+    tracing = None  # a RequestTracing (frontend/request_tracing.py) when otlp_traces_endpoint is given
+
     def __init__(self, model: str | None = None, multiprocess: bool = True, **engine_args):
         self.engine_args = EngineArgs(model=model, **({"usage": "offline"} | engine_args))
         self.engine_args.validate()
         self.client = self._make_client(multiprocess)
-        # tracing (frontend/request_tracing.py): a span per request when otlp_traces_endpoint is given
         self.tracing = request_tracing_for(self.engine_args.otlp_traces_endpoint)
         self._setup()
 
@@ -45,7 +46,6 @@ class LLM:
         llm = cls.__new__(cls)
         llm.engine_args = None
         llm.client = SyncMPClient(None, address, socket_setup)
-        llm.tracing = None
         llm._setup()
         return llm
 
