@@ -116,7 +116,7 @@ class QuietExporter:
         except Exception as e:
             result, why = SpanExportResult.FAILURE, f"{type(e).__name__}: {e}"
         else:
-            why = "the collector did not take them"
+            why = "the export failed"
         if result == SpanExportResult.SUCCESS:
             if self.failing:
                 logger.info("OTLP traces reach %s again", self.endpoint)

@@ -1,8 +1,9 @@
 """`nvllm bench overhead`: how many tiny requests per second the frontend and the core exchange.
 
-Each request is one prompt token and one output token, so the model's work is as small as it
+Each request is one prompt token and one output token (--max-tokens), so the model's work is as small as it
 gets and what is measured is the path around it: Processor, ZMQ round trip, scheduling, output
-processing. Clients keep `--concurrency` requests in flight through AsyncLLM.
+processing. Clients keep `--concurrency` requests in flight through AsyncLLM. --compare-tracing PAIRS measures
+what OpenTelemetry tracing costs that path (frontend/bench/tracing_cost.py).
 """
 
 import asyncio
@@ -12,12 +13,12 @@ from common.sampling_params import RequestOutputKind, SamplingParams
 from frontend.bench.result_file import write_result
 
 
-async def _measure(args) -> dict:
+async def measure(args) -> dict:
     from frontend.async_llm import AsyncLLM
     from common.cli.engine_args import engine_args_from
 
     engine = await AsyncLLM.create(engine_args_from(args))
-    params = SamplingParams(max_tokens=1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
     counter = iter(range(args.num_requests))
 
     async def client():
@@ -31,12 +32,21 @@ async def _measure(args) -> dict:
     await asyncio.gather(*(client() for _ in range(args.concurrency)))
     elapsed = time.perf_counter() - start
     engine.shutdown()
-    return {"requests": args.num_requests, "concurrency": args.concurrency, "seconds": round(elapsed, 2),
+    return {"requests": args.num_requests, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+            "seconds": round(elapsed, 2),
             "requests_per_s": round(args.num_requests / elapsed, 1)}
 
 
 def run_overhead(args) -> int:
-    result = asyncio.run(_measure(args))
+    if args.compare_tracing:
+        from frontend.bench.tracing_cost import compare_tracing
+        result = compare_tracing(args)
+        print("tracing, requests per second against tracing off (median of "
+              f"{result['rounds']}): " + ", ".join(f"{m} {r:.3f}x" for m, r in result["ratio_to_off"].items()))
+        if args.output_json:
+            write_result(args, result)
+        return 0
+    result = asyncio.run(measure(args))
     print(f"tiny requests (1 prompt token, max_tokens=1): {result['requests_per_s']:.1f} req/s "
           f"({result['requests']} requests, {result['concurrency']} in flight, {result['seconds']} s)")
     if args.output_json:

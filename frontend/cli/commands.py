@@ -64,6 +64,10 @@ def register_bench(sub) -> None:
     add_log_level(oh)
     oh.add_argument("--num-requests", type=int, default=2000, help="requests to send")
     oh.add_argument("--concurrency", type=int, default=64, help="requests in flight at once")
+    oh.add_argument("--max-tokens", type=int, default=1, help="tokens each request generates")
+    oh.add_argument("--compare-tracing", type=int, default=0, metavar="ROUNDS",
+                    help="run the workload ROUNDS times each with tracing off, to a dead collector and to a live "
+                         "OTLP/HTTP one, alternating, and print the median ratios (frontend/bench/tracing_cost.py)")
     oh.add_argument("--output-json", default=None, help="write the figures here")
 
     def run_oh(args):

@@ -1,0 +1,81 @@
+"""`nvllm bench overhead --compare-tracing ROUNDS`: what tracing costs the requests, measured on the overhead bench.
+
+The same workload runs with tracing off, with --otlp-traces-endpoint pointing at a port nobody listens on (a dead
+collector, over the protocol $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says: grpc by default), and with a live OTLP/HTTP
+collector (a sink in this process that takes every export and answers 200), in turn, ROUNDS rounds; each mode's
+median requests per second is compared with tracing off. Each run starts its own engine (the core child inherits
+the protocol variable), so the modes share nothing but the machine.
+"""
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODES = ("off", "dead_collector", "live_collector")
+
+
+class _Sink(BaseHTTPRequestHandler):
+    """A collector that takes every OTLP/HTTP export (counting them) and answers an empty success."""
+    exports = 0
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).exports += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _run(args, endpoint: str | None, protocol: str | None) -> float:
+    from frontend.bench.overhead import measure
+    run_args = argparse.Namespace(**vars(args))
+    run_args.otlp_traces_endpoint = endpoint
+    saved = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+    if protocol is not None:
+        os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = protocol
+    try:
+        return (await measure(run_args))["requests_per_s"]
+    finally:
+        if saved is None:
+            os.environ.pop("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", None)
+        else:
+            os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = saved
+
+
+def compare_tracing(args) -> dict:
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    dead_protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or "grpc"
+    endpoints = {"off": (None, None),
+                 "dead_collector": (f"http://127.0.0.1:{_closed_port()}", dead_protocol),
+                 "live_collector": (f"http://127.0.0.1:{sink.server_address[1]}", "http/protobuf")}
+    runs: dict[str, list[float]] = {mode: [] for mode in MODES}
+    try:
+        for i in range(args.compare_tracing):
+            order = MODES if i % 2 == 0 else MODES[::-1]  # alternate, so no mode always runs first
+            for mode in order:
+                rate = asyncio.run(_run(args, *endpoints[mode]))
+                runs[mode].append(rate)
+                print(f"round {i + 1}, tracing {mode}: {rate:.1f} req/s", flush=True)
+    finally:
+        sink.shutdown()
+    medians = {mode: statistics.median(rates) for mode, rates in runs.items()}
+    return {"requests": args.num_requests, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+            "rounds": args.compare_tracing, "dead_collector_protocol": dead_protocol,
+            "live_collector_protocol": "http/protobuf", "live_collector_exports": _Sink.exports,
+            "requests_per_s": runs, "median_requests_per_s": medians,
+            "ratio_to_off": {mode: round(medians[mode] / medians["off"], 3) for mode in MODES}}
