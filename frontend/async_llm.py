@@ -21,6 +21,7 @@ from typing import AsyncIterator, Callable
 
 from common.beam_search_params import BeamSearchParams
 from common.config import EngineArgs
+from common.heap import freeze_startup_heap
 from common.lora import LoRARequest
 from common.protocol import SchedulerStats, UtilityMethod
 from common.sampling_params import SamplingParams
@@ -81,6 +82,7 @@ class AsyncLLM:
         except BaseException:  # failed or cancelled: stop the core child (if ours) and close the sockets
             engine.shutdown()
             raise
+        freeze_startup_heap()  # the imports and the tokenizer: out of the garbage collector's walks from here on
         return engine
 
     def waiting_reason(self) -> str:

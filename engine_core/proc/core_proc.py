@@ -40,6 +40,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from common import protocol as P
 from common.config import EngineArgs
+from common.heap import freeze_startup_heap
 from common.curve import Authenticator, ServerKeys, apply_server
 from common.lora import LoRARequest
 from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -88,6 +89,7 @@ class EngineCoreProc:
     def __init__(self, args: EngineArgs, listen: str, engine_index: int = 0, parent_pid: int | None = None,
                  curve: ServerKeys | None = None):
         self.core = EngineCore(args)
+        freeze_startup_heap()  # the model and imports: out of the garbage collector's walks from here on
         self.throughput_log = ThroughputLog()
         self.engine_index = engine_index
         silent_seconds = frontend_silent_seconds()

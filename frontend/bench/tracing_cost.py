@@ -2,8 +2,9 @@
 
 The same workload runs with tracing off, with --otlp-traces-endpoint pointing at a port nobody listens on (a dead
 collector, over the protocol $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says: grpc by default), and with a live OTLP/HTTP
-collector (a sink in this process that takes every export and answers 200), in turn, ROUNDS rounds; each mode's
-median requests per second is compared with tracing off. Each run starts its own engine (the core child inherits
+collector (a sink in this process that takes every export and answers 200), in turn, ROUNDS rounds; each
+round compares its modes with its own tracing-off run (a paired ratio: the machine's load drifts between rounds),
+and the median of those ratios is the figure. Each run starts its own engine (the core child inherits
 the protocol variable), so the modes share nothing but the machine.
 """
 
@@ -74,8 +75,10 @@ def compare_tracing(args) -> dict:
     finally:
         sink.shutdown()
     medians = {mode: statistics.median(rates) for mode, rates in runs.items()}
+    ratios = {mode: [round(r / off, 3) for r, off in zip(runs[mode], runs["off"])] for mode in MODES[1:]}
     return {"requests": args.num_requests, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
             "rounds": args.compare_tracing, "dead_collector_protocol": dead_protocol,
             "live_collector_protocol": "http/protobuf", "live_collector_exports": _Sink.exports,
             "requests_per_s": runs, "median_requests_per_s": medians,
-            "ratio_to_off": {mode: round(medians[mode] / medians["off"], 3) for mode in MODES}}
+            "ratio_to_off_by_round": ratios,
+            "median_ratio_to_off": {mode: statistics.median(r) for mode, r in ratios.items()}}
