@@ -34,7 +34,8 @@ def traces_protocol() -> str:
 
 
 def check_endpoint(endpoint: str) -> str:
-    """An endpoint must be a URL with a host (http://collector:4317); ValueError says what is wrong."""
+    """An endpoint must be a URL with a host (http://collector:4317; grpc://collector:4317 for gRPC, as vLLM's
+    examples write it); ValueError says what is wrong."""
     parts = urlsplit(endpoint)
     if parts.scheme not in ("http", "https", "grpc") or not parts.hostname:
         raise ValueError(f"otlp_traces_endpoint must be a URL like http://localhost:4317, got {endpoint!r}")
@@ -49,10 +50,16 @@ def _http_traces_url(endpoint: str) -> str:
 
 def _exporter(endpoint: str, protocol: str):
     if protocol == "http/protobuf":
+        if urlsplit(endpoint).scheme == "grpc":
+            raise ValueError(f"otlp_traces_endpoint {endpoint!r} is a gRPC address, but "
+                             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL is http/protobuf: give an http:// or https:// URL")
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         return OTLPSpanExporter(endpoint=_http_traces_url(endpoint))
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    return OTLPSpanExporter(endpoint=endpoint, insecure=True if endpoint.startswith("http://") else None)
+    # plaintext for http:// and grpc://, TLS for https://, unless the standard variables say otherwise
+    told = any(os.environ.get(v) for v in ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE"))
+    insecure = None if told else urlsplit(endpoint).scheme in ("http", "grpc")
+    return OTLPSpanExporter(endpoint=endpoint, insecure=insecure)
 
 
 def _resource(default_service_name: str):

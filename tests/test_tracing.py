@@ -151,3 +151,19 @@ def test_tracing_off_imports_no_opentelemetry_sdk():
             "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_bench_overhead_compares_tracing_off_dead_and_live(tiny_models, tmp_path):
+    """README's cost figures: `nvllm bench overhead --compare-tracing ROUNDS`, on a tiny workload."""
+    import json
+
+    from frontend.cli.main import main
+
+    out = tmp_path / "tracing.json"
+    assert main(["bench", "overhead", tiny_models["llama"], "--dtype", "float32", "--kv-cache-memory", "32MiB",
+                 "--max-model-len", "128", "--num-requests", "20", "--concurrency", "4", "--compare-tracing", "1",
+                 "--output-json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results["median_ratio_to_off"]) == {"dead_collector", "live_collector"}
+    assert all(r > 0 for r in results["median_ratio_to_off"].values())
+    assert results["live_collector_exports"] > 0  # the live run's spans reached the sink
