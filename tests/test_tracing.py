@@ -167,3 +167,18 @@ def test_bench_overhead_compares_tracing_off_dead_and_live(tiny_models, tmp_path
     assert set(results["median_ratio_to_off"]) == {"dead_collector", "live_collector"}
     assert all(r > 0 for r in results["median_ratio_to_off"].values())
     assert results["live_collector_exports"] > 0  # the live run's spans reached the sink
+
+
+def test_every_service_takes_the_endpoint_and_a_bad_one_is_named():
+    from common.cli.engine_args import engine_args_from
+    from common.config import EngineArgs
+    from frontend.cli.main import build_parser
+
+    parser = build_parser()
+    for command in (["serve"], ["engine-core"], ["frontend"]):
+        ns = parser.parse_args([*command, "--otlp-traces-endpoint", "grpc://collector:4317"])
+        assert ns.otlp_traces_endpoint == "grpc://collector:4317"
+    assert engine_args_from(parser.parse_args(["serve", "--otlp-traces-endpoint", "http://c:4318"])) \
+        .otlp_traces_endpoint == "http://c:4318"
+    with pytest.raises(ValueError, match="otlp_traces_endpoint must be a URL like http://localhost:4317"):
+        EngineArgs(otlp_traces_endpoint="collector:4317").validate()

@@ -92,6 +92,22 @@ def test_without_a_traceparent_the_request_span_starts_a_trace(server, receiver)
     assert core["name"] == "llm_core" and core["attributes"]["gen_ai.request.id"].endswith(out.id)
 
 
+def test_a_streamed_request_continues_the_callers_trace_too(server, receiver):
+    client = openai_client(server[0])
+    trace_id = "1" * 32
+    stream = client.completions.create(model=client.models.list().data[0].id, prompt="Hello", max_tokens=3,
+                                       stream=True, extra_headers={"traceparent": f"00-{trace_id}-{'2' * 16}-01"})
+    assert [chunk.id for chunk in stream]
+
+    def spans():
+        mine = [s for s in received(receiver[1]) if s["trace_id"] == trace_id]
+        return mine if len(mine) == 2 else None
+
+    by_name = {s["name"]: s for s in wait_until(spans, what="the streamed request's spans")}
+    assert by_name["llm_request"]["parent_span_id"] == "2" * 16
+    assert by_name["llm_core"]["parent_span_id"] == by_name["llm_request"]["span_id"]
+
+
 def test_a_dead_collector_costs_a_log_line_not_the_service(server, receiver):
     """Last in the module: it stops the receiver."""
     proc, _ = receiver
