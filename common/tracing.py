@@ -82,6 +82,7 @@ class Tracing:
         self.protocol = traces_protocol()
         if exporter is None:
             exporter = QuietExporter(_exporter(check_endpoint(endpoint), self.protocol), endpoint)
+        self.exporter = exporter
         self.provider = TracerProvider(resource=_resource(service_name))
         self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("nvllm")
@@ -103,7 +104,12 @@ class Tracing:
     def shutdown(self) -> None:
         """Sends what is queued (briefly: a dead collector must not hold up a shutdown) and stops the export thread."""
         try:
-            self.provider.force_flush(timeout_millis=2000)
+            # a collector known to be dead gets no wait; a live one two seconds to take what is queued
+            dead = getattr(self.exporter, "failing", False)
+            if dead or not self.provider.force_flush(timeout_millis=2000):
+                # the export thread may sit in the exporter's retries for seconds: stopping the exporter first
+                # ends them (the batch processor joins that thread before it stops the exporter itself)
+                self.exporter.shutdown()
             self.provider.shutdown()
         except Exception as e:  # a collector's trouble is never the server's
             logger.debug("tracing shutdown: %s", e)
@@ -114,7 +120,7 @@ class QuietExporter:
     never raised into the export thread."""
 
     def __init__(self, inner, endpoint: str):
-        self.inner, self.endpoint, self.failing = inner, endpoint, False
+        self.inner, self.endpoint, self.failing, self.stopped = inner, endpoint, False, False
 
     def export(self, spans):
         from opentelemetry.sdk.trace.export import SpanExportResult
@@ -135,7 +141,9 @@ class QuietExporter:
         return result
 
     def shutdown(self) -> None:
-        self.inner.shutdown()
+        if not self.stopped:
+            self.stopped = True
+            self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.inner.force_flush(timeout_millis)
