@@ -20,6 +20,7 @@ from common.start_failure import EngineStartError
 from frontend.api import serving_chat, serving_completion, serving_tokenize
 from frontend.api.errors import engine_unavailable, install_error_handlers
 from frontend.api.chat_options import ChatOptions
+from frontend.api.cors import CORSOptions
 from frontend.api.limits import HTTPLimits, LimitsMiddleware, key_error
 from frontend.api.lora_adapters import LoRAAdapters
 from frontend.api.metrics import CONTENT_TYPE
@@ -63,7 +64,7 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
               served_model_name: str | None = None, on_ready: Callable | None = None,
               on_failure: Callable[[BaseException], None] | None = None,
               limits: HTTPLimits | None = None, chat: ChatOptions | None = None,
-              loras: LoRAAdapters | None = None) -> FastAPI:
+              loras: LoRAAdapters | None = None, cors: CORSOptions | None = None) -> FastAPI:
     """engine_factory(on_starting): awaitable AsyncLLM (e.g. `lambda on_starting: AsyncLLM.create(args,
     on_starting=on_starting)`); the engine it hands to on_starting before it is READY tells /health why
     it is still waiting."""
@@ -119,6 +120,7 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     install_error_handlers(app)
     # the key and the body size are checked here, before FastAPI reads or parses a body
     app.add_middleware(LimitsMiddleware, limits=state.limits, api_key=api_key)
+    (cors or CORSOptions()).install(app)  # outermost: preflights are answered before the key check
 
     def require_api_key(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
         # LimitsMiddleware has already refused a bad key; this declares the scheme in /openapi.json
