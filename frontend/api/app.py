@@ -17,7 +17,7 @@ from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from common.start_failure import EngineStartError
-from frontend.api import serving_chat, serving_completion, serving_tokenize
+from frontend.api import serving_chat, serving_completion, serving_responses, serving_tokenize
 from frontend.api.errors import engine_unavailable, install_error_handlers
 from frontend.api.chat_options import ChatOptions
 from frontend.api.limits import HTTPLimits, LimitsMiddleware, key_error
@@ -27,6 +27,7 @@ from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                    HealthResponse, LoadLoRAAdapterRequest, ModelCard, ModelList, TokenizeRequest,
                                    TokenizeResponse, UnloadLoRAAdapterRequest, VersionResponse)
+from frontend.api.responses_protocol import ResponseObject, ResponsesRequest
 from frontend.api.state import ServerState
 from frontend.async_llm import AsyncLLM
 
@@ -135,6 +136,15 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     @api.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=STREAM)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await serving_chat.create_chat_completion(state, body, request)
+
+    @api.post("/v1/responses", response_model=ResponseObject, responses=STREAM)
+    async def responses(body: ResponsesRequest, request: Request):
+        return await serving_responses.create_response(state, body, request)
+
+    @api.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    async def stored_response(response_id: str):
+        """Always a 404: /v1/responses stores nothing."""
+        raise serving_responses.not_stored(response_id)
 
     @api.get("/v1/models", response_model=ModelList)
     async def models():
