@@ -23,6 +23,7 @@ CHAT_TO_RESPONSES = [
     ("response_format.json_schema", "text.format"),
     ("response_format", "text.format"),
     ("max_completion_tokens", "max_output_tokens"),
+    ("max_tokens", "max_output_tokens"),  # the engine's own checks call it so
     ("messages", "input"),
 ]
 

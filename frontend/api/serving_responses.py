@@ -32,7 +32,7 @@ def not_stored(response_id: str) -> APIError:
 def _template(body: ResponsesRequest, run: ChatRun, model: str) -> ResponseObject:
     """The response as it starts: the request's settings echoed, no output yet."""
     return ResponseObject(
-        id=run.request_id, status="in_progress", instructions=body.instructions,
+        id=run.request_id.replace("-", "_", 1), status="in_progress", instructions=body.instructions,
         max_output_tokens=body.max_output_tokens, model=model,
         parallel_tool_calls=True if body.parallel_tool_calls is None else body.parallel_tool_calls,
         reasoning=body.reasoning, temperature=body.temperature, text=body.text or TextConfig(),
