@@ -11,8 +11,6 @@ cut by its length is `incomplete`, every other item `completed`.
 
 import json
 import uuid
-from typing import Iterator
-
 from frontend.api.chat_output import ChatText
 from frontend.api.responses_protocol import (FunctionCallOutput, IncompleteDetails, InputTokensDetails,
                                              OutputMessage, OutputTextPart, OutputTokensDetails, ReasoningItem,
@@ -185,5 +183,5 @@ class ResponseEvents:
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return events + [self._event(kind, response=self._snapshot())]
 
-    def error(self, code: str | None, message: str, param: str | None) -> Iterator[tuple[str, dict]]:
-        yield self._event("error", code=code, message=message, param=param)
+    def error(self, code: str | None, message: str, param: str | None) -> list[tuple[str, dict]]:
+        return [self._event("error", code=code, message=message, param=param)]

@@ -17,7 +17,7 @@ from frontend.api.errors import APIError
 from frontend.api.responses_output import (ResponseEvents, finish_status, reasoning_token_count, usage,
                                            whole_output)
 from frontend.api.responses_protocol import STATELESS, ResponseObject, ResponsesRequest, TextConfig
-from frontend.api.responses_request import chat_request, responses_error, responses_name
+from frontend.api.responses_request import chat_request, responses_error
 from frontend.api.serving_chat import ChatRun, start_chat
 from frontend.api.state import ServerState
 from frontend.api.streams import ClientDisconnected, cancel_on_disconnect
@@ -50,35 +50,31 @@ async def create_response(state: ServerState, body: ResponsesRequest, raw: Reque
     if body.stream:
         return StreamingResponse(_events(state, run, response), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
+    cached = []  # the prefix-cache hits the engine reports (its outputs carry them; the joined choice does not)
     try:
-        text, token_ids, finish, cached = await cancel_on_disconnect(raw, _collect(run))
+        choice = (await cancel_on_disconnect(raw, G.collect(_noting_cache(run.stream, cached), 1, 1)))[0]
     except ClientDisconnected:
         return Response(status_code=499)  # nobody is listening; the engine request is aborted
     except Exception as e:
         raise responses_error(G.engine_error(e)) from e
-    read = read_whole(text, *run.formats)
-    status, details = finish_status(finish)
+    try:
+        G.check_finished(state, [choice])
+    except APIError as e:
+        raise responses_error(e) from None
+    read = read_whole(choice.text, *run.formats)
+    status, details = finish_status(choice.finish_reason)
     response.status, response.incomplete_details = status, details
     response.output = whole_output(read, status == "incomplete")
-    response.usage = usage(len(run.prompts[0].prompt_token_ids), cached, len(token_ids),
-                           reasoning_token_count(run.engine.tokenizer, token_ids, bool(read.reasoning)))
+    response.usage = usage(len(run.prompts[0].prompt_token_ids), max(cached, default=0), len(choice.token_ids),
+                           reasoning_token_count(run.engine.tokenizer, choice.token_ids, bool(read.reasoning)))
     response.completed_at = int(time.time())
     return response
 
 
-async def _collect(run: ChatRun) -> tuple[str, list[int], str | None, int]:
-    """(text, token ids, finish reason, cached prompt tokens) of the one answer; a request error is raised."""
-    text, token_ids, finish, cached = "", [], None, 0
-    async for _, out in run.stream:
-        cached = max(cached, out.num_cached_tokens)
-        for c in out.outputs:
-            G.raise_request_error(c)
-            if c.finish_reason == "error":
-                raise RuntimeError(f"the engine failed this request: {c.stop_reason}")
-            text += c.text
-            token_ids += c.token_ids
-            finish = c.finish_reason or finish
-    return text, token_ids, finish, cached
+async def _noting_cache(stream, cached: list[int]):
+    async for i, out in stream:
+        cached.append(out.num_cached_tokens)
+        yield i, out
 
 
 async def _events(state: ServerState, run: ChatRun, response: ResponseObject):
@@ -91,9 +87,7 @@ async def _events(state: ServerState, run: ChatRun, response: ResponseObject):
         async for _, out in run.stream:
             cached = max(cached, out.num_cached_tokens)
             for c in out.outputs:
-                G.raise_request_error(c)
-                if c.finish_reason == "error":
-                    raise RuntimeError(f"the engine failed this request: {c.stop_reason}")
+                G.check_finished(state, [c])  # a 400 about a field, or the engine's failure: an error event
                 token_ids += c.token_ids
                 finish = c.finish_reason or finish
                 read = reader.read(c.text, last=c.finish_reason is not None)
@@ -105,10 +99,10 @@ async def _events(state: ServerState, run: ChatRun, response: ResponseObject):
         for event in writer.finish(finish, used, int(time.time())):
             yield _sse(event)
     except Exception as e:  # the client has its 200 already: an error event ends the stream
-        error = responses_error(G.engine_error(e))
+        error = responses_error(e if isinstance(e, APIError) else G.engine_error(e))
         if error.status == 500:
             logger.exception("internal error streaming response %s", run.request_id)
-        for event in writer.error(error.code or error.type, error.message, responses_name(error.param)):
+        for event in writer.error(error.code or error.type, error.message, error.param):
             yield _sse(event)
 
 
