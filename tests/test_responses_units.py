@@ -6,7 +6,8 @@ import pytest
 from frontend.api.chat_output import ChatText
 from frontend.api.errors import APIError
 from frontend.api.responses_output import ResponseEvents, reasoning_token_count, usage, whole_output
-from frontend.api.responses_protocol import ResponseObject, ResponsesRequest, TextConfig
+from frontend.api.responses_objects import ResponseObject
+from frontend.api.responses_protocol import ResponsesRequest, TextConfig
 from frontend.api.responses_request import chat_messages, chat_request, responses_error
 from frontend.api.tool_protocol import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
 

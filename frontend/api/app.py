@@ -27,7 +27,8 @@ from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                    HealthResponse, LoadLoRAAdapterRequest, ModelCard, ModelList, TokenizeRequest,
                                    TokenizeResponse, UnloadLoRAAdapterRequest, VersionResponse)
-from frontend.api.responses_protocol import ResponseObject, ResponsesRequest
+from frontend.api.responses_objects import ResponseObject
+from frontend.api.responses_protocol import ResponsesRequest
 from frontend.api.state import ServerState
 from frontend.async_llm import AsyncLLM
 
@@ -141,8 +142,13 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     async def responses(body: ResponsesRequest, request: Request):
         return await serving_responses.create_response(state, body, request)
 
-    @api.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
-    async def stored_response(response_id: str):
+    @api.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        """Always a 404: /v1/responses stores nothing."""
+        raise serving_responses.not_stored(response_id)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
         """Always a 404: /v1/responses stores nothing."""
         raise serving_responses.not_stored(response_id)
 

@@ -11,10 +11,11 @@ cut by its length is `incomplete`, every other item `completed`.
 
 import json
 import uuid
+
 from frontend.api.chat_output import ChatText
-from frontend.api.responses_protocol import (FunctionCallOutput, IncompleteDetails, InputTokensDetails,
-                                             OutputMessage, OutputTextPart, OutputTokensDetails, ReasoningItem,
-                                             ReasoningTextPart, ResponseObject, ResponseUsage)
+from frontend.api.responses_objects import (FunctionCallOutput, IncompleteDetails, InputTokensDetails,
+                                            OutputMessage, OutputTextPart, OutputTokensDetails, ReasoningItem,
+                                            ReasoningTextPart, ResponseObject, ResponseUsage)
 from frontend.reasoning import THINK_CLOSE
 
 

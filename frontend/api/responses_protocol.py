@@ -5,14 +5,12 @@ function_call_output items, reasoning items), `instructions`, `max_output_tokens
 function `tools` with `tool_choice`, `text.format` (text, json_object, json_schema), `reasoning.effort`, `stream`.
 nvllm keeps no responses: `store: true`, `previous_response_id`, `conversation`, `background: true` and
 `item_reference` items are refused with a 400 that says so. A few of vLLM's sampling extensions are taken as
-the chat API takes them (same names, same limits). Response: output items (reasoning, message, function_call),
-`status` completed or incomplete, and usage in input/output tokens.
+the chat API takes them (same names, same limits). The response's body is in responses_objects.py.
 """
 
-import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Discriminator, Field, Tag
+from pydantic import BeforeValidator, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
 from common.sampling_params import MAX_SCALE
@@ -200,7 +198,7 @@ class ReasoningConfig(StrictModel):
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class StreamOptions(StrictModel):
+class ResponsesStreamOptions(StrictModel):
     include_obfuscation: bool | None = Field(None, description="accepted and ignored (nothing is obfuscated)")
 
 
@@ -226,7 +224,7 @@ class ResponsesRequest(StrictModel):
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: ResponsesStreamOptions | None = None
     metadata: dict[Text, Text] | None = Field(None, description="string pairs, logged with the request id")
     user: Text | None = Field(None, description="accepted and ignored")
     safety_identifier: Text | None = Field(None, max_length=128, description="accepted and ignored")
@@ -257,95 +255,3 @@ class ResponsesRequest(StrictModel):
 
 VLLM_EXTENSIONS = ("top_k", "min_p", "seed", "stop", "repetition_penalty", "structured_outputs",
                    "chat_template_kwargs", "cache_salt")
-
-
-# ---- the response --------------------------------------------------------------------------------
-
-ItemStatus = Literal["in_progress", "completed", "incomplete"]
-
-
-class OutputTextPart(BaseModel):
-    type: Literal["output_text"] = "output_text"
-    text: str
-    annotations: list = []
-    logprobs: list = []
-
-
-class OutputMessage(BaseModel):
-    id: str
-    type: Literal["message"] = "message"
-    role: Literal["assistant"] = "assistant"
-    status: ItemStatus
-    content: list[OutputTextPart]
-
-
-class ReasoningTextPart(BaseModel):
-    type: Literal["reasoning_text"] = "reasoning_text"
-    text: str
-
-
-class ReasoningItem(BaseModel):
-    id: str
-    type: Literal["reasoning"] = "reasoning"
-    summary: list = []
-    content: list[ReasoningTextPart]
-    status: ItemStatus
-
-
-class FunctionCallOutput(BaseModel):
-    id: str
-    type: Literal["function_call"] = "function_call"
-    call_id: str
-    name: str
-    arguments: str
-    status: ItemStatus
-
-
-OutputItem = Annotated[ReasoningItem | OutputMessage | FunctionCallOutput, Field(discriminator="type")]
-
-
-class InputTokensDetails(BaseModel):
-    cached_tokens: int = Field(description="prompt tokens whose KV came from the prefix cache")
-
-
-class OutputTokensDetails(BaseModel):
-    reasoning_tokens: int = Field(description="output tokens up to the end of the reasoning")
-
-
-class ResponseUsage(BaseModel):
-    input_tokens: int
-    input_tokens_details: InputTokensDetails
-    output_tokens: int
-    output_tokens_details: OutputTokensDetails
-    total_tokens: int
-
-
-class IncompleteDetails(BaseModel):
-    reason: Literal["max_output_tokens"]
-
-
-class ResponseObject(BaseModel):
-    id: str
-    object: Literal["response"] = "response"
-    created_at: int = Field(default_factory=lambda: int(time.time()))
-    completed_at: int | None = None
-    status: Literal["in_progress", "completed", "incomplete", "failed"]
-    error: dict | None = None
-    incomplete_details: IncompleteDetails | None = None
-    instructions: str | None = None
-    max_output_tokens: int | None = None
-    model: str
-    output: list[OutputItem] = []
-    parallel_tool_calls: bool = True
-    previous_response_id: None = None
-    reasoning: ReasoningConfig | None = None
-    store: bool = False
-    temperature: float | None = None
-    text: TextConfig
-    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice = "auto"
-    tools: list[FunctionTool] = []
-    top_p: float | None = None
-    truncation: Literal["disabled"] = "disabled"
-    usage: ResponseUsage | None = None
-    metadata: dict[str, str] | None = None
-    service_tier: str = "default"

@@ -16,7 +16,8 @@ from frontend.api.chat_output import ChatOutputReader, read_whole
 from frontend.api.errors import APIError
 from frontend.api.responses_output import (ResponseEvents, finish_status, reasoning_token_count, usage,
                                            whole_output)
-from frontend.api.responses_protocol import STATELESS, ResponseObject, ResponsesRequest, TextConfig
+from frontend.api.responses_objects import ResponseObject
+from frontend.api.responses_protocol import STATELESS, ResponsesRequest, TextConfig
 from frontend.api.responses_request import chat_request, responses_error
 from frontend.api.serving_chat import ChatRun, start_chat
 from frontend.api.state import ServerState
