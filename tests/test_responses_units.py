@@ -107,3 +107,36 @@ def test_reasoning_tokens_run_to_the_end_of_the_reasoning():
     assert reasoning_token_count(_Chars(text), ids, True) == text.index("</think>") + len("</think>")
     assert reasoning_token_count(_Chars("abc"), [0, 1, 2], True) == 3
     assert reasoning_token_count(_Chars(text), ids, False) == 0
+
+
+def test_an_error_after_the_stream_began_is_an_error_event_naming_the_responses_field():
+    import asyncio
+    import json
+
+    from frontend.api.serving_chat import ChatRun
+    from frontend.api.serving_responses import _events
+    from frontend.outputs import CompletionOutput, RequestOutput
+
+    async def outputs():
+        yield 0, RequestOutput("resp-1", None, [1, 2], [CompletionOutput(0, "Hi", [5])], False)
+        failed = CompletionOutput(0, "", [], finish_reason="error", error_param="response_format.json_schema.schema",
+                                  stop_reason="response_format.json_schema.schema: no token can follow")
+        yield 0, RequestOutput("resp-1", None, [1, 2], [failed], True)
+
+    class Prompt:
+        prompt_token_ids = [1, 2]
+
+    run = ChatRun(engine=None, request_id="resp-1", params=None, prompts=[Prompt()], stream=outputs(),
+                  formats=(None, None, False), lora=None, constraint_field="response_format.json_schema.schema")
+    template = ResponseObject(id="resp_1", status="in_progress", model="m", text=TextConfig())
+
+    async def collect():
+        return [chunk async for chunk in _events(None, run, template)]
+
+    chunks = asyncio.run(collect())
+    kinds = [c.split("\n", 1)[0].removeprefix("event: ") for c in chunks]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.output_text.delta", "error"]
+    error = json.loads(chunks[-1].split("data: ", 1)[1])
+    assert error["param"] == "text.format.schema" and error["message"].startswith("text.format.schema: no token")
+    assert error["sequence_number"] == len(chunks) - 1
