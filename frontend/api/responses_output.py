@@ -77,7 +77,7 @@ class ResponseEvents:
         self.response = template  # status in_progress, no output yet
         self.sequence = 0
         self.output: list = []  # the finished items
-        self.open = None  # the item being written: (kind, item, text so far)
+        self.open = None  # the item being written: [kind, item, its text so far]
         self.call_index = None  # the tool call index the open function_call item is
 
     def _event(self, kind: str, **data) -> tuple[str, dict]:

@@ -16,6 +16,7 @@ from frontend import chat_template
 from frontend.api import generation as G
 from frontend.api import offload
 from common.errors import InvalidParameter
+from common.sampling_params import SamplingParams
 from frontend.api.chat_output import ChatOutputReader, finish_reason, legacy_finish_reason, read_whole
 from frontend.api.chat_request import ChatPlan, plan_chat, with_constraint_after_reasoning
 from frontend.api.errors import APIError, bad_request
@@ -24,7 +25,6 @@ from frontend.api.protocol import (ChatChoice, ChatChoiceLogprobs, ChatCompletio
                                    ChatTokenLogprob, ChatTopLogprob, DeltaMessage)
 from frontend.api.state import ServerState
 from frontend.api.streams import ClientDisconnected, cancel_on_disconnect, sse
-from common.sampling_params import SamplingParams
 from frontend.outputs import Logprob
 from frontend.reasoning import prompt_opens_reasoning
 
