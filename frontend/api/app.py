@@ -17,7 +17,7 @@ from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from common.start_failure import EngineStartError
-from frontend.api import serving_chat, serving_completion, serving_tokenize
+from frontend.api import serving_chat, serving_completion, serving_responses, serving_tokenize
 from frontend.api.errors import engine_unavailable, install_error_handlers
 from frontend.api.chat_options import ChatOptions
 from frontend.api.cors import CORSOptions
@@ -28,6 +28,8 @@ from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                    HealthResponse, LoadLoRAAdapterRequest, ModelCard, ModelList, TokenizeRequest,
                                    TokenizeResponse, UnloadLoRAAdapterRequest, VersionResponse)
+from frontend.api.responses_objects import ResponseObject
+from frontend.api.responses_protocol import ResponsesRequest
 from frontend.api.state import ServerState
 from frontend.async_llm import AsyncLLM
 
@@ -137,6 +139,20 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     @api.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=STREAM)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await serving_chat.create_chat_completion(state, body, request)
+
+    @api.post("/v1/responses", response_model=ResponseObject, responses=STREAM)
+    async def responses(body: ResponsesRequest, request: Request):
+        return await serving_responses.create_response(state, body, request)
+
+    @api.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        """Always a 404: /v1/responses stores nothing."""
+        raise serving_responses.not_stored(response_id)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        """Always a 404: /v1/responses stores nothing."""
+        raise serving_responses.not_stored(response_id)
 
     @api.get("/v1/models", response_model=ModelList)
     async def models():
