@@ -17,7 +17,8 @@ from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from common.start_failure import EngineStartError
-from frontend.api import serving_chat, serving_completion, serving_tokenize
+from frontend.api import serving_chat, serving_completion, serving_embedding, serving_tokenize
+from frontend.api.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from frontend.api.errors import engine_unavailable, install_error_handlers
 from frontend.api.chat_options import ChatOptions
 from frontend.api.limits import HTTPLimits, LimitsMiddleware, key_error
@@ -135,6 +136,10 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     @api.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=STREAM)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await serving_chat.create_chat_completion(state, body, request)
+
+    @api.post("/v1/embeddings", response_model=EmbeddingResponse)
+    async def embeddings(body: EmbeddingRequest, request: Request):
+        return await serving_embedding.create_embedding(state, body, request)
 
     @api.get("/v1/models", response_model=ModelList)
     async def models():

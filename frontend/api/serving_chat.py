@@ -62,7 +62,7 @@ def chat_logprobs(engine, token_ids: list[int], logprobs: list[dict[int, Logprob
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request):
-    engine = state.ready_engine()
+    engine = state.generating_engine()
     lora = state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
