@@ -111,6 +111,19 @@ def test_bad_inputs_are_400s_naming_input(server):
     assert error_of(post(server, {"input": "x", "encoding_format": "hex"}))["param"] == "encoding_format"
 
 
+def test_metrics_count_embedding_requests(server):
+    before = httpx.get(server + "/metrics", timeout=60).text
+    post(server, {"input": [[5, 6, 7], [8, 9]]})
+    after = httpx.get(server + "/metrics", timeout=60).text
+
+    def value(text: str, name: str) -> float:
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+    assert value(after, "nvllm:prompt_tokens_total") - value(before, "nvllm:prompt_tokens_total") == 5
+    stop = 'nvllm:request_success_total{finished_reason="stop"}'
+    assert value(after, stop) - (value(before, stop) if stop in before else 0) == 2
+
+
 def test_text_generation_on_an_embedding_server_is_a_400(server):
     for path, body in [("/v1/completions", {"prompt": "Hello", "max_tokens": 2}),
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})]:

@@ -5,6 +5,7 @@ as the core made them, which is what the openai client decodes.
 
 import base64
 import struct
+import time
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -79,6 +80,7 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Requ
     if engine.limits.runner != "pooling":
         raise APIError(400, NOT_POOLING, param="model")
     inputs = _inputs(body.input)
+    start = time.perf_counter()
     ticket = state.admission.admit(len(inputs))  # 503 when overloaded, before any work
     try:
         request_id = G.new_request_id("embd")
@@ -97,5 +99,8 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Requ
     data = [EmbeddingData(index=i, embedding=_encode(out.outputs.data, body.encoding_format))
             for i, out in enumerate(outputs)]
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    state.metrics.prompt_tokens.inc(prompt_tokens)
+    state.metrics.request_success.labels(finished_reason="stop").inc(len(requests))
+    state.metrics.e2e.observe(time.perf_counter() - start)
     return EmbeddingResponse(data=data, model=state.response_model(lora),
                              usage=EmbeddingUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens))
