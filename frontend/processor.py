@@ -42,9 +42,11 @@ class ProcessedRequest:
 
 
 def model_fingerprint(info: Ready) -> str:
-    """Equal for cores a frontend can use interchangeably: same model, limits and tokenizer."""
+    """Equal for cores a frontend can use interchangeably: same model, limits, tokenizer and runner (a pooling
+    core answers embedding requests only)."""
+    runner = [info.limits.runner] if info.limits.runner != "generate" else []
     blob = msgspec.msgpack.encode([info.model_name, info.max_model_len, info.vocab_size, sorted(info.eos_token_ids),
-                                   sorted(info.tokenizer_files.items())])
+                                   sorted(info.tokenizer_files.items())] + runner)
     return hashlib.sha256(blob).hexdigest()
 
 
