@@ -153,6 +153,24 @@ def test_tp2_gives_tp1_vectors(tiny_models):
         check(two, torch.tensor(one))
 
 
+def test_a_folder_saved_without_its_lm_head(tiny_models, tmp_path):
+    """Qwen3-Embedding's shape: the decoder alone (transformers' AutoModel, architecture Qwen3Model, tensor names
+    without `model.`), no LM head, untied embeddings."""
+    hf = transformers.AutoModel.from_pretrained(tiny_models["qwen3"], dtype=torch.float32).eval()
+    path = str(tmp_path / "qwen3-embedding")
+    hf.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(os.path.join(tiny_models["qwen3"], name), path)
+    with open(os.path.join(path, "config.json")) as f:
+        assert json.load(f)["architectures"] == ["Qwen3Model"]
+    llm = make_llm(path, "LAST")
+    try:
+        (out,) = llm.embed([PROMPT], use_tqdm=False)
+        check(out.outputs.embedding, pooled(last_hidden_state(hf, PROMPT), "LAST", True))
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_moe"])
 def test_other_families(arch, tmp_path, default_model_dir):
     path = build_tiny_model(str(tmp_path / arch), arch, default_model_dir)
