@@ -76,6 +76,8 @@ class ModelRunner:
         self.model.eval()
         if config.quantization == "int8":
             self.quantization = quantized.quantize_int8(self.model, config.quantization, device, dtype)
+        if config.runner == "pooling":  # an embedding engine never runs the LM head: neither pack nor keep it
+            self.model.lm_head = None
         dense = cpu_packing.can_pack(device, dtype)
         if dense or self.quantization != "none":
             cpu_packing.pack_model(self.model, dense)
@@ -162,7 +164,7 @@ class ModelRunner:
         if self.activation_peak is not None:
             return self.activation_peak
         lens = profile_lengths(self.config.max_num_batched_tokens, self.config.max_num_seqs, self.max_model_len)
-        step, num_blocks = dummy_step(lens, self.block_size)
+        step, num_blocks = dummy_step(lens, self.block_size, sample=self.config.runner != "pooling")
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
@@ -390,13 +392,14 @@ def profile_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> l
     return lens
 
 
-def dummy_step(lens: list[int], block_size: int) -> tuple[StepInput, int]:
+def dummy_step(lens: list[int], block_size: int, sample: bool = True) -> tuple[StepInput, int]:
     """A step of fresh sequences of these lengths (token id 0) over blocks 0, 1, ... in order, every
-    sequence sampled; and the number of blocks it uses."""
+    sequence sampled (unless not `sample`: an embedding engine's steps sample nothing); and the number of blocks
+    it uses."""
     builder = StepBuilder(block_size)
     next_block = 0
     for n in lens:
         blocks = list(range(next_block, next_block + -(-n // block_size)))
         next_block += len(blocks)
-        builder.add(blocks, [0] * n, 0, sample=True)
+        builder.add(blocks, [0] * n, 0, sample=sample)
     return builder.build(), next_block
