@@ -17,7 +17,7 @@ from common.validation import NOT_POOLING
 from frontend.api import generation as G
 from frontend.api import offload
 from frontend.api.embedding_protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
-from frontend.api.errors import APIError
+from frontend.api.errors import APIError, engine_unavailable
 from frontend.api.state import ServerState
 from frontend.api.streams import ClientDisconnected, cancel_on_disconnect, merge
 from frontend.async_llm import AsyncLLM
@@ -95,6 +95,8 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Requ
         ticket.release()
     for out in outputs:
         if out is None or out.error is not None:
+            if engine.dead is not None:
+                raise engine_unavailable(str(engine.dead))
             raise APIError(500, f"the engine failed this request: {out.error if out is not None else 'no output'}")
     data = [EmbeddingData(index=i, embedding=_encode(out.outputs.data, body.encoding_format))
             for i, out in enumerate(outputs)]
