@@ -12,16 +12,18 @@ import msgspec
 from common.beam_search_params import BeamSearchParams
 from common.limits import RequestLimits
 from common.lora import LoRARequest
+from common.pooling_params import PoolingParams
 from common.sampling_params import SamplingParams
 
 # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8
 MALFORMED = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
-PROTOCOL_VERSION = 6  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
+PROTOCOL_VERSION = 7  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.frontend_timeout, .resumed);
 # 3: SchedulerStats as gauges, totals and step counts; EngineCoreOutputs without engine_index;
 # 4: UtilityCall.method a UtilityMethod; EngineCoreOutput.failure (tagged) for error and error_param;
 # 5: EngineCoreOutput.prompt_logprobs; 6: EngineCoreRequest.beam_search, EngineCoreOutput.beams,
-# EngineCoreRequest.lora_request, Ready.enable_lora, ADD_LORA / REMOVE_LORA
+# EngineCoreRequest.lora_request, Ready.enable_lora, ADD_LORA / REMOVE_LORA;
+# 7: EngineCoreRequest.pooling_params, EngineCoreOutput.embedding, RequestLimits' runner and embedding fields
 
 
 class FinishReason(IntEnum):
@@ -44,6 +46,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     lora_request: LoRARequest | None = None  # the LoRA adapter the request runs with (None: the base model)
     # a beam search: the core runs its beams as one request and answers once, with EngineCoreOutput.beams
     beam_search: BeamSearchParams | None = None
+    # an embedding request (--runner pooling): the core computes the prompt only and answers its pooled vector
+    pooling_params: PoolingParams | None = None
 
 
 class BeamHypothesis(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -108,6 +112,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     prompt_logprobs: list[Logprobs] = []
     # a finished beam search: its beam_width best beams, best score first (new_token_ids stays empty)
     beams: list[BeamHypothesis] = []
+    # a finished embedding request: its vector, float32 little-endian (bytes: a quarter of msgpack's floats)
+    embedding: bytes = b""
 
     @property
     def error(self) -> str | None:

@@ -22,6 +22,7 @@ from typing import AsyncIterator, Callable
 from common.beam_search_params import BeamSearchParams
 from common.config import EngineArgs
 from common.lora import LoRARequest
+from common.pooling_params import PoolingParams
 from common.protocol import SchedulerStats, UtilityMethod
 from common.sampling_params import SamplingParams
 from frontend.core_client import EngineDeadError
@@ -198,6 +199,14 @@ class AsyncLLM:
             raise dead
         return self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt,
                                       constraint_field, beam_search=beam_search, lora_request=lora_request)
+
+    def process_embedding(self, request_id: str, prompt: str | list[int], pooling_params: PoolingParams | None = None,
+                          lora_request: LoRARequest | None = None) -> ProcessedRequest:
+        """Validates and tokenizes one embedding request (stream() then yields its one EmbeddingRequestOutput)."""
+        dead = self.dead
+        if dead is not None:
+            raise dead
+        return self.processor.process_embedding(request_id, prompt, pooling_params, lora_request)
 
     async def generate(self, prompt: str | list[int] | None, sampling_params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None,

@@ -22,7 +22,7 @@ from frontend.outputs import Logprob
 class SequenceState:
     """One sample of a request: what the core generated for it and what was handed out so far."""
     index: int
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None  # None for an embedding request (it has no text)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
@@ -66,6 +66,8 @@ class TrackedRequest:
     first_token_time: float | None = None
     last_token_time: float | None = None
     beams: list | None = None  # a finished beam search: the core's BeamHypothesis list, best first
+    pooling: bool = False  # an embedding request: no tokens, one vector at the end
+    embedding: bytes = b""  # its vector once the core sent it (float32 little-endian)
 
     @property
     def finished(self) -> bool:

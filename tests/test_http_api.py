@@ -670,3 +670,11 @@ def test_readme_responses_examples(server):
         out = subprocess.run([sys.executable, "-c", block.replace("localhost:8000", f"localhost:{port}")],
                              capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert out.returncode == 0 and out.stdout.strip(), out.stderr
+
+
+def test_embeddings_on_a_generating_server_is_a_400(server):
+    r = post(server, "/v1/embeddings", {"input": "Hello"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "model" and "not served for embeddings" in error["message"]
+    assert "--runner pooling" in error["message"]

@@ -17,7 +17,8 @@ from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from common.start_failure import EngineStartError
-from frontend.api import serving_chat, serving_completion, serving_responses, serving_tokenize
+from frontend.api import serving_chat, serving_completion, serving_embedding, serving_responses, serving_tokenize
+from frontend.api.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from frontend.api.errors import engine_unavailable, install_error_handlers
 from frontend.api.chat_options import ChatOptions
 from frontend.api.cors import CORSOptions
@@ -153,6 +154,10 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     async def delete_response(response_id: str):
         """Always a 404: /v1/responses stores nothing."""
         raise serving_responses.not_stored(response_id)
+
+    @api.post("/v1/embeddings", response_model=EmbeddingResponse)
+    async def embeddings(body: EmbeddingRequest, request: Request):
+        return await serving_embedding.create_embedding(state, body, request)
 
     @api.get("/v1/models", response_model=ModelList)
     async def models():

@@ -79,7 +79,7 @@ class ChatRun:
 
 async def start_chat(state: ServerState, body: ChatCompletionRequest, id_prefix: str = "chatcmpl") -> ChatRun:
     """The checks (400s naming the field), the template, the constraint and the engine request of a chat body."""
-    engine = state.ready_engine()
+    engine = state.generating_engine()
     lora = state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
