@@ -127,15 +127,19 @@ def test_refusals(tiny_models):
         LLM(tiny_models["llama"], runner="pooling", pooler_config={"pooling_type": "MAX"}, multiprocess=False)
 
 
-def test_default_model_matches_transformers(default_model_dir, smollm2_transformers):
-    """SmolLM2 (dequantized, as transformers holds it), MEAN over a prompt chunked in 16-token steps."""
-    tokens = PROMPT[:40]
-    expected = pooled(last_hidden_state(smollm2_transformers.model, tokens), "MEAN", True)
-    llm = LLM(None, dtype="float32", quantization="none", runner="pooling", pooler_config='{"pooling_type": "MEAN"}',
-              max_model_len=256, kv_cache_memory="64MiB", max_num_batched_tokens=16, multiprocess=False)
+@pytest.mark.parametrize("pooling_type", ["LAST", "MEAN", "CLS"])
+def test_default_model_matches_transformers(default_model_dir, smollm2_transformers, pooling_type):
+    """SmolLM2 (dequantized, as transformers holds it), each pooling type, two prompts batched in 16-token
+    steps (the longer one chunked)."""
+    prompts = [PROMPT[:40], PROMPT[5:17]]
+    llm = LLM(None, dtype="float32", quantization="none", runner="pooling",
+              pooler_config={"pooling_type": pooling_type}, max_model_len=256, kv_cache_memory="64MiB",
+              max_num_batched_tokens=16, multiprocess=False)
     try:
-        (out,) = llm.embed([tokens], use_tqdm=False)
-        check(out.outputs.embedding, expected)
+        outs = llm.embed(prompts, use_tqdm=False)
+        for tokens, out in zip(prompts, outs):
+            check(out.outputs.embedding, pooled(last_hidden_state(smollm2_transformers.model, tokens), pooling_type,
+                                                True))
     finally:
         llm.shutdown()
 
