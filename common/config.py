@@ -5,6 +5,7 @@ import re
 import msgspec
 
 from common.limits import FLAG_LIMITS, RequestLimits
+from common.pooling_params import RUNNERS, PoolerConfig, parse_pooler_config
 from common.speculative import SpeculativeConfig, parse_speculative_config
 
 _LIMITS = RequestLimits()
@@ -77,6 +78,9 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # generate: sampled text; pooling: embeddings (prompts only, their pooled final hidden state: pooling_params.py)
+    runner: str = "generate"
+    pooler_config: PoolerConfig | None = None  # a dict or JSON text is converted on construction; None: LAST, normalized
     cpu_threads: int | None = None  # CPU: torch threads of the core; None: sized to the CPUs other work leaves
     # OpenTelemetry: the OTLP collector both services send spans to (common/tracing.py); None: tracing off
     otlp_traces_endpoint: str | None = None
@@ -92,6 +96,7 @@ class EngineArgs(msgspec.Struct, kw_only=True):
 
     def __post_init__(self):
         self.speculative_config = parse_speculative_config(self.speculative_config)
+        self.pooler_config = parse_pooler_config(self.pooler_config)
 
     def token_budget(self, device_type: str) -> int:
         """Tokens one step may compute: the flag, else the default for the device and the use."""
@@ -138,6 +143,11 @@ class EngineArgs(msgspec.Struct, kw_only=True):
             (self.quantization in QUANTIZATIONS, "quantization",
              f"must be one of {_one_of(QUANTIZATIONS)}, got {self.quantization!r}"),
             (self.usage in USAGES, "usage", f"must be server or offline, got {self.usage!r}"),
+            (self.runner in RUNNERS, "runner", f"must be one of {_one_of(RUNNERS)}, got {self.runner!r}"),
+            (self.pooler_config is None or self.runner == "pooling", "pooler_config",
+             "is for runner pooling (embeddings); add runner pooling (--runner pooling)"),
+            (self.speculative_config is None or self.runner != "pooling", "speculative_config",
+             "is for runner generate: a pooling engine generates no tokens"),
             (self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
              f"must be auto, torch, triton or flash_attn, got {self.attention_backend!r}"),
         ] + [(getattr(self, name) >= (0 if name == "max_logprobs" else 1), name,
@@ -146,6 +156,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
         for ok, name, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}")
+        if self.pooler_config is not None:
+            self.pooler_config.validate()
         if self.speculative_config is not None:
             self.speculative_config.validate()
             if self.speculative_config.method == "draft_model" and (self.tensor_parallel_size > 1 or self.nnodes > 1):

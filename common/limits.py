@@ -22,6 +22,13 @@ class RequestLimits(msgspec.Struct, array_like=True, omit_defaults=True, kw_only
     max_logit_bias: int = 1024  # entries of logit_bias
     # beams of one beam search: max_n, and no more than one engine step runs (the core sets it; 0: max_n)
     max_beam_width: int = 0
+    # embeddings: "pooling" when the core runs --runner pooling (requests must be embedding requests, and only
+    # those); the size of its vectors; Matryoshka models may truncate them (`dimensions`): to any size from 1 when
+    # matryoshka_dimensions is empty, else to those sizes
+    runner: str = "generate"
+    embedding_size: int = 0
+    matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()
 
 
 # the limits an engine flag sets (EngineArgs has a field of the same name for each)

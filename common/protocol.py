@@ -12,6 +12,7 @@ import msgspec
 from common.beam_search_params import BeamSearchParams
 from common.limits import RequestLimits
 from common.lora import LoRARequest
+from common.pooling_params import PoolingParams
 from common.sampling_params import SamplingParams
 
 # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8
@@ -22,7 +23,8 @@ PROTOCOL_VERSION = 7  # 2: frontend sessions (HEARTBEAT, Hello.resume; Ready.fro
 # 4: UtilityCall.method a UtilityMethod; EngineCoreOutput.failure (tagged) for error and error_param;
 # 5: EngineCoreOutput.prompt_logprobs; 6: EngineCoreRequest.beam_search, EngineCoreOutput.beams,
 # EngineCoreRequest.lora_request, Ready.enable_lora, ADD_LORA / REMOVE_LORA;
-# 7: EngineCoreRequest.trace_headers, EngineCoreOutput.time_in_queue (tracing)
+# 7: EngineCoreRequest.trace_headers, EngineCoreOutput.time_in_queue (tracing); EngineCoreRequest.pooling_params,
+# EngineCoreOutput.embedding, RequestLimits' runner and embedding fields (embeddings)
 
 
 class FinishReason(IntEnum):
@@ -48,6 +50,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     # tracing: the W3C traceparent/tracestate of the frontend's span for this request; the core's span is its child
     # (None: not traced, and the core does no tracing work for it)
     trace_headers: dict[str, str] | None = None
+    # an embedding request (--runner pooling): the core computes the prompt only and answers its pooled vector
+    pooling_params: PoolingParams | None = None
 
 
 class BeamHypothesis(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -114,6 +118,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     beams: list[BeamHypothesis] = []
     # a traced request's first output: seconds it waited in the core's queue before it was first scheduled
     time_in_queue: float | None = None
+    # a finished embedding request: its vector, float32 little-endian (bytes: a quarter of msgpack's floats)
+    embedding: bytes = b""
 
     @property
     def error(self) -> str | None:

@@ -79,10 +79,15 @@ def check_sampling_params(params: SamplingParams, limits: RequestLimits, num_pro
                          f"({limits.max_request_tokens}, --max-request-tokens)")
 
 
-def check_prompt(ids: list[int], limits: RequestLimits) -> None:
+def check_prompt(ids: list[int], limits: RequestLimits, generates: bool = True) -> None:
+    """generates: tokens follow the prompt, so it must leave room for one (an embedding's prompt may fill
+    max_model_len)."""
     if not ids:
         raise invalid("prompt", "must not be empty (it has 0 tokens)")
-    if limits.max_model_len > 0 and len(ids) >= limits.max_model_len:
+    if not generates and limits.max_model_len > 0 and len(ids) > limits.max_model_len:
+        raise InvalidParameter("prompt", f"prompt has {len(ids)} tokens, more than max_model_len "
+                                         f"{limits.max_model_len}")
+    if generates and limits.max_model_len > 0 and len(ids) >= limits.max_model_len:
         raise InvalidParameter("prompt", f"prompt has {len(ids)} tokens, which leaves no room to generate within "
                          f"max_model_len {limits.max_model_len}")
     check_token_ids("prompt", ids, limits)
@@ -109,11 +114,15 @@ def check_request(request: EngineCoreRequest, limits: RequestLimits, compile_con
     if not request.request_id or len(request.request_id) > limits.max_request_id_chars:
         raise InvalidParameter("request_id", f"request_id must be 1 to {limits.max_request_id_chars} characters, got "
                          f"{len(request.request_id)}")
-    check_prompt(request.prompt_token_ids, limits)
-    if request.beam_search is not None:  # first: a width over the limit is named as the beam search's
+    check_runner(request, limits)
+    check_prompt(request.prompt_token_ids, limits, generates=request.pooling_params is None)
+    if request.pooling_params is not None:
+        check_pooling_request(request, limits)
+    elif request.beam_search is not None:  # first: a width over the limit is named as the beam search's
         check_beam_search(request, limits)
-    check_sampling_params(request.sampling_params, limits, len(request.prompt_token_ids), compile_constraint,
-                          constraint_field)
+    if request.pooling_params is None:
+        check_sampling_params(request.sampling_params, limits, len(request.prompt_token_ids), compile_constraint,
+                              constraint_field)
     if len(request.eos_token_ids) > limits.max_stop_token_ids:
         raise InvalidParameter("eos_token_ids", f"eos_token_ids holds {len(request.eos_token_ids)} ids; at most "
                          f"{limits.max_stop_token_ids} are allowed")
@@ -141,6 +150,42 @@ def check_trace_headers(headers: dict[str, str]) -> None:
         if len(value) > MAX_TRACE_HEADER_CHARS:
             raise invalid("trace_headers", f"{name} must be at most {MAX_TRACE_HEADER_CHARS} characters, got "
                                            f"{len(value)}")
+
+
+POOLING_SERVED = "the model is served for embeddings (--runner pooling): use /v1/embeddings or LLM.embed"
+NOT_POOLING = ("the model is not served for embeddings: start the engine with --runner pooling "
+               "(LLM(..., runner=\"pooling\"))")
+
+
+def check_runner(request: EngineCoreRequest, limits: RequestLimits) -> None:
+    """A pooling engine takes embedding requests only, a generating one none."""
+    if limits.runner == "pooling" and request.pooling_params is None:
+        raise InvalidParameter("model", POOLING_SERVED)
+    if limits.runner != "pooling" and request.pooling_params is not None:
+        raise InvalidParameter("model", NOT_POOLING)
+
+
+def check_pooling_request(request: EngineCoreRequest, limits: RequestLimits) -> None:
+    """An embedding request samples nothing (no beams, samples, prompt logprobs or constraints) and asks for
+    `dimensions` only of a Matryoshka model, and only sizes it was trained for."""
+    params = request.sampling_params
+    if (request.beam_search is not None or params.n != 1 or params.prompt_logprobs is not None
+            or params.structured_outputs is not None):
+        raise invalid("pooling_params", "an embedding request samples nothing: no beam search, n, prompt "
+                                        "logprobs or output constraint")
+    dimensions = request.pooling_params.dimensions
+    if dimensions is None:
+        return
+    if not limits.matryoshka:
+        raise invalid("dimensions", "the model does not support Matryoshka truncation (its config.json says no "
+                                    "is_matryoshka or matryoshka_dimensions): leave dimensions out")
+    sizes = limits.matryoshka_dimensions
+    if sizes and dimensions not in sizes:
+        raise invalid("dimensions", f"must be one of the model's matryoshka_dimensions {list(sizes)}, got "
+                                    f"{dimensions}")
+    top = limits.embedding_size or 2**31
+    if not 1 <= dimensions <= top:
+        raise invalid("dimensions", f"must be from 1 to {top}, got {dimensions}")
 
 
 def check_lora_request(lora: LoRARequest) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from common.config import EngineArgs, parse_size
+from common.pooling_params import PoolerConfig
 from common.speculative import SpeculativeConfig
 from engine_core.families.catalog import read_spec
 from engine_core.families.spec import ModelSpec
@@ -83,6 +84,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     speculative_config: SpeculativeConfig | None
     cpu_threads: int | None
     lora: LoRAConfig | None = None  # None: --enable-lora is off
+    runner: str = "generate"  # generate | pooling (embeddings: prompts only, engine_core/pooling/)
+    pooler: PoolerConfig | None = None  # with runner pooling: how the prompt's hidden states become one vector
 
     def torch_dtype(self):
         from engine_core.platform.device import torch_dtype
@@ -93,7 +96,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         are the target's; the draft proposes from the base model, and verification keeps only what the adapter
         would have sampled)."""
         return msgspec.structs.replace(self, model=self.draft_model, draft_model=None, speculative_config=None,
-                                       lora=None)
+                                       lora=None, runner="generate", pooler=None)
 
     def with_model_path(self, path: str) -> "EngineConfig":
         """The same config reading weights from another copy of the model (a worker node's own folder)."""
@@ -139,6 +142,8 @@ def resolve_engine_config(args: EngineArgs) -> EngineConfig:
         cpu_threads=args.cpu_threads,
         lora=LoRAConfig(max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
                         max_cpu_loras=args.max_cpu_loras or args.max_loras) if args.enable_lora else None,
+        runner=args.runner,
+        pooler=(msgspec.structs.replace(args.pooler_config or PoolerConfig()) if args.runner == "pooling" else None),
     )
 
 

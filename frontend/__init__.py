@@ -2,9 +2,11 @@
 
 from common.beam_search_params import BeamSearchParams
 from common.lora import LoRARequest
+from common.pooling_params import PoolingParams
 from common.sampling_params import RequestOutputKind, SamplingParams
 from common.structured_outputs import StructuredOutputsParams
-from frontend.outputs import BeamSearchOutput, BeamSearchSequence, CompletionOutput, Logprob, RequestOutput
+from frontend.outputs import (BeamSearchOutput, BeamSearchSequence, CompletionOutput, EmbeddingOutput,
+                              EmbeddingRequestOutput, Logprob, RequestOutput)
 
 
 def __getattr__(name):
@@ -20,4 +22,4 @@ def __getattr__(name):
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput",
            "Logprob", "RequestOutputKind", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence",
-           "LoRARequest"]
+           "LoRARequest", "PoolingParams", "EmbeddingOutput", "EmbeddingRequestOutput"]

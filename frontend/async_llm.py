@@ -21,8 +21,8 @@ from typing import AsyncIterator, Callable
 
 from common.beam_search_params import BeamSearchParams
 from common.config import EngineArgs
-from common.heap import freeze_startup_heap
 from common.lora import LoRARequest
+from common.pooling_params import PoolingParams
 from common.protocol import SchedulerStats, UtilityMethod
 from common.sampling_params import SamplingParams
 from frontend.core_client import EngineDeadError
@@ -82,7 +82,6 @@ class AsyncLLM:
         except BaseException:  # failed or cancelled: stop the core child (if ours) and close the sockets
             engine.shutdown()
             raise
-        freeze_startup_heap()  # the imports and the tokenizer: out of the garbage collector's walks from here on
         return engine
 
     def waiting_reason(self) -> str:
@@ -207,6 +206,14 @@ class AsyncLLM:
             raise dead
         return self.processor.process(request_id, prompt, sampling_params, prompt_token_ids, cache_salt,
                                       constraint_field, beam_search=beam_search, lora_request=lora_request)
+
+    def process_embedding(self, request_id: str, prompt: str | list[int], pooling_params: PoolingParams | None = None,
+                          lora_request: LoRARequest | None = None) -> ProcessedRequest:
+        """Validates and tokenizes one embedding request (stream() then yields its one EmbeddingRequestOutput)."""
+        dead = self.dead
+        if dead is not None:
+            raise dead
+        return self.processor.process_embedding(request_id, prompt, pooling_params, lora_request)
 
     async def generate(self, prompt: str | list[int] | None, sampling_params: SamplingParams, request_id: str,
                        prompt_token_ids: list[int] | None = None,

@@ -14,11 +14,12 @@ from common.beam_search_params import BeamSearchParams
 from common.config import EngineArgs
 from common.errors import InvalidParameter
 from common.lora import LoRARequest
+from common.pooling_params import PoolingParams
 from common.sampling_params import RequestOutputKind, SamplingParams
-from common.validation import check_lora_request
+from common.validation import NOT_POOLING, POOLING_SERVED, check_lora_request
 from frontend.chat_template import render_chat
 from frontend.core_client import InprocClient
-from frontend.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from frontend.outputs import BeamSearchOutput, BeamSearchSequence, EmbeddingRequestOutput, RequestOutput
 from frontend.processor import ProcessedRequest
 from frontend.request_tracing import request_tracing_for
 from frontend.served_model import ServedModel
@@ -71,6 +72,8 @@ class LLM:
                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """lora_request: one adapter for every prompt, or a list with one (or None: the base model) per prompt;
         a LoRA adapter the engine cannot apply is a ValueError naming it, before any prompt runs."""
+        if self.model_info.limits.runner == "pooling":
+            raise ValueError(POOLING_SERVED)
         prompts = _prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -103,6 +106,25 @@ class LLM:
                                    c.cumulative_logprob, c.score, c.finish_reason, c.token_ids, c.text)
                 for c in out.outputs]))
         return results
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = True, lora_request=None) -> list[EmbeddingRequestOutput]:
+        """Per prompt, its pooled vector (vLLM's LLM.embed): `.outputs.embedding`. The engine must run
+        runner="pooling" (a ValueError says so otherwise); pooling_params: `dimensions` (Matryoshka models) and
+        `normalize` for every prompt; lora_request as in generate."""
+        if self.model_info.limits.runner != "pooling":
+            raise ValueError(NOT_POOLING)
+        prompts = _prompt_list(prompts)
+        loras = self._lora_requests(lora_request, len(prompts))
+        processed = []
+        for prompt, lora in zip(prompts, loras):
+            prompt = prompt_of(prompt) if isinstance(prompt, dict) else prompt
+            processed.append(self.processor.process_embedding(str(next(self._ids)), prompt, pooling_params, lora))
+        outputs = self._submit_and_run(processed, use_tqdm)
+        for out in outputs:
+            if out.error is not None:
+                raise RuntimeError(f"embedding request {out.request_id} failed: {out.error}")
+        return outputs
 
     def _lora_requests(self, lora_request, count: int) -> list[LoRARequest | None]:
         """One adapter (or None) per prompt, each checked by the core once (it reads the adapter's files)."""

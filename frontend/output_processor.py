@@ -11,7 +11,7 @@ import time
 from common.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason, Logprobs
 from common.sampling_params import RequestOutputKind
 from frontend.detokenizer import IncrementalDetokenizer
-from frontend.outputs import CompletionOutput, Logprob, RequestOutput
+from frontend.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from frontend.processor import ProcessedRequest
 from frontend.request_tracker import RequestTracker, SequenceState, TrackedRequest
 
@@ -30,7 +30,9 @@ class OutputProcessor:
         sample), to send to a core. A request id in use is an InvalidParameter."""
         params = request.params
         sequences = {}
-        for i, core_request in enumerate(request.core_requests):
+        if request.pooling_params is not None:  # no text to detokenize
+            sequences = {core.request_id: SequenceState(i, None) for i, core in enumerate(request.core_requests)}
+        for i, core_request in enumerate(request.core_requests if not sequences else ()):
             detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.stop,
                                            params.include_stop_str_in_output, params.skip_special_tokens,
                                            min_tokens=params.min_tokens)
@@ -38,7 +40,7 @@ class OutputProcessor:
                 i, detok, logprobs=[] if params.logprobs is not None else None,
                 cumulative_logprob=0.0 if params.logprobs is not None else None)
         record = self.tracker.add(TrackedRequest(request.request_id, request.prompt, request.prompt_token_ids, params,
-                                                 sequences, stream))
+                                                 sequences, stream, pooling=request.pooling_params is not None))
         if self.tracing is not None:
             self.tracing.start(request, record, self.model_name)
         return request.core_requests
@@ -63,6 +65,13 @@ class OutputProcessor:
                 continue
             if out.time_in_queue is not None and record.time_in_queue is None:
                 record.time_in_queue = out.time_in_queue
+            if record.pooling:
+                if out.finish_reason is not None:
+                    seq.finish_reason, seq.failure = FinishReason(out.finish_reason), out.failure
+                    record.embedding, record.num_cached_tokens = out.embedding, out.num_cached_tokens
+                    record.last_token_time = now
+                    updated[record.request_id] = record
+                continue
             if out.new_token_ids:
                 record.first_token_time = record.first_token_time or now
                 record.last_token_time = now
@@ -126,7 +135,18 @@ class OutputProcessor:
             entry[tid].rank = rank if tid != lp.token_id else lp.rank
         return entry
 
-    def _make_output(self, record: TrackedRequest) -> RequestOutput | None:
+    def _embedding_output(self, record: TrackedRequest) -> EmbeddingRequestOutput:
+        """A finished embedding request: its vector, or (error) why there is none."""
+        (seq,) = record.sequences.values()
+        error = None
+        if seq.finish_reason != FinishReason.STOP:
+            error = seq.failure.message if seq.failure is not None else f"the request ended: {seq.finish_reason}"
+        return EmbeddingRequestOutput(record.request_id, EmbeddingOutput(record.embedding), record.prompt_token_ids,
+                                      True, record.num_cached_tokens, error)
+
+    def _make_output(self, record: TrackedRequest) -> RequestOutput | EmbeddingRequestOutput | None:
+        if record.pooling:
+            return self._embedding_output(record) if record.finished else None
         kind = record.params.output_kind
         if kind == RequestOutputKind.FINAL_ONLY and not record.finished:
             return None

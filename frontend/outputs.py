@@ -1,5 +1,6 @@
-"""What the offline and async APIs return, shaped like vLLM's RequestOutput."""
+"""What the offline and async APIs return, shaped like vLLM's RequestOutput (and EmbeddingRequestOutput)."""
 
+import struct
 from dataclasses import dataclass, field
 
 
@@ -56,3 +57,29 @@ class BeamSearchSequence:
 class BeamSearchOutput:
     """A beam search's beams for one prompt, best score first."""
     sequences: list[BeamSearchSequence]
+
+
+@dataclass
+class EmbeddingOutput:
+    """One prompt's vector, as vLLM's EmbeddingOutput: `.embedding` (floats) and `.hidden_size`. `data` holds it
+    as the core sent it, float32 little-endian (what /v1/embeddings base64-encodes as it is)."""
+    data: bytes
+
+    @property
+    def embedding(self) -> list[float]:
+        return list(struct.unpack(f"<{len(self.data) // 4}f", self.data))
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.data) // 4
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What LLM.embed returns per prompt, shaped like vLLM's: `.outputs.embedding`, `.prompt_token_ids`."""
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0
+    error: str | None = None  # the engine failed the request (outputs.embedding is then empty)

@@ -16,9 +16,10 @@ from common.beam_search_params import BeamSearchParams
 from common.errors import InvalidParameter, invalid
 from common.limits import RequestLimits
 from common.lora import LoRARequest
+from common.pooling_params import PoolingParams
 from common.protocol import EngineCoreRequest, Ready
 from common.request_ids import sample_id
-from common.sampling_params import SamplingParams
+from common.sampling_params import RequestOutputKind, SamplingParams
 from common.validation import check_request
 
 Prompt = str | list[int]
@@ -37,12 +38,15 @@ class ProcessedRequest:
     core_requests: list[EngineCoreRequest]
     model_fingerprint: str  # the model (tokenizer, limits) it was tokenized and checked for
     beam_search: BeamSearchParams | None = None  # a beam search: one core request, beam_width outputs at the end
+    pooling_params: PoolingParams | None = None  # an embedding request: one core request, its vector at the end
 
 
 def model_fingerprint(info: Ready) -> str:
-    """Equal for cores a frontend can use interchangeably: same model, limits and tokenizer."""
+    """Equal for cores a frontend can use interchangeably: same model, limits, tokenizer and runner (a pooling
+    core answers embedding requests only)."""
+    runner = [info.limits.runner] if info.limits.runner != "generate" else []
     blob = msgspec.msgpack.encode([info.model_name, info.max_model_len, info.vocab_size, sorted(info.eos_token_ids),
-                                   sorted(info.tokenizer_files.items())])
+                                   sorted(info.tokenizer_files.items())] + runner)
     return hashlib.sha256(blob).hexdigest()
 
 
@@ -100,6 +104,22 @@ class Processor:
         # n samples are n core requests; a beam search's n beams are one
         samples = [request] if beam_search is not None else [_sample(request, i) for i in range(params.n)]
         return ProcessedRequest(request_id, text, ids, params, samples, self.fingerprint, beam_search)
+
+
+    def process_embedding(self, request_id: str, prompt: Prompt, pooling_params: PoolingParams | None = None,
+                          lora_request: LoRARequest | None = None) -> ProcessedRequest:
+        """An embedding request (the engine must run --runner pooling): InvalidParameter names a bad field
+        (`prompt` too long for max_model_len, `dimensions` the model cannot truncate to, `model` on a generating
+        engine)."""
+        text, ids = self.tokenize(prompt)
+        pooling_params = pooling_params if pooling_params is not None else PoolingParams()
+        params = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY)  # nothing is sampled: one final output
+        request = EngineCoreRequest(request_id=request_id, prompt_token_ids=ids, sampling_params=params,
+                                    eos_token_ids=self.eos_token_ids, arrival_time=time.time(),
+                                    lora_request=lora_request, pooling_params=pooling_params)
+        check_request(request, self.limits)
+        return ProcessedRequest(request_id, text, ids, params, [request], self.fingerprint,
+                                pooling_params=pooling_params)
 
 
 def _sample(request: EngineCoreRequest, index: int) -> EngineCoreRequest:

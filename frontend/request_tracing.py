@@ -57,7 +57,8 @@ class RequestSpan:
         first = record.first_token_time or (record.last_token_time if record.beams is not None else None)
         if first is not None:
             attributes["gen_ai.latency.time_to_first_token"] = first - self.start
-        self.span.set_attributes(attributes)
+        # a None (max_tokens null, an embedding request's unused settings) is no attribute value: left out
+        self.span.set_attributes({k: v for k, v in attributes.items() if v is not None})
         failures = [s.failure.message for s in seqs if s.failure is not None]
         if failures:
             from opentelemetry.trace import Status, StatusCode

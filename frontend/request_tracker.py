@@ -22,7 +22,7 @@ from frontend.outputs import Logprob
 class SequenceState:
     """One sample of a request: what the core generated for it and what was handed out so far."""
     index: int
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None  # None for an embedding request (it has no text)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
@@ -68,6 +68,8 @@ class TrackedRequest:
     beams: list | None = None  # a finished beam search: the core's BeamHypothesis list, best first
     span: object = None  # tracing on: its open RequestSpan (frontend/request_tracing.py), ended when it leaves
     time_in_queue: float | None = None  # traced: seconds it waited in the core's queue (the core says)
+    pooling: bool = False  # an embedding request: no tokens, one vector at the end
+    embedding: bytes = b""  # its vector once the core sent it (float32 little-endian)
 
     @property
     def finished(self) -> bool:

@@ -650,3 +650,31 @@ def test_readme_python_examples(server):
                              capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip()
+
+
+def test_readme_responses_examples(server):
+    """README's Responses API section: its curl and openai client examples run as written."""
+    import subprocess
+    import sys
+
+    port = server[0].rsplit(":", 1)[1]
+    with open(f"{ROOT}/README.md") as f:
+        section = f.read().split("\n## Responses API", 1)[1].split("\n## ", 1)[0]
+    curl, python = (re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S) for lang in ("bash", "python"))
+    assert curl and python
+    for block in curl:
+        out = subprocess.run(["bash", "-c", block.replace("localhost:8000", f"localhost:{port}")],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and '"output_text"' in out.stdout and "event: response." in out.stdout, out
+    for block in python:
+        out = subprocess.run([sys.executable, "-c", block.replace("localhost:8000", f"localhost:{port}")],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert out.returncode == 0 and out.stdout.strip(), out.stderr
+
+
+def test_embeddings_on_a_generating_server_is_a_400(server):
+    r = post(server, "/v1/embeddings", {"input": "Hello"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "model" and "not served for embeddings" in error["message"]
+    assert "--runner pooling" in error["message"]

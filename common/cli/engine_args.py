@@ -4,6 +4,7 @@ import argparse
 
 from common.config import ATTENTION_BACKENDS, BLOCK_SIZES, DEVICES, DTYPES, QUANTIZATIONS, EngineArgs, parse_size
 from common.cli.arg_types import non_negative_int, positive_int
+from common.pooling_params import RUNNERS, parse_pooler_config
 from common.speculative import parse_speculative_config
 
 
@@ -19,6 +20,13 @@ def _speculative_config(text: str):
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return config
+
+
+def _pooler_config(text: str):
+    try:
+        return parse_pooler_config(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _fraction(text: str) -> float:
@@ -72,6 +80,12 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
                         '"prompt_lookup_max": 4}\' (prompt lookup) or \'{"model": PATH, "num_speculative_tokens": 4}\' '
                         '(a draft model with the same vocabulary); greedy output is unchanged, sampled output keeps '
                         'its distribution')
+    g.add_argument("--runner", default=d.runner, choices=RUNNERS,
+                   help="generate: text (completions, chat); pooling: embeddings (/v1/embeddings, LLM.embed): "
+                        "prompts only, their pooled final hidden state")
+    g.add_argument("--pooler-config", type=_pooler_config, default=None,
+                   help='with --runner pooling, as JSON: \'{"pooling_type": "LAST", "normalize": true}\' '
+                        '(pooling_type LAST, MEAN or CLS; normalize: L2). Default LAST, normalized')
     g.add_argument("--cpu-threads", type=positive_int, default=None,
                    help="CPU: threads the model runs on (default: as many as the CPUs other processes leave free, "
                         "checked every second)")

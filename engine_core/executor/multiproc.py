@@ -255,11 +255,11 @@ class MultiprocExecutor:
         try:
             with self.pub_lock:
                 self.pub.send_multipart([channel.STEP, self.encoder.encode(planned.step)])
-            logits, scored = self.runner.forward_step(planned.step)
+            logits, scored, hidden = self.runner.forward_step(planned.step)
         except Exception as e:
             raise self._step_failed(e) from e
         self.check_health()
-        return self.runner.finish_step(planned, logits, scored)
+        return self.runner.finish_step(planned, logits, scored, hidden)
 
     def _step_failed(self, error: Exception) -> TensorParallelError:
         """A collective failed: give the monitor a moment to learn which rank is gone."""
@@ -271,6 +271,8 @@ class MultiprocExecutor:
         if self.runner is not None and self.runner.sampler is not None:
             for rid in request_ids:
                 self.runner.sampler.forget(rid)
+                if self.runner.pooler is not None:
+                    self.runner.pooler.forget(rid)
 
     def shutdown(self) -> None:
         if self.closing:

@@ -33,6 +33,8 @@ class UniprocExecutor:
     def forget_requests(self, request_ids) -> None:
         for rid in request_ids:
             self.runner.sampler.forget(rid)
+            if self.runner.pooler is not None:
+                self.runner.pooler.forget(rid)
             if self.drafter:
                 self.drafter.forget(rid)
 

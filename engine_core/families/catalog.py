@@ -80,7 +80,8 @@ def family_for(architectures: list[str] | None, model_type: str | None = None) -
     """By config.json's architectures, else (a config without them, as transformers' Auto classes do) its model_type."""
     for arch in architectures or []:
         for family in FAMILIES:
-            if family.architecture == arch:
+            # "Qwen3Model": the decoder without its LM head, as transformers' AutoModel saves an embedding model
+            if arch in (family.architecture, family.architecture.removesuffix("ForCausalLM") + "Model"):
                 return family
     if not architectures:
         for family in FAMILIES:

@@ -29,4 +29,7 @@ GENERATION_DEFAULTS = frozenset({
 # what only training reads
 TRAINING = frozenset({"initializer_range", "attention_dropout", "hidden_dropout", "dropout"})
 
-NEVER_CHANGE_OUTPUTS = BOOKKEEPING | GENERATION_DEFAULTS | TRAINING
+# how an embedding model's vectors may be truncated (Matryoshka): the pooler's business, not the forward pass's
+EMBEDDING = frozenset({"is_matryoshka", "matryoshka_dimensions"})
+
+NEVER_CHANGE_OUTPUTS = BOOKKEEPING | GENERATION_DEFAULTS | TRAINING | EMBEDDING

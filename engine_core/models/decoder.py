@@ -153,7 +153,8 @@ class DecoderForCausalLM(nn.Module):
     fused = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], head_optional: bool = False) -> None:
+        """head_optional: a checkpoint without lm_head.weight loads too (an embedding engine never runs the head)."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded = set()
         for name, tensor in per_expert(weights):
@@ -179,7 +180,7 @@ class DecoderForCausalLM(nn.Module):
         blocks = {f"{m_name}.weight" for m_name, m in self.named_modules()
                   if getattr(m, "quantized_weight", None) is not None}
         missing = {n for n in params if n not in loaded and n not in blocks
-                   and not (n == "lm_head.weight" and self.tie_word_embeddings)}
+                   and not (n == "lm_head.weight" and (self.tie_word_embeddings or head_optional))}
         # fused parameters are loaded through their pieces
         if missing:
             raise ValueError(f"checkpoint lacks tensors for: {sorted(missing)[:5]}")

@@ -43,6 +43,17 @@ def attention_reach(config) -> int | None:
     return None if None in reaches else max(reaches)
 
 
+def pooling_limits(config) -> dict:
+    """RequestLimits' embedding fields: the runner, the vector size, and the Matryoshka sizes config.json allows
+    (`is_matryoshka`: any size; `matryoshka_dimensions`: those)."""
+    if config.runner != "pooling":
+        return {}
+    hf = config.model.hf_config
+    sizes = tuple(int(d) for d in hf.get("matryoshka_dimensions") or ())
+    return {"runner": "pooling", "embedding_size": config.model.spec.hidden_size,
+            "matryoshka": bool(hf.get("is_matryoshka")) or bool(sizes), "matryoshka_dimensions": sizes}
+
+
 class EngineCore:
     def __init__(self, args: EngineArgs, executor_class=None):
         self.args = args  # what the user asked for, never changed; everything below reads self.config
@@ -78,7 +89,7 @@ class EngineCore:
         limits = args.request_limits(config.model.vocab_size, max_model_len)
         # a beam search runs all its beams in one step
         self.limits = msgspec.structs.replace(limits, max_beam_width=min(
-            limits.max_n, config.max_num_seqs, config.max_num_batched_tokens))
+            limits.max_n, config.max_num_seqs, config.max_num_batched_tokens), **pooling_limits(config))
         tokenizer_files = read_tokenizer_files(config.model.path)
         self.grammar_compiler = GrammarCompiler(tokenizer_files.get("tokenizer.json", ""), config.model.vocab_size,
                                                 eos_token_ids(config.model.path, config.model.hf_config))
@@ -118,6 +129,8 @@ class EngineCore:
         Processor in this process, or by the core process on the ADD it decoded. Its output constraint, if
         any, starts compiling now, off this thread."""
         core_request = Request.from_engine_core_request(request)
+        if request.pooling_params is not None and self.config.pooler is not None:
+            core_request.pools_every_position = self.config.pooler.pooling_type != "LAST"
         if request.beam_search is not None:
             BeamGroup(core_request, request.beam_search, self.config.model.vocab_size)
         constraint = request.sampling_params.structured_outputs
@@ -171,7 +184,7 @@ class EngineCore:
                 else:  # only requests whose grammars compile: wait a moment for one rather than spin
                     self.scheduler.wait_for_grammars(GRAMMAR_WAIT_SECONDS)
                 step_outputs = self.scheduler.update_from_output(sched_out, result.sampled, result.logprobs,
-                                                                 result.prompt_logprobs)
+                                                                 result.prompt_logprobs, result.embeddings)
             except Exception as e:
                 if is_fatal(e):
                     raise

@@ -89,7 +89,6 @@ class EngineCoreProc:
     def __init__(self, args: EngineArgs, listen: str, engine_index: int = 0, parent_pid: int | None = None,
                  curve: ServerKeys | None = None):
         self.core = EngineCore(args)
-        freeze_startup_heap()  # the model and imports: out of the garbage collector's walks from here on
         self.throughput_log = ThroughputLog()
         self.engine_index = engine_index
         silent_seconds = frontend_silent_seconds()
@@ -447,6 +446,7 @@ def run_engine_core(args: EngineArgs, listen: str, engine_index: int = 0, parent
         if start_failure_file is not None:  # the frontend that started this process raises it where its user called
             write_start_failure(start_failure_file, e)
         raise
+    freeze_startup_heap()  # the model and imports: out of the garbage collector's walks from here on
     logger.info("engine core ready: model %s, max_model_len %d", proc.core.model_info().model_name,
                 proc.core.max_model_len)
     return proc.run()

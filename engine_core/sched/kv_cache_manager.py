@@ -89,8 +89,9 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of cached full blocks that prefixes the request, and the tokens they hold.
         At least one token is left to compute, since the model must run to sample the next one. A request that
-        scores its prompt gets no hits: its logprobs need every position's logits."""
-        if not self.enable_caching or request.scores_prompt:
+        scores its prompt gets no hits: its logprobs need every position's logits; nor does one that pools
+        every position (MEAN, CLS) its hidden states."""
+        if not self.enable_caching or request.computes_every_position:
             return [], 0
         self._hash_full_blocks(request, request.num_tokens)
         max_blocks = (request.num_tokens - 1) // self.block_size

@@ -3,6 +3,7 @@
 from enum import IntEnum
 
 from common.lora import LoRARequest
+from common.pooling_params import PoolingParams
 from common.protocol import EngineCoreRequest, FinishReason
 from common.sampling_params import SamplingParams
 
@@ -17,7 +18,7 @@ class RequestStatus(IntEnum):
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_ids: list[int] = (), arrival_time: float = 0.0, cache_salt: str | None = None,
-                 lora_request: LoRARequest | None = None):
+                 lora_request: LoRARequest | None = None, pooling_params: PoolingParams | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -25,6 +26,10 @@ class Request:
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids)  # checked per token: a set, not a list
         self.cache_salt = cache_salt
         self.lora_request = lora_request  # the adapter it runs with (None: the base model)
+        # an embedding request: computes its prompt, answers the pooled vector, samples nothing
+        self.pooling_params = pooling_params
+        # its pooling reads every prompt position (MEAN) or the first (CLS): prefix-cache hits would skip them
+        self.pools_every_position = False
         self.arrival_time = arrival_time
         self.all_token_ids: list[int] = list(prompt_token_ids)  # prompt, then generated tokens
         self.output_token_ids: list[int] = []
@@ -50,7 +55,7 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> "Request":
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
-                   req.arrival_time, req.cache_salt, req.lora_request)
+                   req.arrival_time, req.cache_salt, req.lora_request, req.pooling_params)
 
     @property
     def num_tokens(self) -> int:
@@ -69,6 +74,16 @@ class Request:
         """It asks for prompt logprobs and has not had them: its prompt must be computed, not taken from the
         prefix cache."""
         return self.sampling_params.prompt_logprobs is not None and not self.output_token_ids
+
+    @property
+    def computes_every_position(self) -> bool:
+        """Its prompt must be computed whole, never taken from the prefix cache (prompt logprobs, MEAN or CLS
+        pooling: hidden states of cached positions are not kept)."""
+        return self.scores_prompt or self.pools_every_position
+
+    @property
+    def is_pooling(self) -> bool:
+        return self.pooling_params is not None
 
     @property
     def is_beam(self) -> bool:

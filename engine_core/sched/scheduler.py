@@ -113,7 +113,11 @@ class Scheduler:
         if request.num_tokens == 0:
             self._finish_with_error(request, "prompt is empty")
             return
-        if request.num_tokens >= self.config.max_model_len:
+        if request.is_pooling and request.num_tokens > self.config.max_model_len:
+            self._finish_with_error(request, f"prompt has {request.num_tokens} tokens, more than max_model_len "
+                                             f"{self.config.max_model_len}")
+            return
+        if not request.is_pooling and request.num_tokens >= self.config.max_model_len:
             self._finish_with_error(request, f"prompt has {request.num_tokens} tokens, which leaves no room to "
                                              f"generate within max_model_len {self.config.max_model_len}")
             return
@@ -357,10 +361,12 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput, sampled: dict[str, list[int]],
                            logprobs: dict[str, list[Logprobs]] | None = None,
-                           prompt_logprobs: dict[str, list[Logprobs]] | None = None) -> list[EngineCoreOutput]:
+                           prompt_logprobs: dict[str, list[Logprobs]] | None = None,
+                           embeddings: dict[str, bytes] | None = None) -> list[EngineCoreOutput]:
         """Advance each scheduled request by its chunk; append the token sampled for every request whose
         chunk reached its last known token, and finish the ones that hit a stop condition. Prompt logprobs
-        gather chunk by chunk and go out with the first token."""
+        gather chunk by chunk and go out with the first token. An embedding request finishes (STOP) with the
+        chunk that completes its prompt, answering its pooled vector (`embeddings`)."""
         outputs: list[EngineCoreOutput] = []
         finished: set[int] = set()
         self.step_prompt_tokens = self.step_generation_tokens = 0
@@ -385,6 +391,10 @@ class Scheduler:
             self.step_prompt_tokens += max(0, min(request.num_computed_tokens, request.num_prompt_tokens) - before)
             if request.num_computed_tokens < request.num_tokens:
                 continue  # mid-prefill: nothing was sampled
+            if request.is_pooling:
+                outputs.append(self._finish_pooling(request, (embeddings or {}).get(request.request_id)))
+                finished.add(id(request))
+                continue
             if request.group is not None:  # the prompt is computed: its last row starts the beam search
                 beam = request.group.start(self.kv)
                 top = (logprobs or {}).get(request.request_id)
@@ -440,6 +450,18 @@ class Scheduler:
             self.running = [r for r in self.running if id(r) not in finished]
         outputs, self.pending_outputs = self.pending_outputs + outputs, []
         return outputs
+
+    def _finish_pooling(self, request: Request, embedding: bytes | None) -> EngineCoreOutput:
+        """An embedding request whose prompt is computed: done, with its vector (its blocks stay in the prefix cache
+        as any finished request's do)."""
+        if embedding is None:
+            self._finish(request, FinishReason.ERROR)
+            return EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR,
+                                    num_cached_tokens=max(0, request.num_cached_tokens),
+                                    failure=EngineFailed("the model runner returned no embedding for this request"))
+        self._finish(request, FinishReason.STOP)
+        return EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.STOP,
+                                num_cached_tokens=max(0, request.num_cached_tokens), embedding=embedding)
 
     def _advance_beams(self, root: Request, tops: dict[str, Logprobs]) -> EngineCoreOutput | None:
         """After a step of the group's beams: fork and drop them; its one output when the search is done."""

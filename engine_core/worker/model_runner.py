@@ -30,6 +30,7 @@ from engine_core.lora.manager import LoRAManager
 from engine_core.models.cpu_decoder import CpuDecoder
 from engine_core.models.cpu_decoder_f32 import CpuDecoderBF16Generic, CpuDecoderF32
 from engine_core.models.registry import model_class
+from engine_core.pooling.pooler import Pooler
 from engine_core.sched.request import Request
 from engine_core.sample.sampler import Sampler, logprobs_of
 from engine_core.sample import rejection
@@ -69,10 +70,14 @@ class ModelRunner:
         # layers kept quantized get their GGUF blocks first, so their float copies are never read nor made
         self.quantization, as_blocks = quantized.keep_gguf_blocks(self.model, config.model.path, config.quantization,
                                                                   device, dtype)
-        self.model.load_weights(load_safetensors_weights(config.model.path, skip=as_blocks))
+        # an embedding engine never runs the LM head: a folder saved without one (Qwen3-Embedding's) loads too
+        self.model.load_weights(load_safetensors_weights(config.model.path, skip=as_blocks),
+                                head_optional=config.runner == "pooling")
         self.model.eval()
         if config.quantization == "int8":
             self.quantization = quantized.quantize_int8(self.model, config.quantization, device, dtype)
+        if config.runner == "pooling":  # an embedding engine never runs the LM head: neither pack nor keep it
+            self.model.lm_head = None
         dense = cpu_packing.can_pack(device, dtype)
         if dense or self.quantization != "none":
             cpu_packing.pack_model(self.model, dense)
@@ -94,6 +99,7 @@ class ModelRunner:
                      else (CpuDecoder, CpuDecoderBF16Generic) if self.backend.name == "cpu_generic" else (CpuDecoder,))
             self.model.cpu_decoder = self._decoder_loop(loops)
         self.sampler = Sampler(device, config.seed) if tp_rank() == 0 else None
+        self.pooler = Pooler(config.pooler) if config.pooler is not None and tp_rank() == 0 else None
         if tp_rank() == 0 and device.type == "cpu":
             logger.info("%s; linear layers: %s", cpu_kernel_table.describe(str(dtype).removeprefix("torch.")),
                         cpu_packing.kernels_used(self.model))
@@ -158,7 +164,7 @@ class ModelRunner:
         if self.activation_peak is not None:
             return self.activation_peak
         lens = profile_lengths(self.config.max_num_batched_tokens, self.config.max_num_seqs, self.max_model_len)
-        step, num_blocks = dummy_step(lens, self.block_size)
+        step, num_blocks = dummy_step(lens, self.block_size, sample=self.config.runner != "pooling")
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
@@ -259,18 +265,20 @@ class ModelRunner:
         return self.forward_step(step)[0]
 
     @torch.inference_mode()
-    def forward_step(self, step: StepInput) -> tuple[torch.Tensor | None, list[Logprobs]]:
+    def forward_step(self, step: StepInput) -> tuple[torch.Tensor | None, list[Logprobs], torch.Tensor]:
         """The sampled rows' logits and, for each of step.scored_rows, the logprob of its target token with
-        step.scored_top_n top ids (rank 0; None and [] on other ranks, which only join the collectives)."""
+        step.scored_top_n top ids (rank 0; None and [] on other ranks, which only join the collectives); and the
+        final hidden states of every row (what embedding requests pool). A step with no sampled rows (only
+        embedding requests) skips the LM head, on every rank alike."""
         if step.block_copies:
             self.copy_blocks(step.block_copies)
         if self.graph_runner is not None and self.graph_runner.can_run(step):
             hidden = self.graph_runner.run(step)
             if step.sample_rows == list(range(len(step.input_ids))):
-                return self.model.compute_logits(hidden), self._score_rows(hidden, step)
+                return self.model.compute_logits(hidden), self._score_rows(hidden, step), hidden
             rows = torch.tensor(step.sample_rows, dtype=torch.int64)
             rows = (rows.pin_memory() if self.device.type == "cuda" else rows).to(self.device, non_blocking=True)
-            return self.model.compute_logits(hidden[rows]), self._score_rows(hidden, step)
+            return self._logits(hidden, rows), self._score_rows(hidden, step), hidden
         meta = self._metadata(step)
         input_ids = torch.tensor(step.input_ids, dtype=torch.int64, device=self.device)
         positions = torch.tensor(step.positions, dtype=torch.int64, device=self.device)
@@ -279,7 +287,10 @@ class ModelRunner:
         with forward_context(meta, self.backend, rows):
             hidden = self.model(input_ids, positions)
         sample_rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
-        return self.model.compute_logits(hidden[sample_rows]), self._score_rows(hidden, step)
+        return self._logits(hidden, sample_rows), self._score_rows(hidden, step), hidden
+
+    def _logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        return self.model.compute_logits(hidden[rows]) if rows.numel() else None
 
     def copy_blocks(self, copies: list[list[int]]) -> None:
         """Copy whole KV blocks src -> dst in every layer (beams forked after the last step get their own copy of
@@ -322,16 +333,25 @@ class ModelRunner:
         return ({r.request_id: [t] for r, t in zip(reqs, tokens)},
                 {r.request_id: [lp] for r, lp in zip(reqs, logprobs) if lp is not None})
 
-    def finish_step(self, planned: PlannedStep, logits: torch.Tensor | None, scored: list[Logprobs]) -> StepResult:
-        """Rank 0, after forward_step: sample, and hand each scored request its prompt logprobs (with as many top
-        ids as it asked)."""
+    def finish_step(self, planned: PlannedStep, logits: torch.Tensor | None, scored: list[Logprobs],
+                    hidden: torch.Tensor | None = None) -> StepResult:
+        """Rank 0, after forward_step: sample, hand each scored request its prompt logprobs (with as many top
+        ids as it asked), and pool the embedding requests' rows (their vectors once their prompts are done)."""
         sampled, logprobs = self.sample(logits, planned.sampled, planned.drafts)
         prompt_logprobs, at = {}, 0
         for req, count in planned.scored:
             n = req.sampling_params.prompt_logprobs
             prompt_logprobs[req.request_id] = [with_top(lp, n) for lp in scored[at:at + count]]
             at += count
-        return StepResult(sampled, logprobs, prompt_logprobs)
+        embeddings = {}
+        for req, start, first_row, num_rows in planned.pooled:
+            if self.pooler is None:
+                raise RuntimeError("an embedding request reached an engine that is not a pooling engine")
+            vector = self.pooler.add_chunk(req.request_id, req.pooling_params, start, req.num_prompt_tokens,
+                                           hidden[first_row:first_row + num_rows])
+            if vector is not None:
+                embeddings[req.request_id] = vector
+        return StepResult(sampled, logprobs, prompt_logprobs, embeddings)
 
 
 SCORED_ROWS_PER_PASS = 256
@@ -372,13 +392,14 @@ def profile_lengths(num_tokens: int, max_num_seqs: int, max_model_len: int) -> l
     return lens
 
 
-def dummy_step(lens: list[int], block_size: int) -> tuple[StepInput, int]:
+def dummy_step(lens: list[int], block_size: int, sample: bool = True) -> tuple[StepInput, int]:
     """A step of fresh sequences of these lengths (token id 0) over blocks 0, 1, ... in order, every
-    sequence sampled; and the number of blocks it uses."""
+    sequence sampled (unless not `sample`: an embedding engine's steps sample nothing); and the number of blocks
+    it uses."""
     builder = StepBuilder(block_size)
     next_block = 0
     for n in lens:
         blocks = list(range(next_block, next_block + -(-n // block_size)))
         next_block += len(blocks)
-        builder.add(blocks, [0] * n, 0, sample=True)
+        builder.add(blocks, [0] * n, 0, sample=sample)
     return builder.build(), next_block

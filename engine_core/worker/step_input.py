@@ -82,6 +82,8 @@ class PlannedStep(NamedTuple):
     sampled: list[Request]  # the requests sampled this step, in sample_rows order
     drafts: list[list[int]]  # the proposed tokens each sampled request verifies
     scored: list[tuple[Request, int]]  # requests with prompt logprobs this step: how many of scored_rows each
+    # embedding requests this step: (request, position of its chunk's first token, first row, rows)
+    pooled: list[tuple[Request, int, int, int]] = []
 
 
 class StepResult(NamedTuple):
@@ -89,6 +91,7 @@ class StepResult(NamedTuple):
     sampled: dict[str, list[int]]  # new tokens
     logprobs: dict[str, list[Logprobs]]  # theirs, where asked
     prompt_logprobs: dict[str, list[Logprobs]]  # of the prompt tokens after this step's chunk rows, where asked
+    embeddings: dict[str, bytes] | None = None  # embedding requests whose prompt this step completed: their vectors
 
 
 def build_step_input(out: "SchedulerOutput", block_size: int) -> PlannedStep:
@@ -104,11 +107,15 @@ def build_step_input(out: "SchedulerOutput", block_size: int) -> PlannedStep:
     builder = StepBuilder(block_size)
     builder.lora_requests = list(out.active_loras)
     lora_index = {lora.key: i for i, lora in enumerate(builder.lora_requests)}
-    sampled, drafts, scored = [], [], []
+    sampled, drafts, scored, pooled = [], [], [], []
     for s in out.scheduled:
         req, start = s.request, s.num_computed_tokens_before
         lora = lora_index[req.lora_request.key] if req.lora_request is not None else -1
         known_end = start + s.num_new_tokens - len(s.spec_token_ids)
+        if req.is_pooling:  # its rows' hidden states are pooled; no logits, nothing sampled
+            pooled.append((req, start, builder.query_start_loc[-1], known_end - start))
+            builder.add(req.block_ids, req.all_token_ids[start:known_end], start, False, lora=lora)
+            continue
         sample = known_end == req.num_tokens  # the chunk reached the last known token: sample the next
         if s.spec_token_ids:
             for j, token in enumerate([req.all_token_ids[start]] + s.spec_token_ids):
@@ -124,7 +131,7 @@ def build_step_input(out: "SchedulerOutput", block_size: int) -> PlannedStep:
             drafts.append(s.spec_token_ids)
     step = builder.build()
     step.block_copies = [[src, dst] for src, dst in out.block_copies]
-    return PlannedStep(step, sampled, drafts, scored)
+    return PlannedStep(step, sampled, drafts, scored, pooled)
 
 
 def prompt_targets(req: Request, start: int, end: int) -> list[int]:

@@ -17,10 +17,12 @@ from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from common.start_failure import EngineStartError
-from frontend.api import serving_chat, serving_completion, serving_tokenize
+from frontend.api import serving_chat, serving_completion, serving_embedding, serving_responses, serving_tokenize
+from frontend.api.embedding_protocol import EmbeddingRequest, EmbeddingResponse
 from frontend.api.errors import engine_unavailable, install_error_handlers
 from frontend.api.trace_context import TraceContextMiddleware
 from frontend.api.chat_options import ChatOptions
+from frontend.api.cors import CORSOptions
 from frontend.api.limits import HTTPLimits, LimitsMiddleware, key_error
 from frontend.api.lora_adapters import LoRAAdapters
 from frontend.api.metrics import CONTENT_TYPE
@@ -28,6 +30,8 @@ from frontend.api.protocol import (ChatCompletionRequest, ChatCompletionResponse
                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
                                    HealthResponse, LoadLoRAAdapterRequest, ModelCard, ModelList, TokenizeRequest,
                                    TokenizeResponse, UnloadLoRAAdapterRequest, VersionResponse)
+from frontend.api.responses_objects import ResponseObject
+from frontend.api.responses_protocol import ResponsesRequest
 from frontend.api.state import ServerState
 from frontend.async_llm import AsyncLLM
 
@@ -64,7 +68,7 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
               served_model_name: str | None = None, on_ready: Callable | None = None,
               on_failure: Callable[[BaseException], None] | None = None,
               limits: HTTPLimits | None = None, chat: ChatOptions | None = None,
-              loras: LoRAAdapters | None = None) -> FastAPI:
+              loras: LoRAAdapters | None = None, cors: CORSOptions | None = None) -> FastAPI:
     """engine_factory(on_starting): awaitable AsyncLLM (e.g. `lambda on_starting: AsyncLLM.create(args,
     on_starting=on_starting)`); the engine it hands to on_starting before it is READY tells /health why
     it is still waiting."""
@@ -121,6 +125,7 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     # the key and the body size are checked here, before FastAPI reads or parses a body
     app.add_middleware(LimitsMiddleware, limits=state.limits, api_key=api_key)
     app.add_middleware(TraceContextMiddleware, state=state)  # a traceparent header continues the caller's trace
+    (cors or CORSOptions()).install(app)  # outermost: preflights are answered before the key check
 
     def require_api_key(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
         # LimitsMiddleware has already refused a bad key; this declares the scheme in /openapi.json
@@ -137,6 +142,24 @@ def build_app(engine_factory: Callable[[Callable[[AsyncLLM], None]], Awaitable[A
     @api.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=STREAM)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await serving_chat.create_chat_completion(state, body, request)
+
+    @api.post("/v1/responses", response_model=ResponseObject, responses=STREAM)
+    async def responses(body: ResponsesRequest, request: Request):
+        return await serving_responses.create_response(state, body, request)
+
+    @api.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        """Always a 404: /v1/responses stores nothing."""
+        raise serving_responses.not_stored(response_id)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        """Always a 404: /v1/responses stores nothing."""
+        raise serving_responses.not_stored(response_id)
+
+    @api.post("/v1/embeddings", response_model=EmbeddingResponse)
+    async def embeddings(body: EmbeddingRequest, request: Request):
+        return await serving_embedding.create_embedding(state, body, request)
 
     @api.get("/v1/models", response_model=ModelList)
     async def models():

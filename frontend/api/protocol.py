@@ -60,39 +60,39 @@ def _check_text(text: str, where: str) -> str:
     return text
 
 
-def _prompt(value):
+def _prompt(value, name: str = "prompt"):
     """A string, a list of strings, a list of token ids, or a list of lists of token ids; the
-    first element decides which list it is."""
+    first element decides which list it is. `name`: what the endpoint calls the field (its errors say it)."""
     if isinstance(value, str):
-        return _check_text(value, "prompt")
+        return _check_text(value, name)
     if not isinstance(value, list):
-        raise shape_error("prompt must be a string, a list of strings, a list of token ids or a list of "
+        raise shape_error(f"{name} must be a string, a list of strings, a list of token ids or a list of "
                            f"lists of token ids, got {_describe(value)}")
     if not value:
         return value
     first = value[0]
     if type(first) is int:
         if len(value) > MAX_TOKEN_IDS:
-            raise shape_error(f"prompt has {len(value)} token ids, more than {MAX_TOKEN_IDS}")
-        return _check_token_ids(value, "prompt")
+            raise shape_error(f"{name} has {len(value)} token ids, more than {MAX_TOKEN_IDS}")
+        return _check_token_ids(value, name)
     if not isinstance(first, (str, list)):
-        raise shape_error(f"prompt[0] must be a string, a token id or a list of token ids, got {_describe(first)}")
+        raise shape_error(f"{name}[0] must be a string, a token id or a list of token ids, got {_describe(first)}")
     if len(value) > MAX_PROMPTS:
-        raise shape_error(f"prompt is a list of {len(value)} prompts, more than {MAX_PROMPTS}")
+        raise shape_error(f"{name} is a list of {len(value)} prompts, more than {MAX_PROMPTS}")
     if isinstance(first, str):
         for i, p in enumerate(value):
             if not isinstance(p, str):
-                raise shape_error(f"prompt[{i}] must be a string like prompt[0], got {_describe(p)}")
-            _check_text(p, f"prompt[{i}]")
+                raise shape_error(f"{name}[{i}] must be a string like {name}[0], got {_describe(p)}")
+            _check_text(p, f"{name}[{i}]")
         return value
     total = 0
     for i, p in enumerate(value):
         if not isinstance(p, list):
-            raise shape_error(f"prompt[{i}] must be a list of token ids like prompt[0], got {_describe(p)}")
+            raise shape_error(f"{name}[{i}] must be a list of token ids like {name}[0], got {_describe(p)}")
         total += len(p)
         if total > MAX_TOKEN_IDS:
-            raise shape_error(f"prompt holds more than {MAX_TOKEN_IDS} token ids")
-        _check_token_ids(p, f"prompt[{i}]")
+            raise shape_error(f"{name} holds more than {MAX_TOKEN_IDS} token ids")
+        _check_token_ids(p, f"{name}[{i}]")
     return value
 
 

@@ -9,6 +9,7 @@ from typing import Awaitable, Callable
 
 import uvicorn
 
+from common.heap import freeze_startup_heap
 from frontend.api.app import build_app
 from frontend.api.connections import protocol_class
 from frontend.api.chat_options import ChatOptions
@@ -37,7 +38,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 def run_server(engine_factory: Callable[[Callable], Awaitable], *, host: str, port: int, api_key: str | None,
                served_model_name: str | None, log_level: str = "info", access_log: bool = True,
-               limits: HTTPLimits | None = None, chat: ChatOptions | None = None, loras=None) -> int:
+               limits: HTTPLimits | None = None, chat: ChatOptions | None = None, loras=None,
+               cors=None) -> int:
     """Serves until SIGINT/SIGTERM; returns the exit code (1 when the engine failed to start)."""
     sock = bind(host, port)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
@@ -45,6 +47,9 @@ def run_server(engine_factory: Callable[[Callable], Awaitable], *, host: str, po
     server: uvicorn.Server | None = None
 
     def on_ready(state) -> None:
+        # a server process, unlike a library caller, keeps its startup heap (imports, tokenizer) for good: out of
+        # the garbage collector's walks from here on, so small per-request objects (tracing spans) stay cheap
+        freeze_startup_heap()
         info = state.engine.model_info
         logger.info("nvllm ready: serving %r (%s, max_model_len %d, KV cache %d tokens in %d blocks) at %s",
                     state.model_name, info.dtype or "dtype unknown", info.max_model_len,
@@ -56,7 +61,7 @@ def run_server(engine_factory: Callable[[Callable], Awaitable], *, host: str, po
 
     limits = limits or HTTPLimits()
     app = build_app(engine_factory, api_key=api_key, served_model_name=served_model_name,
-                    on_ready=on_ready, on_failure=on_failure, limits=limits, chat=chat, loras=loras)
+                    on_ready=on_ready, on_failure=on_failure, limits=limits, chat=chat, loras=loras, cors=cors)
     # h11, named explicitly: the connection limits are a subclass of uvicorn's h11 protocol
     config = uvicorn.Config(app, log_config=None, log_level=log_level, access_log=access_log,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS, http=protocol_class(limits))

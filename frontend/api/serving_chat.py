@@ -6,6 +6,7 @@ token by token; the last delta of a choice carries its finish_reason.
 
 import json
 import logging
+from dataclasses import dataclass
 
 import msgspec
 from fastapi import Request
@@ -15,6 +16,7 @@ from frontend import chat_template
 from frontend.api import generation as G
 from frontend.api import offload
 from common.errors import InvalidParameter
+from common.sampling_params import SamplingParams
 from frontend.api.chat_output import ChatOutputReader, finish_reason, legacy_finish_reason, read_whole
 from frontend.api.chat_request import ChatPlan, plan_chat, with_constraint_after_reasoning
 from frontend.api.errors import APIError, bad_request
@@ -61,8 +63,23 @@ def chat_logprobs(engine, token_ids: list[int], logprobs: list[dict[int, Logprob
     return ChatChoiceLogprobs(content=content)
 
 
-async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request):
-    engine = state.ready_engine()
+@dataclass
+class ChatRun:
+    """A chat request checked, rendered and started in the engine: what its answer is read from. The chat
+    endpoint and /v1/responses (which translates its body into a chat request) share it."""
+    engine: object
+    request_id: str
+    params: SamplingParams
+    prompts: list
+    stream: object  # (prompt index, delta RequestOutput), as generation.generate gives them
+    formats: tuple  # (tool-call format, reasoning format, starts in reasoning): what ChatOutputReader takes
+    lora: object
+    constraint_field: str | None
+
+
+async def start_chat(state: ServerState, body: ChatCompletionRequest, id_prefix: str = "chatcmpl") -> ChatRun:
+    """The checks (400s naming the field), the template, the constraint and the engine request of a chat body."""
+    engine = state.generating_engine()
     lora = state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
@@ -79,7 +96,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
             raise APIError(400, f"tool_choice required or naming a function is enforced with a grammar; it cannot go "
                            f"with {other}", param="tool_choice")
         constraint_field = "functions" if body.functions is not None else "tools"
-    request_id = G.new_request_id("chatcmpl")
+    request_id = G.new_request_id(id_prefix)
     if body.metadata:
         logger.info("request %s metadata %s", request_id, json.dumps(body.metadata, ensure_ascii=False))
     G.check_sequences([body.messages], params, param="messages")
@@ -97,8 +114,15 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         ticket.release()
         raise
     stream = G.generate(state, engine, prompts, ticket, constraint_field)
+    return ChatRun(engine, request_id, params, prompts, stream, (plan.tool_parser, plan.reasoning_parser, in_reasoning),
+                   lora, constraint_field)
+
+
+async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, raw: Request):
+    run = await start_chat(state, body)
+    engine, request_id, params, prompts, stream, formats, lora = (run.engine, run.request_id, run.params, run.prompts,
+                                                                 run.stream, run.formats, run.lora)
     num_top = body.top_logprobs or 0
-    formats = (plan.tool_parser, plan.reasoning_parser, in_reasoning)
     if body.stream:
         return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream, num_top,
                                                       formats, state.response_model(lora)), request_id),

@@ -72,7 +72,7 @@ def _echo_text(engine: AsyncLLM, prompt: ProcessedRequest) -> str:
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request):
-    engine = state.ready_engine()
+    engine = state.generating_engine()
     lora = state.check_model(body.model)
     params, constraint_field = G.sampling_params(body)
     try:

@@ -1,6 +1,7 @@
 """What every endpoint needs: the engine (once it is ready), the served model name, the metrics."""
 
 from common.lora import LoRARequest
+from common.validation import POOLING_SERVED
 from frontend.api.admission import AdmissionGate
 from frontend.api.chat_options import ChatOptions
 from frontend.api.errors import APIError, engine_unavailable, model_not_found
@@ -43,6 +44,14 @@ class ServerState:
         if self.engine.dead is not None:
             raise engine_unavailable(str(self.engine.dead))
         return self.engine
+
+    def generating_engine(self) -> AsyncLLM:
+        """The engine for an endpoint that generates text (completions, chat, responses): a 400 when it serves
+        embeddings (--runner pooling)."""
+        engine = self.ready_engine()
+        if engine.limits.runner == "pooling":
+            raise APIError(400, POOLING_SERVED, param="model")
+        return engine
 
     def _still_starting(self) -> str:
         # a core that refuses this frontend's key looks like one still starting unless we say so

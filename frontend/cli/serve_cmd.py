@@ -63,6 +63,8 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                     default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
                     help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (default: "
                          "$VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+    from frontend.api.cors import add_cors_args
+    add_cors_args(p)
     c = p.add_argument_group("chat outputs (README: Structured outputs and tools)")
     c.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "generic"],
                    help="format of the model's tool calls (default: chosen from the chat template)")
@@ -96,13 +98,15 @@ def _http_limits(ns: argparse.Namespace):
 
 def _serve_http(ns: argparse.Namespace, engine_factory, served_model_name: str | None) -> int:
     from frontend.api.chat_options import ChatOptions
+    from frontend.api.cors import cors_options_from
     from frontend.api.lora_adapters import LoRAAdapters
     from frontend.api.server import run_server
     loras = LoRAAdapters(ns.lora_modules, ns.allow_runtime_lora_updating)  # ValueError: a malformed --lora-modules
     return run_server(engine_factory, host=ns.host, port=ns.port, api_key=_api_key(ns),
                       served_model_name=served_model_name, log_level=ns.log_level,
                       access_log=not ns.disable_uvicorn_access_log, limits=_http_limits(ns),
-                      chat=ChatOptions(ns.tool_call_parser, ns.reasoning_parser), loras=loras)
+                      chat=ChatOptions(ns.tool_call_parser, ns.reasoning_parser), loras=loras,
+                      cors=cors_options_from(ns))
 
 
 def run_serve(ns: argparse.Namespace) -> int:
