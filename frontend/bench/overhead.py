@@ -40,14 +40,6 @@ async def measure(args) -> dict:
 
 
 def run_overhead(args) -> int:
-    if args.compare_tracing:
-        from frontend.bench.tracing_cost import compare_tracing
-        result = compare_tracing(args)
-        print(f"tracing, requests per second against tracing off in the same round (median of {result['rounds']}): "
-              + ", ".join(f"{m} {r:.3f}x" for m, r in result["median_ratio_to_off"].items()))
-        if args.output_json:
-            write_result(args, result)
-        return 0
     result = asyncio.run(measure(args))
     print(f"tiny requests (1 prompt token, max_tokens=1): {result['requests_per_s']:.1f} req/s "
           f"({result['requests']} requests, {result['concurrency']} in flight, {result['seconds']} s)")

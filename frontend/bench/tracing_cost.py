@@ -17,6 +17,9 @@ import socket
 import statistics
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from frontend.bench.overhead import measure
+from frontend.bench.result_file import write_result
+
 MODES = ("off", "dead_collector", "live_collector")
 
 
@@ -62,7 +65,6 @@ def _closed_port() -> int:
 
 
 async def _run(args, endpoint: str | None, protocol: str | None) -> float:
-    from frontend.bench.overhead import measure
     run_args = argparse.Namespace(**vars(args))
     run_args.otlp_traces_endpoint = endpoint
     saved = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
@@ -75,6 +77,15 @@ async def _run(args, endpoint: str | None, protocol: str | None) -> float:
             os.environ.pop("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", None)
         else:
             os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = saved
+
+
+def run_compare_tracing(args) -> int:
+    result = compare_tracing(args)
+    print(f"tracing, requests per second against tracing off in the same round (median of {result['rounds']}): "
+          + ", ".join(f"{m} {r:.3f}x" for m, r in result["median_ratio_to_off"].items()))
+    if args.output_json:
+        write_result(args, result)
+    return 0
 
 
 def compare_tracing(args) -> dict:

@@ -71,6 +71,9 @@ def register_bench(sub) -> None:
     oh.add_argument("--output-json", default=None, help="write the figures here")
 
     def run_oh(args):
+        if args.compare_tracing:
+            from frontend.bench.tracing_cost import run_compare_tracing
+            return run_compare_tracing(args)
         from frontend.bench.overhead import run_overhead
         return run_overhead(args)
 
