@@ -5,9 +5,10 @@ vLLM's names: `--pooler-config '{"pooling_type": "LAST", "normalize": true}'` fo
 Qwen3-Embedding), MEAN averages every position, CLS takes the first.
 """
 
-import json
 
 import msgspec
+
+from common.json_config import read_json_config
 
 RUNNERS = ("generate", "pooling")
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
@@ -32,20 +33,8 @@ class PoolingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_only
 
 
 def parse_pooler_config(value) -> PoolerConfig | None:
-    """A PoolerConfig from None, a dict (`LLM(pooler_config=...)`), JSON text (the CLI flag) or a PoolerConfig.
-    Raises ValueError naming the bad key."""
-    if value is None or isinstance(value, PoolerConfig):
-        return value
-    if isinstance(value, (str, bytes)):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"pooler_config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"pooler_config must be a JSON object, got {type(value).__name__}")
-    try:
-        config = msgspec.convert(value, PoolerConfig)
-    except msgspec.ValidationError as e:
-        raise ValueError(f"pooler_config: {e}") from None
-    config.validate()
+    """A PoolerConfig from what a user gave (common/json_config.py). Raises ValueError naming the bad key."""
+    config = read_json_config(value, PoolerConfig, "pooler_config")
+    if config is not None:
+        config.validate()
     return config

@@ -6,9 +6,10 @@ Two ways to propose tokens, both checked by one forward pass of the target model
 - draft_model: a small model with the target's vocabulary decodes the proposals (`"model": PATH`).
 """
 
-import json
 
 import msgspec
+
+from common.json_config import read_json_config
 
 METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16  # each proposed token is one more row every step verifies
@@ -54,18 +55,5 @@ class SpeculativeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
 
 def parse_speculative_config(value) -> SpeculativeConfig | None:
-    """A SpeculativeConfig from what a user gave: None, a dict (`LLM(speculative_config=...)`), a JSON
-    object as text (the CLI flag) or a SpeculativeConfig. Raises ValueError naming the bad key."""
-    if value is None or isinstance(value, SpeculativeConfig):
-        return value
-    if isinstance(value, (str, bytes)):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"speculative_config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"speculative_config must be a JSON object, got {type(value).__name__}")
-    try:
-        return msgspec.convert(value, SpeculativeConfig)
-    except msgspec.ValidationError as e:
-        raise ValueError(f"speculative_config: {e}") from None
+    """A SpeculativeConfig from what a user gave (common/json_config.py). Raises ValueError naming the bad key."""
+    return read_json_config(value, SpeculativeConfig, "speculative_config")

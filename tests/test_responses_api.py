@@ -10,9 +10,8 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import build_tiny_model
 from http_helpers import openai_client, serving
-from test_tool_calling import ADD, QWEN_LIKE_TEMPLATE, SCHEMAS, WEATHER
+from test_tool_calling import ADD, SCHEMAS, WEATHER, qwen_like_model
 
 pytestmark = pytest.mark.integration
 
@@ -23,10 +22,7 @@ FORCED_REASONING = {"grammar": 'start: "<think>" /[a-z]{2,8}( [a-z]{2,8}){1,3}/ 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, default_model_dir):
-    folder = build_tiny_model(str(tmp_path_factory.mktemp("qwen3-responses")), "qwen3", default_model_dir,
-                              max_position_embeddings=4096)
-    with open(f"{folder}/chat_template.jinja", "w") as f:
-        f.write(QWEN_LIKE_TEMPLATE)
+    folder = qwen_like_model(str(tmp_path_factory.mktemp("qwen3-responses")), default_model_dir)
     with serving([folder, "--served-model-name", "tiny"], tmp_path_factory.mktemp("serve")) as (base, _):
         yield base
 

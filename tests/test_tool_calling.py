@@ -74,12 +74,17 @@ def client(tmp_path_factory):
     assert proc.stop(signal.SIGTERM) == 0, proc.log()[-3000:]
 
 
-@pytest.fixture(scope="module")
-def qwen_client(tmp_path_factory, default_model_dir):
-    folder = build_tiny_model(str(tmp_path_factory.mktemp("qwen3-tools")), "qwen3", default_model_dir,
-                              max_position_embeddings=4096)
+def qwen_like_model(folder: str, default_model_dir: str) -> str:
+    """A tiny random Qwen3 with a Qwen-like chat template (tools, <think>), long enough for tool prompts."""
+    folder = build_tiny_model(folder, "qwen3", default_model_dir, max_position_embeddings=4096)
     with open(f"{folder}/chat_template.jinja", "w") as f:
         f.write(QWEN_LIKE_TEMPLATE)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def qwen_client(tmp_path_factory, default_model_dir):
+    folder = qwen_like_model(str(tmp_path_factory.mktemp("qwen3-tools")), default_model_dir)
     base, proc = _serve([folder, "--served-model-name", "tiny"], tmp_path_factory.mktemp("serve-qwen"))
     yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
     assert proc.stop(signal.SIGTERM) == 0, proc.log()[-3000:]

@@ -26,11 +26,15 @@ UNSUPPORTED_PARTS = {
 }
 
 
-def _refuse_unsupported_part(value):
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind in UNSUPPORTED_PARTS:
-        raise PydanticCustomError("unsupported", UNSUPPORTED_PARTS[kind])
-    return value
+def part_refuser(unsupported: dict[str, str]):
+    """A before-validator that refuses a content part whose type is in `unsupported`, saying why (a 400 naming
+    the part), before pydantic tries the union of parts this API does take."""
+    def refuse(value):
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind in unsupported:
+            raise PydanticCustomError("unsupported", unsupported[kind])
+        return value
+    return refuse
 
 
 class TextContentPart(StrictModel):
@@ -43,7 +47,7 @@ class RefusalContentPart(StrictModel):
     refusal: Text
 
 
-UserPart = Annotated[TextContentPart, BeforeValidator(_refuse_unsupported_part)]
+UserPart = Annotated[TextContentPart, BeforeValidator(part_refuser(UNSUPPORTED_PARTS))]
 AssistantPart = Annotated[TextContentPart | RefusalContentPart, Field(discriminator="type")]
 
 

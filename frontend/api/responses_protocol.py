@@ -14,7 +14,7 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
 from common.sampling_params import MAX_SCALE
-from frontend.api.messages import MAX_CONTENT_PARTS
+from frontend.api.messages import MAX_CONTENT_PARTS, part_refuser
 from frontend.api.openai_fields import REASONING_EFFORTS
 from frontend.api.protocol import MAX_MESSAGES, ChatCompletionRequest
 from frontend.api.tool_protocol import MAX_TOOLS, FunctionDefinition
@@ -39,13 +39,6 @@ UNSUPPORTED_PARTS = {
 }
 
 
-def _refuse_unsupported_part(value):
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind in UNSUPPORTED_PARTS:
-        raise PydanticCustomError("unsupported", UNSUPPORTED_PARTS[kind])
-    return value
-
-
 # ---- input items ---------------------------------------------------------------------------------
 
 class InputText(StrictModel):
@@ -67,7 +60,7 @@ class Refusal(StrictModel):
 
 
 ContentPart = Annotated[Annotated[InputText | OutputText | Refusal, Field(discriminator="type")],
-                        BeforeValidator(_refuse_unsupported_part)]
+                        BeforeValidator(part_refuser(UNSUPPORTED_PARTS))]
 
 
 class MessageItem(StrictModel):
