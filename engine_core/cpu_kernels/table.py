@@ -39,6 +39,8 @@ class Kernel:
 
 
 KERNELS = {
+    "amx_gemm": Kernel("linear/amx_gemm.c", "amx", "the bf16 linear kernel on AMX tiles (TDPBF16PS)",
+                       off_switch=("NVLLM_CPU_AMX", "0")),
     "cpu_gemm": Kernel("linear/cpu_gemm.c", "avx512_bf16", "the bf16 linear kernel (vdpbf16ps panels)",
                        off_switch=("NVLLM_CPU_GEMM", "onednn")),
     "cpu_gemm_f32": Kernel("linear/cpu_gemm_f32.c", "portable", "the fixed-order linear kernel (fp32 FMA)", NO_CONTRACT),
@@ -68,7 +70,7 @@ KERNELS = {
 
 # operation -> the kernels that can serve it, best first; a name not in KERNELS is the torch code's
 OPERATIONS = {
-    "linear bfloat16": ("cpu_gemm", "cpu_gemm_f32"),
+    "linear bfloat16": ("amx_gemm", "cpu_gemm", "cpu_gemm_f32"),
     "linear float32": ("cpu_gemm_f32",),
     "kept-quantized linear bfloat16": ("cpu_quant", "quant_dot", "dequantized"),
     "kept-quantized linear float32": ("quant_f32", "quant_dot", "dequantized"),

@@ -3,13 +3,16 @@
 Against oneDNN's packed bf16 linear on the default model's shapes (2 Zen4 cores, no AMX): 1.5-1.7x
 faster at 1-8 rows (decode steps, where the weights stream from memory), 1.07-1.3x at 16-64, the
 same at 512 (prefill). Each output row is one fixed-order sum, so a row's result does not depend
-on how many rows the step has. CPUs with AMX keep oneDNN with --no-batch-invariant, which runs its
-matmuls on AMX tiles; batch-invariant runs use this kernel there too, at a fraction of AMX's rate (2 vCPUs
-of an AMX Xeon, the default model's layer shapes at 128-2048 rows: oneDNN 869-1084 GFLOP/s, this kernel
-148-152; benchmarks/results/cpu-vs-vllm.json). NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
+on how many rows the step has.
+
+On the amx tier the same panels run on AMX tiles (amx_gemm.c: TDPBF16PS, one fixed order per row at every
+row count), a drop-in library with this one's functions; a process the OS refuses the tile state keeps
+cpu_gemm.c, with the reason in the log. CPUs with AMX keep oneDNN with --no-batch-invariant.
+NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
 """
 
 import ctypes
+import logging
 
 import torch
 
@@ -18,17 +21,36 @@ from engine_core.cpu_kernels import table, tiers
 
 LANES = 16  # output columns per packed panel (cpu_gemm.c)
 
+logger = logging.getLogger("nvllm")
+
+
 def load():
     """The kernel library, or None where it does not apply (no AVX512-BF16, turned off, no compiler;
     AMX present and batch invariance off: oneDNN's AMX kernels are faster, but choose their sum order
     by the row count, so batch-invariant runs keep this kernel on AMX CPUs too)."""
-    if tiers.at_least("amx") and not batch_invariant():
-        return None
-    return _library()
+    if (tiers.at_least("amx") and not batch_invariant()) or not table.runs_here("cpu_gemm"):
+        return None  # (NVLLM_CPU_GEMM=onednn turns amx_gemm.c off too)
+    return _amx_library() or _library()
 
 
-@table.loader("cpu_gemm")
-def _library(library):
+def amx_granted(library, what: str) -> bool:
+    """Whether an AMX kernel library may use the tiles in this process (amx_tiles.h); a refusal is logged."""
+    if library.amx_ready():
+        return True
+    logger.warning("the OS refused this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM): %s runs "
+                   "the avx512_bf16 kernel instead", what)
+    return False
+
+
+@table.loader("amx_gemm")
+def _amx_library(library):
+    """amx_gemm.c: cpu_gemm.c's functions on AMX tiles, or None where the tiles are refused."""
+    library.amx_ready.restype = ctypes.c_int
+    return _declare(library) if amx_granted(library, "the bf16 linear layers") else None
+
+
+def _declare(library):
+    """The ctypes signatures of cpu_gemm.c's functions (amx_gemm.c has the same)."""
     ptr, long = ctypes.c_void_p, ctypes.c_long
     library.pack_weight_bf16.argtypes = [ptr, long, long, long, ptr]
     library.pack_weight_bf16.restype = None
@@ -39,6 +61,9 @@ def _library(library):
     library.linear_silu_mul_bf16.argtypes = [ptr, long, long, long, ptr, long, ptr, ptr, long, ptr, ctypes.c_int]
     library.linear_silu_mul_bf16.restype = None
     return library
+
+
+_library = table.loader("cpu_gemm")(_declare)
 
 
 class PanelWeight:
@@ -56,6 +81,8 @@ class PanelWeight:
         self.panels = torch.empty(panels * LANES * self.in_features, dtype=torch.bfloat16, device="cpu")
         self._pack(library, weight)
         self._library = library  # resolved once: load() checks the CPU and the batch-invariance switch
+        if library is _amx_library():
+            self.kernel = "linear/amx_gemm.c"
         self._bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (a bias, its float32 copy)
 
     def _pack(self, library, weight: torch.Tensor) -> None:

@@ -19,8 +19,7 @@
  */
 #ifndef NVLLM_AMX_K_TILE_H
 #define NVLLM_AMX_K_TILE_H
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 
 #define AMX_MIN_ROWS 32   /* fewer rows: k_quant_tile.h's tile (tiles of 16 rows would run mostly empty) */
 #define AMX_CHUNK_BYTES (1L << 23) /* the rows' tile-B inputs that stay in L2 while a thread's columns pass over them */
@@ -31,12 +30,6 @@
 
 /* two int16 as one int32 word, lo first: a vpdpwssd pair */
 static inline int32_t pair_word(int lo, int hi) { return (int32_t)(((uint32_t)(uint16_t)hi << 16) | (uint16_t)lo); }
-
-static int amx_permitted(void) {
-    static int state; /* 0: not asked yet, 1: granted, -1: refused */
-    if (!state) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : -1;
-    return state > 0;
-}
 
 /* the rows' inputs as the tiles read them, 16 rows at a time: x4[r / 16][g][r % 16] = inputs 4g..4g+3 of row r
  * (a tile B is 1 KB in a row); dx[s][r]: d_x of super-block s; pairs[s][p][r]: the 32-input sums 2p and 2p+1
@@ -138,20 +131,11 @@ static inline __m256i bf16_of16(__m512 values) {
     return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
-typedef struct __attribute__((packed)) {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} AmxConfig;
-
 /* eight tiles of 16 x 64 bytes: 0, 1: A (lo, hi); 2, 5: B (rows 0-15, 16-31 of the pass); 3, 4, 6, 7: C (lo and
  * hi products of each B) */
 static void amx_configure(void) {
-    AmxConfig config;
-    memset(&config, 0, sizeof config);
-    config.palette = 1;
-    for (int t = 0; t < 8; t++) config.rows[t] = 16, config.colsb[t] = 64;
-    _tile_loadconfig(&config);
+    static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    amx_configure_rows(rows, 8);
 }
 
 /* rows [r0, r0 + 32) x the 16 unpacked columns: out[r][n0 + j] for r < M, j < cols */

@@ -1,0 +1,168 @@
+/* bfloat16 linear layers on AMX tiles (TDPBF16PS), for the amx tier: out[M, N] = x[M, K] @ W[N, K]^T (+ bias).
+ *
+ * The weight is cpu_gemm.c's panels, packed by its functions at load: 32 inputs of a panel's 16 columns
+ * ([16 input pairs][16 columns][2]) are one tile B of 1 KB, contiguous. Tile A is 16 rows of x by 32 inputs,
+ * read where x lies (its row stride). One TDPBF16PS adds a 32-input step's products to 16 x 16 fp32 sums held
+ * in tile C; the K loop walks the steps in order and the sums stay in the tile until the end.
+ *
+ * Fixed reduction order per row: a tile computes each row of C from that row of A alone, so a row's sums are
+ * the same instruction sequence (the same steps, in the same order) whether its tile holds 1 row or 16, and
+ * whichever thread runs it: a row's result does not depend on M (batch invariant). A one-row decode step runs
+ * one-row tiles over the same weight tiles; it is bound by reading the weights, as the AVX512 panels are.
+ * Threads split the columns, never K.
+ *
+ * Tiles: C 0-3 (row tiles 0, 1 x column tiles 0, 1), A 4-5, B 6-7: 32 rows x 32 columns per pass. A K that is
+ * not a multiple of 32, and a process the OS refuses the tile state (amx_tiles.h), run cpu_gemm.c's kernel
+ * instead: a choice by the layer's shape and the machine, never by the row count.
+ */
+#define linear_bf16 panel_linear_bf16
+#define linear_silu_mul_bf16 panel_linear_silu_mul_bf16
+#include "cpu_gemm.c"
+#undef linear_bf16
+#undef linear_silu_mul_bf16
+
+#include "amx_tiles.h"
+
+#define AMX_K 32      /* inputs per tile step */
+#define TILE_ROWS 16  /* rows per tile A / C */
+#define PASS_ROWS 32  /* two tiles A */
+
+/* 1 where the tiles may be used here: the loader asks once, and logs a refusal */
+int amx_ready(void) { return amx_permitted(); }
+
+/* tile rows of C and A: r0 in row tile 0, r1 in row tile 1 (0: unused); B always 16 input pairs */
+static void configure(int r0, int r1) {
+    const uint8_t rows[8] = {(uint8_t)r0, (uint8_t)r0, (uint8_t)r1, (uint8_t)r1, (uint8_t)r0, (uint8_t)r1, 16, 16};
+    amx_configure_rows(rows, 8);
+}
+
+/* sums [2 row tiles][2 column tiles][16][16] of rows [0, r0 + r1) x the panels b0 (and b1 where not NULL) over
+ * all of K; the tiles configured for (r0, r1) */
+static void pass(const bf16 *x, long x_stride, int r1, const bf16 *b0, const bf16 *b1, long K,
+                 float sums[2][2][TILE_ROWS * LANES]) {
+    const long stride = x_stride * (long)sizeof(bf16);
+    const bf16 *x1 = x + TILE_ROWS * x_stride;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (r1) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (long k = 0; k < K; k += AMX_K) {
+        _tile_loadd(4, x + k, stride);
+        _tile_loadd(6, b0 + k * LANES, 2 * LANES * sizeof(bf16));
+        _tile_dpbf16ps(0, 4, 6);
+        if (b1) {
+            _tile_loadd(7, b1 + k * LANES, 2 * LANES * sizeof(bf16));
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        if (r1) {
+            _tile_loadd(5, x1 + k, stride);
+            _tile_dpbf16ps(2, 5, 6);
+            if (b1) _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, sums[0][0], LANES * sizeof(float));
+    if (b1) _tile_stored(1, sums[0][1], LANES * sizeof(float));
+    if (r1) {
+        _tile_stored(2, sums[1][0], LANES * sizeof(float));
+        if (b1) _tile_stored(3, sums[1][1], LANES * sizeof(float));
+    }
+}
+
+/* rows [0, rows) of a tile's sums + bias -> bf16 columns [n, n + 16) of out (those at or past N left alone) */
+static void store_plain(const float *sums, int rows, const float *bias, bf16 *out, long out_stride, long n, long N) {
+    const __mmask16 mask = N - n >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << (N - n)) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
+    for (int i = 0; i < rows; i++)
+        _mm256_mask_storeu_epi16(out + i * out_stride + n, mask, to_bf16(_mm512_add_ps(_mm512_loadu_ps(sums + i * LANES), b)));
+}
+
+/* silu(gate + its bias) * (up + its bias), each rounded to bf16 first, as cpu_gemm.c's gated tile: 16 outputs
+ * from column o; gate_at, up_at: the packed columns (and bias entries) of the gate and up sums */
+static void store_gated_tile(const float *gate, const float *up, int rows, const float *bias, long gate_at,
+                             long up_at, bf16 *out, long out_stride, long o, const bf16 *silu) {
+    const __m512 bg = bias ? _mm512_loadu_ps(bias + gate_at) : _mm512_setzero_ps();
+    const __m512 bu = bias ? _mm512_loadu_ps(bias + up_at) : _mm512_setzero_ps();
+    for (int i = 0; i < rows; i++) {
+        const __m256i g = to_bf16(_mm512_add_ps(_mm512_loadu_ps(gate + i * LANES), bg));
+        const __m256i u = to_bf16(_mm512_add_ps(_mm512_loadu_ps(up + i * LANES), bu));
+        const __m512i s = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(g), (const void *)silu, 2);
+        const __m512 product = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(s, 16)), widen(u));
+        _mm256_storeu_si256((__m256i *)(out + i * out_stride + o), to_bf16(product));
+    }
+}
+
+/* panels [p_begin, p_end) (gated: whole groups of 4) for every row, rows in chunks whose inputs stay in L2 */
+static void amx_columns(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N, const float *bias,
+                        bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end) {
+    float sums[2][2][TILE_ROWS * LANES] __attribute__((aligned(64)));
+    long chunk = ROW_CHUNK_BYTES / (K * (long)sizeof(bf16)) / PASS_ROWS * PASS_ROWS;
+    if (chunk < PASS_ROWS) chunk = PASS_ROWS;
+    int configured = -1;
+    for (long m0 = 0; m0 < M; m0 += chunk) {
+        const long m_end = M - m0 < chunk ? M : m0 + chunk;
+        /* plain: panel pairs (p, p + 1); gated groups g0 g1 u0 u1: (g0, u0), then (g1, u1) */
+        for (long p = p_begin; p < p_end; p += silu ? (p % 4 == 0 ? 1 : 3) : 2) {
+            const long second = silu ? p + 2 : p + 1;
+            const bf16 *b0 = packed + p * K * LANES, *b1 = second < p_end ? packed + second * K * LANES : NULL;
+            for (long m = m0; m < m_end; m += PASS_ROWS) {
+                const int rows = m_end - m < PASS_ROWS ? (int)(m_end - m) : PASS_ROWS;
+                const int r0 = rows < TILE_ROWS ? rows : TILE_ROWS, r1 = rows - r0;
+                if (r0 * 32 + r1 != configured) configure(r0, r1), configured = r0 * 32 + r1;
+                pass(x + m * x_stride, x_stride, r1, b0, b1, K, sums);
+                for (int h = 0; h < 2; h++) {
+                    const int hr = h ? r1 : r0;
+                    bf16 *o = out + (m + h * TILE_ROWS) * out_stride;
+                    if (!hr) continue;
+                    if (silu) {
+                        store_gated_tile(sums[h][0], sums[h][1], hr, bias, p * LANES, second * LANES, o, out_stride,
+                                         (p / 4) * 2 * LANES + (p % 4) * LANES, silu);
+                    } else {
+                        store_plain(sums[h][0], hr, bias, o, out_stride, p * LANES, N);
+                        if (b1) store_plain(sums[h][1], hr, bias, o, out_stride, second * LANES, N);
+                    }
+                }
+            }
+        }
+    }
+    if (configured >= 0) _tile_release();
+}
+
+/* the panels split among threads in units of `unit` panels (a gated group's four stay together) */
+static void amx_run(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N, const float *bias,
+                    bf16 *out, long out_stride, const bf16 *silu, long unit, int num_threads) {
+    const long units = (N + LANES * unit - 1) / (LANES * unit), panels = (N + LANES - 1) / LANES;
+    if (num_threads < 2 || M * N * K < PARALLEL_MIN_WORK || units < 2) {
+        amx_columns(x, M, K, x_stride, packed, N, bias, out, out_stride, silu, 0, panels);
+        return;
+    }
+#pragma omp parallel num_threads(num_threads)
+    {
+        extern int omp_get_thread_num(void), omp_get_num_threads(void);
+        const long t = omp_get_thread_num(), n = omp_get_num_threads();
+        const long end = units * (t + 1) / n * unit;
+        amx_columns(x, M, K, x_stride, packed, N, bias, out, out_stride, silu, units * t / n * unit,
+                    end < panels ? end : panels);
+    }
+}
+
+/* cpu_gemm.c's linear_bf16, on tiles */
+void linear_bf16(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N, const float *bias,
+                 bf16 *out, long out_stride, int num_threads) {
+    if (K % AMX_K || !amx_permitted()) {
+        panel_linear_bf16(x, M, K, x_stride, packed, N, bias, out, out_stride, num_threads);
+        return;
+    }
+    amx_run(x, M, K, x_stride, packed, N, bias, out, out_stride, NULL, 2, num_threads);
+}
+
+/* cpu_gemm.c's linear_silu_mul_bf16, on tiles: silu(gate) * up from pack_gated_weight_bf16's panels */
+void linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long I,
+                          const float *bias, bf16 *out, long out_stride, const bf16 *silu, int num_threads) {
+    if (K % AMX_K || !amx_permitted()) {
+        panel_linear_silu_mul_bf16(x, M, K, x_stride, packed, I, bias, out, out_stride, silu, num_threads);
+        return;
+    }
+    amx_run(x, M, K, x_stride, packed, 2 * I, bias, out, out_stride, silu, NR, num_threads);
+}

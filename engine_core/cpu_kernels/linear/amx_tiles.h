@@ -1,0 +1,36 @@
+/* What the AMX kernels share: the OS grant of the tile state, and tile configurations.
+ *
+ * Linux hands out AMX's tile state (8 KB per thread) only on request: arch_prctl(ARCH_REQ_XCOMP_PERM,
+ * XTILEDATA), once per process; every thread of the process may then use the tiles. A kernel that is
+ * refused (an old kernel, a hypervisor that hides the state) runs its AVX512 path instead.
+ */
+#ifndef NVLLM_AMX_TILES_H
+#define NVLLM_AMX_TILES_H
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+typedef struct __attribute__((packed)) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} AmxConfig;
+
+/* 1 where this process may use the tiles (asked once; asking again is harmless, so a race is too) */
+static int amx_permitted(void) {
+    static int state; /* 0: not asked yet, 1: granted, -1: refused */
+    if (!state) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0 ? 1 : -1;
+    return state > 0;
+}
+
+/* a configuration of `count` tiles, each rows[t] x 64 bytes */
+static void amx_configure_rows(const uint8_t *rows, int count) {
+    AmxConfig config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < count; t++) config.rows[t] = rows[t], config.colsb[t] = rows[t] ? 64 : 0;
+    _tile_loadconfig(&config);
+}
+#endif
