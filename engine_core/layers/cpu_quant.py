@@ -5,6 +5,8 @@ bf16/float weight to quantize per channel to int8 (`--quantization int8`, kept a
 is the channel's). It is packed once into panels of 16 columns and never dequantized as a whole: decode
 steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the same CPU as cpu_gemm.py
 (AVX512-BF16; on AMX CPUs only batch-invariant runs; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
+On the amx tier the same packed panels run on AMX tiles (amx_quant.c: the block sums by TDPBF16PS), a
+drop-in library with this one's functions.
 """
 
 import ctypes
@@ -18,9 +20,20 @@ from engine_core.layers.gguf_types import GGUF_TYPES
 
 BLOCK = 32  # inputs per quantized block of the Q4/Q5/Q8 types (a K-quant's super-block holds 256)
 
-@table.loader("cpu_quant")
-def load(library):
-    """The kernel library (AVX512-BF16 and AMX tiers), or None where it cannot be had."""
+def load():
+    """The kernel library (AVX512-BF16 and AMX tiers: amx_quant.c where the tiles are granted), or None where it
+    cannot be had."""
+    return _amx_library() or _library()
+
+
+@table.loader("amx_quant")
+def _amx_library(library):
+    library.amx_ready.restype = ctypes.c_int
+    return _declare(library) if cpu_gemm.amx_granted(library, "the kept-quantized linear layers") else None
+
+
+def _declare(library):
+    """The ctypes signatures of cpu_quant.c's functions (amx_quant.c has the same)."""
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     library.quant_packed_bytes.argtypes = [int_, long, long]
     library.quant_packed_bytes.restype = long
@@ -34,6 +47,9 @@ def load(library):
     library.quant_rows_bf16.argtypes = [ptr, int_, long, ptr, long, ptr]
     library.quant_rows_bf16.restype = None
     return library
+
+
+_library = table.loader("cpu_quant")(_declare)
 
 
 class QuantizedTensor:
@@ -87,6 +103,8 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         assert status == 0
         self._bias = None
         self._linear = self._kernel(library.quant_linear_bf16)
+        if library is _amx_library():
+            self.kernel = "linear/amx_quant.c"
 
     def _kernel(self, function):
         """`function` with the packed format filled in, taking cpu_gemm's kernel arguments; raises when the

@@ -33,4 +33,11 @@ static void amx_configure_rows(const uint8_t *rows, int count) {
     for (int t = 0; t < count; t++) config.rows[t] = rows[t], config.colsb[t] = rows[t] ? 64 : 0;
     _tile_loadconfig(&config);
 }
+
+/* the tiles of a pass of up to 32 rows x 2 panels (amx_gemm.c, amx_quant.c): C 0-3 (row tiles 0, 1 x column
+ * tiles 0, 1), A 4-5, B 6-7; r0 rows in row tile 0, r1 in row tile 1 (0: unused); B always 16 input pairs */
+static void amx_configure_pass(int r0, int r1) {
+    const uint8_t rows[8] = {(uint8_t)r0, (uint8_t)r0, (uint8_t)r1, (uint8_t)r1, (uint8_t)r0, (uint8_t)r1, 16, 16};
+    amx_configure_rows(rows, 8);
+}
 #endif

@@ -1,0 +1,75 @@
+/* What the AMX kernels on bf16 panels share (amx_gemm.c, amx_quant.c): a pass of up to 32 rows x 2 panels
+ * over all of K on tiles, and the stores of its sums. The panels are cpu_gemm.c's layout: 32 inputs of a
+ * panel's 16 columns ([16 input pairs][16 columns][2]) are one tile B of 1 KB.
+ *
+ * Included after cpu_gemm.c (bf16, LANES, to_bf16, widen).
+ */
+#ifndef NVLLM_AMX_PANELS_H
+#define NVLLM_AMX_PANELS_H
+#include "amx_tiles.h"
+
+#define AMX_K 32      /* inputs per tile step */
+#define TILE_ROWS 16  /* rows per tile A / C */
+#define PASS_ROWS 32  /* two tiles A */
+
+/* 1 where the tiles may be used here: the loader asks once, and logs a refusal */
+int amx_ready(void) { return amx_permitted(); }
+
+/* sums [2 row tiles][2 column tiles][16][16] of rows [0, r0 + r1) x the panels b0 (and b1 where not NULL) over
+ * all of K; the tiles configured for (r0, r1) */
+static void pass(const bf16 *x, long x_stride, int r1, const bf16 *b0, const bf16 *b1, long K,
+                 float sums[2][2][TILE_ROWS * LANES]) {
+    const long stride = x_stride * (long)sizeof(bf16);
+    const bf16 *x1 = x + TILE_ROWS * x_stride;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (r1) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (long k = 0; k < K; k += AMX_K) {
+        _tile_loadd(4, x + k, stride);
+        _tile_loadd(6, b0 + k * LANES, 2 * LANES * sizeof(bf16));
+        _tile_dpbf16ps(0, 4, 6);
+        if (b1) {
+            _tile_loadd(7, b1 + k * LANES, 2 * LANES * sizeof(bf16));
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        if (r1) {
+            _tile_loadd(5, x1 + k, stride);
+            _tile_dpbf16ps(2, 5, 6);
+            if (b1) _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, sums[0][0], LANES * sizeof(float));
+    if (b1) _tile_stored(1, sums[0][1], LANES * sizeof(float));
+    if (r1) {
+        _tile_stored(2, sums[1][0], LANES * sizeof(float));
+        if (b1) _tile_stored(3, sums[1][1], LANES * sizeof(float));
+    }
+}
+
+/* rows [0, rows) of a tile's sums + bias -> bf16 columns [n, n + 16) of out (those at or past N left alone) */
+static void store_plain(const float *sums, int rows, const float *bias, bf16 *out, long out_stride, long n, long N) {
+    const __mmask16 mask = N - n >= LANES ? (__mmask16)0xffff : (__mmask16)((1u << (N - n)) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + n) : _mm512_setzero_ps();
+    for (int i = 0; i < rows; i++)
+        _mm256_mask_storeu_epi16(out + i * out_stride + n, mask, to_bf16(_mm512_add_ps(_mm512_loadu_ps(sums + i * LANES), b)));
+}
+
+/* silu(gate + its bias) * (up + its bias), each rounded to bf16 first, as cpu_gemm.c's gated tile: 16 outputs
+ * from column o; gate_at, up_at: the packed columns (and bias entries) of the gate and up sums */
+static void store_gated_tile(const float *gate, const float *up, int rows, const float *bias, long gate_at,
+                             long up_at, bf16 *out, long out_stride, long o, const bf16 *silu) {
+    const __m512 bg = bias ? _mm512_loadu_ps(bias + gate_at) : _mm512_setzero_ps();
+    const __m512 bu = bias ? _mm512_loadu_ps(bias + up_at) : _mm512_setzero_ps();
+    for (int i = 0; i < rows; i++) {
+        const __m256i g = to_bf16(_mm512_add_ps(_mm512_loadu_ps(gate + i * LANES), bg));
+        const __m256i u = to_bf16(_mm512_add_ps(_mm512_loadu_ps(up + i * LANES), bu));
+        const __m512i s = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(g), (const void *)silu, 2);
+        const __m512 product = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(s, 16)), widen(u));
+        _mm256_storeu_si256((__m256i *)(out + i * out_stride + o), to_bf16(product));
+    }
+}
+
+#endif
