@@ -7,10 +7,22 @@ the other rows and the thread count (at every M when batch-invariant, within a p
 import pytest
 import torch
 
+from engine_core.cpu_kernels import table
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 from gguf_weights import quantized_weight
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cpu_quant_itself():
+    """cpu_quant.c, where the amx tier would serve quant_vnni.c (test_quant_vnni.py) in its place."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NVLLM_CPU_QUANT_VNNI", "0")
+        table.forget()
+        yield
+    table.forget()
+
 needs_kernel = pytest.mark.skipif(cpu_quant.load() is None,
                                   reason="needs AVX512-BF16 (with AMX: batch invariance on): cpu_quant.c does not run here")
 

@@ -52,6 +52,8 @@ KERNELS = {
     # serve every row count (amx_quant.c)
     "amx_quant": Kernel("linear/amx_quant.c", "amx", "the quantized linear kernel on AMX tiles (weights dequantized "
                         "to bf16 tiles)", off_switch=("NVLLM_CPU_AMX", "0"), on_switch=("NVLLM_CPU_AMX_QUANT", "1")),
+    "quant_vnni": Kernel("linear/quant_vnni.c", "amx", "the quantized linear kernel (8-bit activations, exact "
+                         "block sums)", NO_CONTRACT, off_switch=("NVLLM_CPU_QUANT_VNNI", "0")),
     "cpu_quant": Kernel("linear/cpu_quant.c", "avx512_bf16", "the quantized linear kernel (bf16 dot products)"),
     "quant_f32": Kernel("linear/quant_f32.c", "portable",
                         "the float32 quantized linear kernel (weights unpacked to their exact values)", NO_CONTRACT),
@@ -80,7 +82,7 @@ KERNELS = {
 OPERATIONS = {
     "linear bfloat16": ("amx_gemm", "cpu_gemm", "cpu_gemm_f32"),
     "linear float32": ("cpu_gemm_f32",),
-    "kept-quantized linear bfloat16": ("amx_quant", "cpu_quant", "quant_dot", "dequantized"),
+    "kept-quantized linear bfloat16": ("quant_vnni", "amx_quant", "cpu_quant", "quant_dot", "dequantized"),
     "kept-quantized linear float32": ("quant_f32", "quant_dot", "dequantized"),
     "attention bfloat16": ("cpu_decode", "cpu_generic_attention"),
     "attention float32": ("cpu_generic_attention",),

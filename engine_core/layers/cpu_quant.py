@@ -23,7 +23,12 @@ BLOCK = 32  # inputs per quantized block of the Q4/Q5/Q8 types (a K-quant's supe
 def load():
     """The kernel library (AVX512-BF16 and AMX tiers: amx_quant.c where the tiles are granted), or None where it
     cannot be had."""
-    return _amx_library() or _library()
+    return _vnni_library() or _amx_library() or _library()
+
+
+@table.loader("quant_vnni")
+def _vnni_library(library):
+    return _declare(library)
 
 
 @table.loader("amx_quant")
@@ -103,8 +108,8 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         assert status == 0
         self._bias = None
         self._linear = self._kernel(library.quant_linear_bf16)
-        if library is _amx_library():
-            self.kernel = "linear/amx_quant.c"
+        if library is not _library():
+            self.kernel = "linear/quant_vnni.c" if library is _vnni_library() else "linear/amx_quant.c"
 
     def _kernel(self, function):
         """`function` with the packed format filled in, taking cpu_gemm's kernel arguments; raises when the

@@ -25,13 +25,19 @@ static int amx_permitted(void) {
     return state > 0;
 }
 
-/* a configuration of `count` tiles, each rows[t] x 64 bytes */
-static void amx_configure_rows(const uint8_t *rows, int count) {
+/* a configuration of `count` tiles, tile t rows[t] x colsb[t] bytes (a tile of no rows is unused) */
+static void amx_configure(const uint8_t *rows, const uint16_t *colsb, int count) {
     AmxConfig config;
     memset(&config, 0, sizeof config);
     config.palette = 1;
-    for (int t = 0; t < count; t++) config.rows[t] = rows[t], config.colsb[t] = rows[t] ? 64 : 0;
+    for (int t = 0; t < count; t++) config.rows[t] = rows[t], config.colsb[t] = rows[t] ? colsb[t] : 0;
     _tile_loadconfig(&config);
+}
+
+/* a configuration of `count` tiles, each rows[t] x 64 bytes */
+static void amx_configure_rows(const uint8_t *rows, int count) {
+    static const uint16_t full[16] = {64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64};
+    amx_configure(rows, full, count);
 }
 
 /* the tiles of a pass of up to 32 rows x 2 panels (amx_gemm.c, amx_quant.c): C 0-3 (row tiles 0, 1 x column

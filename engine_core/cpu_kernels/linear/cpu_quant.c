@@ -40,6 +40,8 @@
 
 #include <stdlib.h>
 
+#include "gguf_q4_q8_block.h"
+
 enum { FORMAT_Q4 = 0, FORMAT_Q8 = 1 };
 #define QBLOCK 32
 #define Q4_BLOCK_BYTES 320
@@ -55,8 +57,6 @@ enum { FORMAT_Q4 = 0, FORMAT_Q8 = 1 };
 #define QUANT_PARALLEL_MIN_WORK (1L << 16) /* M * N * K below this: one thread */
 #endif
 
-static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-static inline uint16_t float_to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 
 /* nearest even, as torch's float -> bfloat16 (the values here are finite) */
 static inline bf16 float_to_bf16(float f) {
@@ -73,30 +73,6 @@ long quant_packed_bytes(int format, long N, long K) {
 }
 
 /* ---- packing from GGUF rows ---------------------------------------------------------------------- */
-
-/* GGUF block layouts (ggml-common.h): Q4_0 {fp16 d; u8 qs[16]}, Q4_1 {fp16 d, m; u8 qs[16]},
- * Q8_0 {fp16 d; i8 qs[32]}; a Q4 block's input j < 16 is qs[j] & 15, input j + 16 is qs[j] >> 4. */
-enum { GGUF_Q4_0 = 2, GGUF_Q4_1 = 3, GGUF_Q8_0 = 8 };
-
-static long gguf_block_bytes(int type) { return type == GGUF_Q4_0 ? 18 : type == GGUF_Q4_1 ? 20 : 34; }
-
-/* column n's block b: scale, offset (Q4) and its 32 integers (Q4: 0..15; Q8: u = q + 128) */
-static void read_block(const uint8_t *rows, long row_bytes, int type, long n, long b, uint16_t *d, uint16_t *m,
-                       uint8_t q[QBLOCK]) {
-    const uint8_t *blk = rows + n * row_bytes + b * gguf_block_bytes(type);
-    memcpy(d, blk, 2);
-    if (type == GGUF_Q8_0) {
-        for (int j = 0; j < QBLOCK; j++) q[j] = blk[2 + j] ^ 0x80;
-        *m = 0;
-        return;
-    }
-    const uint8_t *qs = blk + (type == GGUF_Q4_1 ? 4 : 2);
-    if (type == GGUF_Q4_1)
-        memcpy(m, blk + 2, 2);
-    else
-        *m = float_to_half(-8.0f * half_to_float(*d)); /* exact: a power-of-two multiple */
-    for (int j = 0; j < 16; j++) q[j] = qs[j] & 15, q[j + 16] = qs[j] >> 4;
-}
 
 /* GGUF rows of a [N, K] weight (type GGUF_Q4_0, GGUF_Q4_1 or GGUF_Q8_0; row_bytes apart) -> packed panels.
  * With gated = 1 the rows are a gate/up weight [2I, K] (I a multiple of 16) and the panels alternate gate
