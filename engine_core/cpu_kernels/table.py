@@ -29,15 +29,12 @@ class Kernel:
     what: str  # for log lines
     flags: tuple[str, ...] = ()
     off_switch: tuple[str, str] | None = None  # (variable, value) that turns it off
-    on_switch: tuple[str, str] | None = None  # (variable, value) without which it stays off (an opt-in kernel)
 
     @property
     def path(self) -> str:
         return os.path.join(HERE, self.source)
 
     def switched_off(self) -> bool:
-        if self.on_switch is not None and os.environ.get(self.on_switch[0], "") != self.on_switch[1]:
-            return True
         return self.off_switch is not None and os.environ.get(self.off_switch[0], "") == self.off_switch[1]
 
 
@@ -47,11 +44,6 @@ KERNELS = {
     "cpu_gemm": Kernel("linear/cpu_gemm.c", "avx512_bf16", "the bf16 linear kernel (vdpbf16ps panels)",
                        off_switch=("NVLLM_CPU_GEMM", "onednn")),
     "cpu_gemm_f32": Kernel("linear/cpu_gemm_f32.c", "portable", "the fixed-order linear kernel (fp32 FMA)", NO_CONTRACT),
-    # opt-in: 4x faster prefills and batched decodes, but a one-row decode step 2.6x slower (its weights are
-    # dequantized to bf16 tiles on every call, and the tiles load slowly at one row), and one arithmetic must
-    # serve every row count (amx_quant.c)
-    "amx_quant": Kernel("linear/amx_quant.c", "amx", "the quantized linear kernel on AMX tiles (weights dequantized "
-                        "to bf16 tiles)", off_switch=("NVLLM_CPU_AMX", "0"), on_switch=("NVLLM_CPU_AMX_QUANT", "1")),
     "quant_vnni": Kernel("linear/quant_vnni.c", "amx", "the quantized linear kernel (8-bit activations, exact "
                          "block sums)", NO_CONTRACT, off_switch=("NVLLM_CPU_QUANT_VNNI", "0")),
     "cpu_quant": Kernel("linear/cpu_quant.c", "avx512_bf16", "the quantized linear kernel (bf16 dot products)"),
@@ -82,7 +74,7 @@ KERNELS = {
 OPERATIONS = {
     "linear bfloat16": ("amx_gemm", "cpu_gemm", "cpu_gemm_f32"),
     "linear float32": ("cpu_gemm_f32",),
-    "kept-quantized linear bfloat16": ("quant_vnni", "amx_quant", "cpu_quant", "quant_dot", "dequantized"),
+    "kept-quantized linear bfloat16": ("quant_vnni", "cpu_quant", "quant_dot", "dequantized"),
     "kept-quantized linear float32": ("quant_f32", "quant_dot", "dequantized"),
     "attention bfloat16": ("cpu_decode", "cpu_generic_attention"),
     "attention float32": ("cpu_generic_attention",),

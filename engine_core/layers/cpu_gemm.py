@@ -37,8 +37,7 @@ def amx_granted(library, what: str) -> bool:
     """Whether an AMX kernel library may use the tiles in this process (amx_tiles.h); a refusal is logged."""
     if library.amx_ready():
         return True
-    logger.warning("the OS refused this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM): %s runs "
-                   "the avx512_bf16 kernel instead", what)
+    logger.warning("the OS refused this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM): %s", what)
     return False
 
 
@@ -46,7 +45,7 @@ def amx_granted(library, what: str) -> bool:
 def _amx_library(library):
     """amx_gemm.c: cpu_gemm.c's functions on AMX tiles, or None where the tiles are refused."""
     library.amx_ready.restype = ctypes.c_int
-    return _declare(library) if amx_granted(library, "the bf16 linear layers") else None
+    return _declare(library) if amx_granted(library, "bf16 linear layers run cpu_gemm.c's AVX512-BF16 panels") else None
 
 
 def _declare(library):

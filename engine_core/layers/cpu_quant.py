@@ -5,8 +5,8 @@ bf16/float weight to quantize per channel to int8 (`--quantization int8`, kept a
 is the channel's). It is packed once into panels of 16 columns and never dequantized as a whole: decode
 steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the same CPU as cpu_gemm.py
 (AVX512-BF16; on AMX CPUs only batch-invariant runs; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
-On the amx tier the same packed panels run on AMX tiles (amx_quant.c: the block sums by TDPBF16PS), a
-drop-in library with this one's functions.
+On the amx tier quant_vnni.c serves instead, a drop-in library with this one's functions and its own packed
+layout: 8-bit activation rows and exact integer block sums (vpdpbusd for few rows, AMX int8 tiles for many).
 """
 
 import ctypes
@@ -20,25 +20,22 @@ from engine_core.layers.gguf_types import GGUF_TYPES
 
 BLOCK = 32  # inputs per quantized block of the Q4/Q5/Q8 types (a K-quant's super-block holds 256)
 
+
 def load():
-    """The kernel library (AVX512-BF16 and AMX tiers: amx_quant.c where the tiles are granted), or None where it
-    cannot be had."""
-    return _vnni_library() or _amx_library() or _library()
+    """The kernel library (AVX512-BF16 tier: cpu_quant.c; amx: quant_vnni.c), or None where it cannot be had."""
+    return _vnni_library() or _library()
 
 
 @table.loader("quant_vnni")
 def _vnni_library(library):
+    library.amx_ready.restype = ctypes.c_int
+    cpu_gemm.amx_granted(library, "kept-quantized layers form every row's block sums with VNNI (the same bits, "
+                                  "slower prefills)")
     return _declare(library)
 
 
-@table.loader("amx_quant")
-def _amx_library(library):
-    library.amx_ready.restype = ctypes.c_int
-    return _declare(library) if cpu_gemm.amx_granted(library, "the kept-quantized linear layers") else None
-
-
 def _declare(library):
-    """The ctypes signatures of cpu_quant.c's functions (amx_quant.c has the same)."""
+    """The ctypes signatures of cpu_quant.c's functions (quant_vnni.c has the same)."""
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     library.quant_packed_bytes.argtypes = [int_, long, long]
     library.quant_packed_bytes.restype = long
@@ -108,8 +105,8 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         assert status == 0
         self._bias = None
         self._linear = self._kernel(library.quant_linear_bf16)
-        if library is not _library():
-            self.kernel = "linear/quant_vnni.c" if library is _vnni_library() else "linear/amx_quant.c"
+        if library is _vnni_library():
+            self.kernel = "linear/quant_vnni.c"
 
     def _kernel(self, function):
         """`function` with the packed format filled in, taking cpu_gemm's kernel arguments; raises when the
