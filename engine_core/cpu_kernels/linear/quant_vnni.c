@@ -41,7 +41,9 @@ enum { FORMAT_Q4 = 0, FORMAT_Q8 = 1 };
 #define Q4_BLOCK_BYTES 320
 #define Q8_BLOCK_BYTES 544
 #define MR 4 /* rows per register tile (2 panels); 1-2 rows take 4 panels */
+#ifndef AMX_MIN_ROWS
 #define AMX_MIN_ROWS 64 /* from this many rows, AMX tiles form the sums (fewer would run mostly empty) */
+#endif
 #define PARALLEL_MIN_WORK (1L << 16) /* M * N * K below this: one thread */
 
 static long block_bytes(int format) { return format == FORMAT_Q4 ? Q4_BLOCK_BYTES : Q8_BLOCK_BYTES; }
