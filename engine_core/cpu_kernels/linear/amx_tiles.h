@@ -26,7 +26,7 @@ static int amx_permitted(void) {
 }
 
 /* a configuration of `count` tiles, tile t rows[t] x colsb[t] bytes (a tile of no rows is unused) */
-static void amx_configure(const uint8_t *rows, const uint16_t *colsb, int count) {
+static void amx_load_config(const uint8_t *rows, const uint16_t *colsb, int count) {
     AmxConfig config;
     memset(&config, 0, sizeof config);
     config.palette = 1;
@@ -37,7 +37,7 @@ static void amx_configure(const uint8_t *rows, const uint16_t *colsb, int count)
 /* a configuration of `count` tiles, each rows[t] x 64 bytes */
 static void amx_configure_rows(const uint8_t *rows, int count) {
     static const uint16_t full[16] = {64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64};
-    amx_configure(rows, full, count);
+    amx_load_config(rows, full, count);
 }
 
 /* the tiles of a pass of up to 32 rows x 2 panels (amx_gemm.c, amx_quant.c): C 0-3 (row tiles 0, 1 x column

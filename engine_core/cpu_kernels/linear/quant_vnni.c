@@ -286,7 +286,7 @@ static void unpack_panel(const uint8_t *panel, long blocks, int format, int8_t *
 static void configure_int8(int r0, int r1) {
     const uint8_t rows[8] = {(uint8_t)r0, (uint8_t)r0, (uint8_t)r1, (uint8_t)r1, (uint8_t)r0, (uint8_t)r1, 8, 8};
     const uint16_t colsb[8] = {64, 64, 64, 64, 32, 32, 64, 64};
-    amx_configure(rows, colsb, 8);
+    amx_load_config(rows, colsb, 8);
 }
 
 typedef struct {
