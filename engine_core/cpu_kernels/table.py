@@ -44,6 +44,7 @@ KERNELS = {
     "cpu_gemm": Kernel("linear/cpu_gemm.c", "avx512_bf16", "the bf16 linear kernel (vdpbf16ps panels)",
                        off_switch=("NVLLM_CPU_GEMM", "onednn")),
     "cpu_gemm_f32": Kernel("linear/cpu_gemm_f32.c", "portable", "the fixed-order linear kernel (fp32 FMA)", NO_CONTRACT),
+    # VNNI only, but measured on the amx tier alone (avx512_bf16 keeps cpu_quant.c until measured there)
     "quant_vnni": Kernel("linear/quant_vnni.c", "amx", "the quantized linear kernel (8-bit activations, exact "
                          "block sums)", NO_CONTRACT, off_switch=("NVLLM_CPU_QUANT_VNNI", "0")),
     "cpu_quant": Kernel("linear/cpu_quant.c", "avx512_bf16", "the quantized linear kernel (bf16 dot products)"),

@@ -6,7 +6,7 @@ is the channel's). It is packed once into panels of 16 columns and never dequant
 steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the same CPU as cpu_gemm.py
 (AVX512-BF16; on AMX CPUs only batch-invariant runs; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
 On the amx tier quant_vnni.c serves instead, a drop-in library with this one's functions and its own packed
-layout: 8-bit activation rows and exact integer block sums (vpdpbusd for few rows, AMX int8 tiles for many).
+layout: 8-bit activation rows and exact integer block sums (vpdpbusd), faster at every row count.
 """
 
 import ctypes
@@ -28,9 +28,6 @@ def load():
 
 @table.loader("quant_vnni")
 def _vnni_library(library):
-    library.amx_ready.restype = ctypes.c_int
-    cpu_gemm.amx_granted(library, "kept-quantized layers form every row's block sums with VNNI (the same bits, "
-                                  "slower prefills)")
     return _declare(library)
 
 
