@@ -37,8 +37,10 @@ def _wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 600) -> No
 
 
 def server_command(engine: str, python: str, model_dir: str, port: int, nvllm_args: list[str]) -> list[str]:
+    """vLLM serves model_dir; nvllm what nvllm_args name (a model first, positional), else its default model, as
+    its offline runs do."""
     if engine == "nvllm":
-        return [python, "-m", "frontend.cli.main", "serve", model_dir, "--served-model-name", SERVED_NAME,
+        return [python, "-m", "frontend.cli.main", "serve", "--served-model-name", SERVED_NAME,
                 "--dtype", "bfloat16", "--max-model-len", "2048", "--port", str(port), "--log-level", "warning",
                 *nvllm_args]
     return [os.path.join(os.path.dirname(python), "vllm"), "serve", model_dir, "--served-model-name", SERVED_NAME,

@@ -148,7 +148,10 @@ def run_suite(args) -> int:
 def _one_run(args, engine: str, name: str, command: tuple[list[str], dict], folder: str) -> dict:
     cmd, env = command
     if name == "serve":
-        nvllm_flags = [f"--{a.split('=', 1)[0].replace('_', '-')}={a.split('=', 1)[1]}" for a in args.nvllm_arg]
+        # nvllm serves what its offline runs load: the model its arguments name (positional), else its default
+        pairs = [a.split("=", 1) for a in args.nvllm_arg]
+        model = [value for key, value in pairs if key == "model"]
+        nvllm_flags = model[-1:] + [f"--{key.replace('_', '-')}={value}" for key, value in pairs if key != "model"]
         return run_serving(engine, cmd[0], env, folder, nvllm_flags, ROOT, args.server_log)
     extra = [folder, f"--vllm-dtype={args.vllm_dtype}"] if engine == "vllm" else list(args.nvllm_arg)
     count = [f"--num-prompts={args.num_prompts}"] if args.num_prompts else []
