@@ -106,8 +106,7 @@ def test_the_table_names_the_kernel_of_each_operation(tier):
         fast, amx = tiers.rank(tier) >= tiers.rank("avx512_bf16"), tier == "amx"
         assert ("linear: linear/amx_gemm.c" if amx else "linear: linear/cpu_gemm.c") in bf16 or not fast
         assert ("linear: linear/cpu_gemm.c" in bf16 or "linear: linear/amx_gemm.c" in bf16) == fast
-        assert ("kept-quantized linear: linear/quant_vnni.c" if amx else "kept-quantized linear: linear/cpu_quant.c"
-                if fast else "linear/quant_dot.c") in bf16
+        assert ("kept-quantized linear: linear/cpu_quant.c" if fast else "linear/quant_dot.c") in bf16
         assert ("attention: attention/cpu_decode.c" if fast else "attention/cpu_generic_attention.c") in bf16
         assert "norm, rotary, SiLU: ops/cpu_ops.c" in bf16  # bf16's fused ops on every tier
         assert ("decoder loop: decoder/cpu_decoder.c" if fast

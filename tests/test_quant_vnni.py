@@ -5,14 +5,24 @@ sums): its values against the dequantized float64 product, a row's bits the same
 import pytest
 import torch
 
-from engine_core.cpu_kernels import table
+from engine_core.cpu_kernels import table, tiers
 from engine_core.layers import cpu_ops, cpu_quant
 from engine_core.layers.activation import silu_and_mul
 from gguf_weights import quantized_weight
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(cpu_quant.load() is None or cpu_quant.load() is not cpu_quant._vnni_library(),
+              pytest.mark.skipif(not table.runs_here("cpu_quant") or not tiers.at_least("amx"),
                                  reason="needs the amx tier (AVX512-VNNI, AMX): quant_vnni.c does not serve here")]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quant_vnni_on():
+    """quant_vnni.c is opt-in (NVLLM_CPU_QUANT_VNNI=1)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NVLLM_CPU_QUANT_VNNI", "1")
+        table.forget()
+        yield
+    table.forget()
 
 ROWS = (1, 7, 16, 33, 512)
 FORMATS = ["q4_0", "q4_1", "q8_0"]

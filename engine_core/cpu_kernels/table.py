@@ -29,12 +29,15 @@ class Kernel:
     what: str  # for log lines
     flags: tuple[str, ...] = ()
     off_switch: tuple[str, str] | None = None  # (variable, value) that turns it off
+    on_switch: tuple[str, str] | None = None  # (variable, value) without which it stays off (an opt-in kernel)
 
     @property
     def path(self) -> str:
         return os.path.join(HERE, self.source)
 
     def switched_off(self) -> bool:
+        if self.on_switch is not None and os.environ.get(self.on_switch[0], "") != self.on_switch[1]:
+            return True
         return self.off_switch is not None and os.environ.get(self.off_switch[0], "") == self.off_switch[1]
 
 
@@ -44,9 +47,10 @@ KERNELS = {
     "cpu_gemm": Kernel("linear/cpu_gemm.c", "avx512_bf16", "the bf16 linear kernel (vdpbf16ps panels)",
                        off_switch=("NVLLM_CPU_GEMM", "onednn")),
     "cpu_gemm_f32": Kernel("linear/cpu_gemm_f32.c", "portable", "the fixed-order linear kernel (fp32 FMA)", NO_CONTRACT),
-    # VNNI only, but measured on the amx tier alone (avx512_bf16 keeps cpu_quant.c until measured there)
+    # VNNI only, but measured on the amx tier alone; opt-in (NVLLM_CPU_QUANT_VNNI=1) until a bf16 step's logits
+    # with and without the fused ops agree with it as they do with cpu_quant.c (test_cpu_fused_ops.py)
     "quant_vnni": Kernel("linear/quant_vnni.c", "amx", "the quantized linear kernel (8-bit activations, exact "
-                         "block sums)", NO_CONTRACT, off_switch=("NVLLM_CPU_QUANT_VNNI", "0")),
+                         "block sums)", NO_CONTRACT, on_switch=("NVLLM_CPU_QUANT_VNNI", "1")),
     "cpu_quant": Kernel("linear/cpu_quant.c", "avx512_bf16", "the quantized linear kernel (bf16 dot products)"),
     "quant_f32": Kernel("linear/quant_f32.c", "portable",
                         "the float32 quantized linear kernel (weights unpacked to their exact values)", NO_CONTRACT),
