@@ -461,67 +461,121 @@ static inline __attribute__((always_inline)) void diagonal_rows(const ChunkJob *
     }
 }
 
-static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j, const WorkItem *item, float *scratch,
-                                                               const int G, const int D, const int R) {
+/* An item's walk over its key tiles: where its rows lie, and the cache rows (offsets of each key's head slice)
+ * of the tile being taken and of the next, prefetched meanwhile into L2 (into L1, as the decode kernel found,
+ * the misses in flight stall the loads: decode rows took this kernel 1.5x the one-token kernel's time). */
+typedef struct {
+    const int32_t *table;
+    long head_offset, token_stride;
+    int q_first, rows, len;
+    int pos0, last;   /* positions of the item's first and last row */
+    int begin, start0; /* the first key the first row sees (its sliding window's start), and the tile holding it */
+    int block, offset; /* the next key to place, in the block table */
+    long at[2][CT];
+} ItemWalk;
+
+static inline __attribute__((always_inline)) void walk_begin(const ChunkJob *j, const WorkItem *item, ItemWalk *w,
+                                                             const int D) {
     const Job *b = &j->base;
-    const int seq = item->seq, kv_head = item->kv_head;
-    const int q_first = j->query_start_loc[seq], q_len = j->query_start_loc[seq + 1] - q_first;
-    const int len = b->seq_lens[seq], row0 = item->row0;
-    const int rows = q_len - row0 < ROWS ? q_len - row0 : ROWS;
-    const int pos0 = len - q_len + row0, last = pos0 + rows - 1; /* positions of the item's first/last row */
-    /* the first key the first row sees (its sliding window's start), and the tile that holds it */
-    const int begin = b->window > 0 && pos0 - b->window + 1 > 0 ? pos0 - b->window + 1 : 0;
-    const int start0 = begin / CT * CT;
-    const int32_t *table = b->block_tables + seq * b->table_row;
-    const long head_offset = (long)kv_head * D, token_stride = (long)b->num_kv_heads * D;
-    const uint16_t *q = b->q + (long)(q_first + row0) * b->q_row + head_offset * G;
-    RowState st = {scratch, (__m512 *)(scratch + (long)ROWS * G * D), scratch + (long)ROWS * G * (D + 16)};
-    for (int v = 0; v < rows * G; v++) {
+    const int seq = item->seq;
+    w->q_first = j->query_start_loc[seq];
+    const int q_len = j->query_start_loc[seq + 1] - w->q_first;
+    w->len = b->seq_lens[seq];
+    w->rows = q_len - item->row0 < ROWS ? q_len - item->row0 : ROWS;
+    w->pos0 = w->len - q_len + item->row0;
+    w->last = w->pos0 + w->rows - 1;
+    w->begin = b->window > 0 && w->pos0 - b->window + 1 > 0 ? w->pos0 - b->window + 1 : 0;
+    w->start0 = w->begin / CT * CT;
+    w->table = b->block_tables + seq * b->table_row;
+    w->head_offset = (long)item->kv_head * D;
+    w->token_stride = (long)b->num_kv_heads * D;
+    w->block = w->start0 / b->block_size;
+    w->offset = w->start0 % b->block_size;
+    for (int t = 0; t < CT && w->start0 + t < w->len; t++) {
+        if (w->start0 + t >= w->begin) /* keys before every row's window are not read: their blocks may be reused */
+            w->at[0][t] = ((long)w->table[w->block] * b->block_size + w->offset) * w->token_stride + w->head_offset;
+        if (++w->offset == b->block_size) { w->offset = 0; w->block++; }
+    }
+    for (int t = 0; t < w->begin - w->start0; t++) w->at[0][t] = w->at[0][w->begin - w->start0]; /* masked */
+}
+
+/* The tile of CT keys from `start` (cache rows in w->at[which]) prepared for every row of the item: kT and vP
+ * as described above, for the 16-key parts some row sees; returns how many parts that is. */
+static inline __attribute__((always_inline)) int walk_tile(const ChunkJob *j, ItemWalk *w, int start, int which,
+                                                           __m512bh *kT, __m512bh *vP, const int D) {
+    const Job *b = &j->base;
+    long *at = w->at[which], *next = w->at[which ^ 1];
+    /* keys past the sequence's end (not written: anything, NaN included) read the tile's first key
+     * instead; the mask gives them probability 0 */
+    for (int t = w->len - start; t < CT; t++) at[t] = at[0];
+    for (int t = 0; t < CT && start + CT + t < w->len && start + CT <= w->last; t++) {
+        next[t] = ((long)w->table[w->block] * b->block_size + w->offset) * w->token_stride + w->head_offset;
+        if (++w->offset == b->block_size) { w->offset = 0; w->block++; }
+        for (int c = 0; c < D; c += 32) {
+            _mm_prefetch((const char *)(b->k_cache + next[t] + c), _MM_HINT_T1);
+            _mm_prefetch((const char *)(b->v_cache + next[t] + c), _MM_HINT_T1);
+        }
+    }
+    /* only the 16-key parts some row of the item sees: up to the last row's own position (a decode's last
+     * tile is mostly past it); which parts a row reads does not change */
+    const int parts = w->last - start >= CT - 1 ? CT_PARTS : (w->last - start) / 16 + 1;
+    for (int n = 0; n < parts; n++) /* kT[n * D / 2 + i]: key pair i of keys 16n .. 16n + 15 */
+        for (int h = 0; h < D / 32; h++) {
+            __m512i r[16], out[16];
+            for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_si512(b->k_cache + at[16 * n + t] + h * 32);
+            transpose16(r, out);
+            for (int i = 0; i < 16; i++) kT[n * (D / 2) + h * 16 + i] = (__m512bh)out[i];
+        }
+    for (int k = 0; k < parts * 8; k++)
+        for (int c = 0; c < D / 32; c++) {
+            const __m512i x = _mm512_loadu_si512(b->v_cache + at[2 * k] + c * 32);
+            const __m512i y = _mm512_loadu_si512(b->v_cache + at[2 * k + 1] + c * 32);
+            vP[k * (D / 16) + 2 * c] = (__m512bh)_mm512_unpacklo_epi16(x, y);
+            vP[k * (D / 16) + 2 * c + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
+        }
+    return parts;
+}
+
+/* every query vector of the item at its start: no keys seen, nothing summed */
+static inline void clear_rows(RowState st, int vectors, const int D) {
+    for (int v = 0; v < vectors; v++) {
         for (int c = 0; c < D; c += 16) _mm512_store_ps(st.acc + (long)v * D + c, _mm512_setzero_ps());
         st.sums[v] = _mm512_setzero_ps();
         st.maxes[v] = -INFINITY;
     }
-    __m512bh kT[CT_PARTS * MAX_HEAD_DIM / 2], vP[CT / 2 * MAX_HEAD_DIM / 16];
-    /* cache rows of this tile and the next, prefetched meanwhile into L2 (into L1, as the decode kernel found,
-     * the misses in flight stall the loads: decode rows took this kernel 1.5x the one-token kernel's time) */
-    long tile_rows_at[2][CT];
-    int block = start0 / b->block_size, offset = start0 % b->block_size;
-    for (int t = 0; t < CT && start0 + t < len; t++) {
-        if (start0 + t >= begin) /* keys before every row's window are not read: their blocks may be reused */
-            tile_rows_at[0][t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
-        if (++offset == b->block_size) { offset = 0; block++; }
+}
+
+/* the item's outputs: each query vector's sums over its running total, in bf16, head dims back in order */
+static inline __attribute__((always_inline)) void write_rows(const ChunkJob *j, const ItemWalk *w, RowState st,
+                                                             int row0, const int G, const int D) {
+    const Job *b = &j->base;
+    for (int v = 0; v < w->rows * G; v++) {
+        const float total = _mm512_reduce_add_ps(st.sums[v]);
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        const float *acc = st.acc + (long)v * D;
+        uint16_t *dst = b->out + (long)(w->q_first + row0 + v / G) * b->out_row + w->head_offset * G + (long)(v % G) * D;
+        for (int c = 0; c < D / 32; c++)
+            /* unpacklo/hi took, from each 128-bit lane l, dims 8l .. 8l + 3 and 8l + 4 .. 8l + 7 */
+            for (int l = 0; l < 4; l++)
+                for (int k = 0; k < 4; k++) {
+                    dst[c * 32 + 8 * l + k] = to_bf16(acc[c * 32 + 4 * l + k] * inv);
+                    dst[c * 32 + 8 * l + 4 + k] = to_bf16(acc[c * 32 + 16 + 4 * l + k] * inv);
+                }
     }
-    for (int t = 0; t < begin - start0; t++) tile_rows_at[0][t] = tile_rows_at[0][begin - start0]; /* masked */
-    for (int start = start0, which = 0; start <= last; start += CT, which ^= 1) {
-        long *at = tile_rows_at[which], *next = tile_rows_at[which ^ 1];
-        /* keys past the sequence's end (not written: anything, NaN included) read the tile's first key
-         * instead; the mask gives them probability 0 */
-        for (int t = len - start; t < CT; t++) at[t] = at[0];
-        for (int t = 0; t < CT && start + CT + t < len && start + CT <= last; t++) {
-            next[t] = ((long)table[block] * b->block_size + offset) * token_stride + head_offset;
-            if (++offset == b->block_size) { offset = 0; block++; }
-            for (int c = 0; c < D; c += 32) {
-                _mm_prefetch((const char *)(b->k_cache + next[t] + c), _MM_HINT_T1);
-                _mm_prefetch((const char *)(b->v_cache + next[t] + c), _MM_HINT_T1);
-            }
-        }
-        /* only the 16-key parts some row of the item sees: up to the last row's own position (a decode's last
-         * tile is mostly past it); which parts a row reads does not change */
-        const int parts = last - start >= CT - 1 ? CT_PARTS : (last - start) / 16 + 1;
-        for (int n = 0; n < parts; n++) /* kT[n * D / 2 + i]: key pair i of keys 16n .. 16n + 15 */
-            for (int h = 0; h < D / 32; h++) {
-                __m512i r[16], out[16];
-                for (int t = 0; t < 16; t++) r[t] = _mm512_loadu_si512(b->k_cache + at[16 * n + t] + h * 32);
-                transpose16(r, out);
-                for (int i = 0; i < 16; i++) kT[n * (D / 2) + h * 16 + i] = (__m512bh)out[i];
-            }
-        for (int k = 0; k < parts * 8; k++)
-            for (int c = 0; c < D / 32; c++) {
-                const __m512i x = _mm512_loadu_si512(b->v_cache + at[2 * k] + c * 32);
-                const __m512i y = _mm512_loadu_si512(b->v_cache + at[2 * k + 1] + c * 32);
-                vP[k * (D / 16) + 2 * c] = (__m512bh)_mm512_unpacklo_epi16(x, y);
-                vP[k * (D / 16) + 2 * c + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
-            }
+}
+
+static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j, const WorkItem *item, float *scratch,
+                                                               const int G, const int D, const int R) {
+    const Job *b = &j->base;
+    ItemWalk w;
+    walk_begin(j, item, &w, D);
+    const int rows = w.rows, pos0 = w.pos0;
+    const uint16_t *q = b->q + (long)(w.q_first + item->row0) * b->q_row + w.head_offset * G;
+    RowState st = {scratch, (__m512 *)(scratch + (long)ROWS * G * D), scratch + (long)ROWS * G * (D + 16)};
+    clear_rows(st, rows * G, D);
+    __m512bh kT[CT_PARTS * MAX_HEAD_DIM / 2], vP[CT / 2 * MAX_HEAD_DIM / 16];
+    for (int start = w.start0, which = 0; start <= w.last; start += CT, which ^= 1) {
+        walk_tile(j, &w, start, which, kT, vP, D);
         /* rows that see the whole tile take it at once, unmasked; a row whose diagonal falls inside it
          * takes its 16-key parts up to the one holding its own position, in one pass (masked in that
          * last part). Which way a row takes, and how many parts, depends on its position alone. */
@@ -537,19 +591,7 @@ static inline __attribute__((always_inline)) void attend_chunk(const ChunkJob *j
             for (; r < end; r++) diagonal_rows(j, kT, vP, q, r, pos0 + r, start, st, 1, G, D, n + 1);
         }
     }
-    for (int v = 0; v < rows * G; v++) {
-        const float total = _mm512_reduce_add_ps(st.sums[v]);
-        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-        const float *acc = st.acc + (long)v * D;
-        uint16_t *dst = b->out + (long)(q_first + row0 + v / G) * b->out_row + head_offset * G + (long)(v % G) * D;
-        for (int c = 0; c < D / 32; c++)
-            /* unpacklo/hi took, from each 128-bit lane l, dims 8l .. 8l + 3 and 8l + 4 .. 8l + 7 */
-            for (int l = 0; l < 4; l++)
-                for (int k = 0; k < 4; k++) {
-                    dst[c * 32 + 8 * l + k] = to_bf16(acc[c * 32 + 4 * l + k] * inv);
-                    dst[c * 32 + 8 * l + 4 + k] = to_bf16(acc[c * 32 + 16 + 4 * l + k] * inv);
-                }
-    }
+    write_rows(j, &w, st, item->row0, G, D);
 }
 
 /* R (rows interleaved) is chosen so that about 6-8 independent query vectors share each loaded tile
