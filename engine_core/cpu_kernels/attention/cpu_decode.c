@@ -355,6 +355,52 @@ typedef struct {
 } RowState;
 
 
+/* One query vector's online-softmax step over NH 16-key parts of a tile, from its raw scores s (q . k):
+ * `visible` keys of the tile from its start up to the row's own position, the first `hidden` of them
+ * before its sliding window (masked); the running max, the lane-wise running sum and the accumulated
+ * values acc (rescaled where the max grows) move on, and probs gets the tile's probabilities in bf16, as
+ * the values they weigh. Parts past what a row sees add exact zeros: taken or not, the row's bits are the same. */
+static inline __attribute__((always_inline)) void softmax_step(const ChunkJob *j, __m512 *s, int visible, int hidden,
+                                                               float *acc, float *running_max, __m512 *running_sum,
+                                                               uint16_t *probs, const int D, const int NH) {
+    const Job *b = &j->base;
+    const __m512 c = _mm512_set1_ps(j->log2e_scale);
+    /* keys of this tile before the row's sliding window: a tile wholly before it is all masked, which
+     * changes nothing (it comes before the row's first seen key: sums, max and outputs stay 0, -inf, 0) */
+    __mmask16 valid[CT_PARTS] = {0};
+    const int diagonal = visible < 16 * NH || hidden > 0; /* masks only here */
+    if (diagonal)
+        for (int h = 0; h < NH; h++) {
+            const int n = visible - 16 * h, before = hidden - 16 * h;
+            const __mmask16 upto = n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+            const __mmask16 from = before <= 0 ? (__mmask16)0xffff : before >= 16 ? (__mmask16)0
+                                                                                   : (__mmask16)(0xffffu << before);
+            valid[h] = upto & from;
+            s[h] = _mm512_mask_blend_ps(valid[h], _mm512_set1_ps(-INFINITY), s[h]);
+        }
+    __m512 m = s[0];
+    for (int h = 1; h < NH; h++) m = _mm512_max_ps(m, s[h]);
+    const float tile_max = _mm512_reduce_max_ps(m); /* raw scores: scale > 0 keeps the order */
+    if (tile_max > *running_max) { /* rescale what came before; skipped (exactly) when the max holds */
+        const __m512 correction = _mm512_set1_ps(expf((*running_max - tile_max) * b->scale));
+        *running_max = tile_max;
+        *running_sum = _mm512_mul_ps(*running_sum, correction);
+        for (int k = 0; k < D; k += 16) _mm512_store_ps(acc + k, _mm512_mul_ps(_mm512_load_ps(acc + k), correction));
+    }
+    const __m512 shift = _mm512_set1_ps(*running_max * j->log2e_scale);
+    __m512 p[CT_PARTS];
+    for (int h = 0; h < NH; h++) {
+        p[h] = exp2_fast(_mm512_fmsub_ps(s[h], c, shift)); /* e^((s - max) scale) */
+        if (diagonal) p[h] = _mm512_maskz_mov_ps(valid[h], p[h]);
+    }
+    __m512 sum = *running_sum;
+    for (int h = 0; h < NH; h++) sum = _mm512_add_ps(sum, p[h]);
+    *running_sum = sum;
+    for (int h = 0; h + 1 < NH; h += 2)
+        _mm512_store_si512((__m512i *)(probs + 16 * h), (__m512i)_mm512_cvtne2ps_pbh(p[h + 1], p[h]));
+    if (NH % 2) _mm256_store_si256((__m256i *)(probs + 16 * (NH - 1)), (__m256i)_mm512_cvtneps_pbh(p[NH - 1]));
+}
+
 /* One tile (16 NH keys from tile_start: NH vectors of 16 scores) for R consecutive rows (first row r,
  * position pos) and all G query heads: scores, online softmax update, values. The arithmetic of each row is the same for every
  * R (R only interleaves independent rows so the vdpbf16ps chains overlap), and which branch a row takes
@@ -380,48 +426,11 @@ static inline __attribute__((always_inline)) void tile_rows(const ChunkJob *j, c
             for (int h = 0; h < NH; h++) s[v][h] = _mm512_dpbf16_ps(s[v][h], qp, kT[h * (D / 2) + i]);
         }
     uint16_t probs[MAX_VECTORS][CT] __attribute__((aligned(64))); /* bf16, as the values they weigh */
-    const __m512 c = _mm512_set1_ps(j->log2e_scale);
     for (int v = 0; v < R * G; v++) {
         const int row = r + v / G, visible = pos + v / G - tile_start + 1; /* keys of this tile it sees */
-        /* keys of this tile before the row's sliding window: a tile wholly before it is all masked, which
-         * changes nothing (it comes before the row's first seen key: sums, max and outputs stay 0, -inf, 0) */
         const int hidden = b->window > 0 ? pos + v / G - b->window + 1 - tile_start : 0;
-        float *acc = st.acc + ((long)row * G + v % G) * D;
-        float *running_max = st.maxes + (long)row * G + v % G;
-        __m512 *running_sum = st.sums + (long)row * G + v % G;
-        __mmask16 valid[CT_PARTS] = {0};
-        const int diagonal = visible < W || hidden > 0; /* masks only here */
-        if (diagonal)
-            for (int h = 0; h < NH; h++) {
-                const int n = visible - 16 * h, before = hidden - 16 * h;
-                const __mmask16 upto = n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-                const __mmask16 from = before <= 0 ? (__mmask16)0xffff : before >= 16 ? (__mmask16)0
-                                                                                       : (__mmask16)(0xffffu << before);
-                valid[h] = upto & from;
-                s[v][h] = _mm512_mask_blend_ps(valid[h], _mm512_set1_ps(-INFINITY), s[v][h]);
-            }
-        __m512 m = s[v][0];
-        for (int h = 1; h < NH; h++) m = _mm512_max_ps(m, s[v][h]);
-        const float tile_max = _mm512_reduce_max_ps(m); /* raw scores: scale > 0 keeps the order */
-        if (tile_max > *running_max) { /* rescale what came before; skipped (exactly) when the max holds */
-            const __m512 correction = _mm512_set1_ps(expf((*running_max - tile_max) * b->scale));
-            *running_max = tile_max;
-            *running_sum = _mm512_mul_ps(*running_sum, correction);
-            for (int k = 0; k < D; k += 16) _mm512_store_ps(acc + k, _mm512_mul_ps(_mm512_load_ps(acc + k), correction));
-        }
-        const __m512 shift = _mm512_set1_ps(*running_max * j->log2e_scale);
-        __m512 p[CT_PARTS];
-        for (int h = 0; h < NH; h++) {
-            p[h] = exp2_fast(_mm512_fmsub_ps(s[v][h], c, shift)); /* e^((s - max) scale) */
-            if (diagonal) p[h] = _mm512_maskz_mov_ps(valid[h], p[h]);
-        }
-        __m512 sum = *running_sum;
-        for (int h = 0; h < NH; h++) sum = _mm512_add_ps(sum, p[h]);
-        *running_sum = sum;
-        for (int h = 0; h + 1 < NH; h += 2)
-            _mm512_store_si512((__m512i *)(probs[v] + 16 * h), (__m512i)_mm512_cvtne2ps_pbh(p[h + 1], p[h]));
-        if (NH % 2)
-            _mm256_store_si256((__m256i *)(probs[v] + 16 * (NH - 1)), (__m256i)_mm512_cvtneps_pbh(p[NH - 1]));
+        const long at = (long)row * G + v % G;
+        softmax_step(j, s[v], visible, hidden, st.acc + at * D, st.maxes + at, st.sums + at, probs[v], D, NH);
     }
     /* values: KS accumulators (16 output dims each) per row at a time, as many as the registers hold, the key
      * pairs in order, all rows interleaved; each probability pair is broadcast once per pass. Every
