@@ -14,11 +14,26 @@ import ctypes
 import torch
 
 from engine_core.cpu_kernels import table
+from engine_core.cpu_kernels.amx_grant import amx_granted
 
 
-@table.loader("cpu_decode")
-def load(library):
-    """The kernel library, or None where it cannot be had (logged once)."""
+def load():
+    """The kernel library, or None where it cannot be had (logged once): amx_attention.c on the amx tier
+    (cpu_decode.c's functions, the chunk kernel's products on AMX tiles), else cpu_decode.c.
+    NVLLM_CPU_DECODE_KERNEL=0 turns both off."""
+    if not table.runs_here("cpu_decode"):
+        return None
+    return _amx_library() or _library()
+
+
+@table.loader("amx_attention")
+def _amx_library(library):
+    """amx_attention.c, or None where the OS refuses the tiles (logged)."""
+    return _declare(library) if amx_granted(library, "attention runs cpu_decode.c's AVX512-BF16 kernels") else None
+
+
+def _declare(library):
+    """The ctypes signatures of cpu_decode.c's functions (amx_attention.c has the same)."""
     fn = library.paged_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
@@ -29,6 +44,9 @@ def load(library):
                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
                    + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2)
     return library
+
+
+_library = table.loader("cpu_decode")(_declare)
 
 
 def _takes(q, k_cache, v_cache, out, *int32_vectors) -> bool:

@@ -12,16 +12,15 @@ NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
 """
 
 import ctypes
-import logging
 
 import torch
 
 from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table, tiers
+from engine_core.cpu_kernels.amx_grant import amx_granted
 
 LANES = 16  # output columns per packed panel (cpu_gemm.c)
 
-logger = logging.getLogger("nvllm")
 
 
 def load():
@@ -33,18 +32,9 @@ def load():
     return _amx_library() or _library()
 
 
-def amx_granted(library, what: str) -> bool:
-    """Whether an AMX kernel library may use the tiles in this process (amx_tiles.h); a refusal is logged."""
-    if library.amx_ready():
-        return True
-    logger.warning("the OS refused this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM): %s", what)
-    return False
-
-
 @table.loader("amx_gemm")
 def _amx_library(library):
     """amx_gemm.c: cpu_gemm.c's functions on AMX tiles, or None where the tiles are refused."""
-    library.amx_ready.restype = ctypes.c_int
     return _declare(library) if amx_granted(library, "bf16 linear layers run cpu_gemm.c's AVX512-BF16 panels") else None
 
 

@@ -31,6 +31,9 @@ static void amx_load_config(const uint8_t *rows, const uint16_t *colsb, int coun
     memset(&config, 0, sizeof config);
     config.palette = 1;
     for (int t = 0; t < count; t++) config.rows[t] = rows[t], config.colsb[t] = rows[t] ? colsb[t] : 0;
+    /* GCC's _tile_loadconfig tells the compiler it reads 8 bytes of the 64: without this barrier, stores of
+     * constant rows and widths were dropped as dead, and the first tile instruction faulted */
+    __asm__ __volatile__("" : : "r"(&config) : "memory");
     _tile_loadconfig(&config);
 }
 
