@@ -8,7 +8,9 @@ figure of an engine is the median of its runs. Before the runs it names the CPU 
 (NVLLM_CPU_ISA forces a lower one) and measures that tier's GEMM peak on the model's own layer shapes, in
 the dtype the tier runs (engine_core/bench/gemm_peak.py, in a child: the frontend does not import torch), and
 prints the prefill rate as a fraction of it; and it measures the tier's kept-quantized kernel against torch's
-weight-only quantized matmuls on the same shapes (engine_core/bench/quantized_kernels.py).
+weight-only quantized matmuls on the same shapes (engine_core/bench/quantized_kernels.py). vLLM gets the
+model as an HF folder it can read: a folder nvllm imported from a GGUF file (the default model's) becomes the
+file's weights dequantized by transformers, in bf16 (engine_core/bench/dense_folder.py).
 """
 
 import contextlib
@@ -115,6 +117,11 @@ def run_suite(args) -> int:
     print(f"kept-quantized Q4_1 linears, {quantized['dtype']}, GFLOP/s by kernel and tokens per matmul (nvllm's "
           f"against torch's weight-only int4 / int8 matmuls): {quantized['gflops_by_kernel']}", flush=True)
     engines = ["nvllm"] + (["vllm"] if args.vllm_venv else [])
+    # vLLM reads HF folders: a folder nvllm imported from a GGUF file becomes the file's weights dequantized
+    folders = {"nvllm": folder}
+    if args.vllm_venv:
+        folders["vllm"] = _run_child([sys.executable, "-m", "engine_core.bench.dense_folder", folder], env)["folder"]
+        print(f"vLLM runs the HF folder {folders['vllm']}", flush=True)
     commands = {"nvllm": ([sys.executable, "-m", "frontend.bench.cpu_workloads", "nvllm"], env)}
     if args.vllm_venv:
         commands["vllm"] = ([os.path.join(args.vllm_venv, "bin", "python"), os.path.join(HERE, "cpu_workloads.py"),
@@ -128,7 +135,7 @@ def run_suite(args) -> int:
                 for engine in engines:
                     _wait_quiet(args.settle_timeout)
                     with Busy() if condition == "busy" else contextlib.nullcontext():
-                        result = _one_run(args, engine, name, commands[engine], folder)
+                        result = _one_run(args, engine, name, commands[engine], folders[engine])
                     runs.setdefault((name, condition, engine), []).append(result["tok_s"])
                     if "requests" in result:
                         requests[name] = result["requests"]
