@@ -4,7 +4,8 @@ the arithmetic of the torch code below in a fixed order).
 
 In a bf16 prefill on CPU the small torch ops these replace (dtype conversions, mul, add, pow, silu,
 sum, cat, neg and their temporaries) cost about a quarter of the step; each kernel does the same
-work in one pass over memory, bit-identical to the torch code (see cpu_ops.c for how). Each wrapper
+work in one pass over memory, bit-identical to the torch code (see cpu_ops.c for how): the RMSNorm's
+statistic is cpu_rms.c's fixed-order sum when batch-invariant, as norm.py's, and torch's sum order otherwise. Each wrapper
 returns None (or False) where it does not apply (another dtype or device, an unsupported layout, no
 kernel on this machine); the caller then runs its torch code. NVLLM_CPU_FUSED_OPS=0 turns them off.
 """
@@ -29,8 +30,10 @@ def load(library):
     """The kernel library, or None where it cannot be had (disabled, no compiler)."""
     global _norm_ok, _silu_table
     long, ptr = ctypes.c_long, ctypes.c_void_p
-    library.rms_norm_bf16.argtypes = [ptr, long, long, ptr, long, long, ptr, long, long, ptr, long, long, long,
-                                      ctypes.c_float, ctypes.c_int]
+    for fn in (library.rms_norm_bf16, library.rms_norm_fixed_bf16):
+        fn.argtypes = [ptr, long, long, ptr, long, long, ptr, long, long, ptr, long, long, long, ctypes.c_float,
+                       ctypes.c_int]
+        fn.restype = ctypes.c_int
     library.silu_and_mul_bf16.argtypes = [ptr, long, ptr, long, long, long, ctypes.c_int]
     library.rotary_bf16.argtypes = [ptr, long, long, long, long, long, ptr, ptr, ptr, long, ctypes.c_int]
     library.set_silu_table.argtypes = [ptr]
@@ -67,9 +70,9 @@ def _kernel(dtype: torch.dtype, name: str):
         library = load()
         if name == "gelu_tanh_and_mul":
             return None
-        if library is None or (name == "rms_norm" and not _norm_ok):
+        if library is None or (name == "rms_norm" and not norm_kernel_ok()):
             return None
-        return getattr(library, name + "_bf16")
+        return getattr(library, bf16_norm_name() if name == "rms_norm" else name + "_bf16")
     if dtype is torch.float32:
         library = load_f32()
         # the float32 norm is the batch-invariant path's (cpu_rms's statistic); --no-batch-invariant keeps torch's
@@ -79,9 +82,16 @@ def _kernel(dtype: torch.dtype, name: str):
     return None
 
 
+def bf16_norm_name() -> str:
+    """The bf16 RMSNorm kernel whose statistic is norm.py's: batch-invariant, cpu_rms.c's fixed-order sum;
+    otherwise torch's own sum order."""
+    return "rms_norm_fixed_bf16" if batch_invariant() else "rms_norm_bf16"
+
+
 def norm_kernel_ok() -> bool:
-    """Whether the RMSNorm kernel runs (it reproduces this torch's sum order)."""
-    return load() is not None and _norm_ok
+    """Whether the bf16 RMSNorm kernel runs: batch-invariant always (cpu_rms.c's order is its own), otherwise
+    where it reproduces this torch's sum order."""
+    return load() is not None and (batch_invariant() or _norm_ok)
 
 
 def silu_table() -> torch.Tensor | None:

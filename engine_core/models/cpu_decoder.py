@@ -240,7 +240,7 @@ class CpuDecoder:
             quant_linear=quant and address(quant, "quant_linear_bf16"),
             quant_gated=quant and address(quant, "quant_linear_silu_mul_bf16"),
             dot=dot and address(dot, "quant_dot_linear_bf16"), silu=address(ops, "silu_and_mul_bf16"),
-            norm=address(ops, "rms_norm_bf16"), rotary=address(ops, "rotary_bf16"),
+            norm=address(ops, cpu_ops.bf16_norm_name()), rotary=address(ops, "rotary_bf16"),
             decode=address(attention, "paged_decode_attention"), chunk=address(attention, "paged_attention"),
             silu_table=self._tables[0].data_ptr(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(),
             max_position=rotary.cos.shape[0], rotary_dim=rotary.cos.shape[1], num_layers=len(self.model.layers),

@@ -174,6 +174,6 @@ class CpuDecoderBF16Generic(CpuDecoderF32):
         ops = cpu_ops.load()
         return dict(dense=address(cpu_gemm_f32.load(), "linear_bf16_generic"), dense_bf16w=None,
                     quant=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"),
-                    dot=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"), norm=address(ops, "rms_norm_bf16"),
+                    dot=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"), norm=address(ops, cpu_ops.bf16_norm_name()),
                     rotary=address(ops, "rotary_bf16"), act_and_mul=address(ops, "silu_and_mul_bf16"),
                     attention=address(cpu_generic_attention.load(), "generic_paged_attention"))

@@ -5,11 +5,13 @@
  * (engine_core/layers/norm.py, rotary.py, models/decoder.py):
  *  - every bf16 op of torch is computed in float32 and rounded to bf16 (nearest even, the integer
  *    way torch's AVX512 code does it: subnormals kept);
- *  - RMSNorm's float32 sum of squares follows torch's CPU sum order (its SumKernel.cpp: interleaved
- *    vector accumulators cascaded in blocks, then lanes added in order; see TORCH_ORDER_SUM). The
- *    vector width is torch's: the loader checks which of 8 or 16 lanes reproduces torch and sets it
- *    (8 with torch 2.13 on an AVX512 CPU: its sum kernel runs at AVX2 width); mean = sum / n, then
- *    rsqrt = 1 / sqrt, as torch computes them;
+ *  - RMSNorm's float32 sum of squares has two orders, one per form of norm.py's code: batch-invariant
+ *    (rms_norm_fixed_bf16, the default) cpu_rms.c's fixed order, as norm.py takes its statistic from
+ *    cpu_rms.c then; otherwise (rms_norm_bf16) torch's CPU sum order (its SumKernel.cpp: interleaved
+ *    vector accumulators cascaded in blocks, then lanes added in order; see TORCH_ORDER_SUM), whose
+ *    vector width the loader finds (which of 8 or 16 lanes reproduces torch: 8 with torch 2.13 on an
+ *    AVX512 CPU, its sum kernel runs at AVX2 width); mean = sum / n, then rsqrt = 1 / sqrt, as torch
+ *    computes them;
  *  - silu(bf16) takes one of 65536 values: it is looked up in a table of torch's own results
  *    (built by the loader with torch), then multiplied by up and rounded.
  * Compiled with -ffp-contract=off: a fused multiply-add would skip a rounding torch does.
@@ -24,6 +26,8 @@
  */
 #include <math.h>
 #include <stdint.h>
+
+#include "cpu_rms.c"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -137,10 +141,10 @@ static const bf16 *row_squares(const bf16 *x, bf16 *res, long n, float *sq) {
     return res ? res : x;
 }
 
-static void rms_norm_row(const bf16 *x, bf16 *res, bf16 *out, const bf16 *w, long n, float eps) {
+static void rms_norm_row(const bf16 *x, bf16 *res, bf16 *out, const bf16 *w, long n, float eps, int fixed) {
     float sq[n];
     const bf16 *vals = row_squares(x, res, n, sq);
-    const float sum = sum_lanes == 16 ? torch_order_sum16(sq, n) : torch_order_sum8(sq, n);
+    const float sum = fixed ? fixed_order_sum(sq, n, 0) : sum_lanes == 16 ? torch_order_sum16(sq, n) : torch_order_sum8(sq, n);
     const float mean = sum / (float)n;
     const float r = 1.0f / sqrtf(mean + eps);
     const __m512 rv = _mm512_set1_ps(r);
@@ -239,7 +243,7 @@ static float torch_order_sum(const float *s, long n, int lanes) {
     return total;
 }
 
-static void rms_norm_row(const bf16 *x, bf16 *res, bf16 *out, const bf16 *w, long n, float eps) {
+static void rms_norm_row(const bf16 *x, bf16 *res, bf16 *out, const bf16 *w, long n, float eps, int fixed) {
     float sq[n];
     for (long i = 0; i < n; i++) {
         float v = bf16_value(x[i]);
@@ -250,7 +254,7 @@ static void rms_norm_row(const bf16 *x, bf16 *res, bf16 *out, const bf16 *w, lon
         sq[i] = v * v;
     }
     const bf16 *vals = res ? res : x;
-    const float mean = torch_order_sum(sq, n, sum_lanes) / (float)n;
+    const float mean = (fixed ? fixed_order_sum(sq, n, 0) : torch_order_sum(sq, n, sum_lanes)) / (float)n;
     const float r = 1.0f / sqrtf(mean + eps);
     for (long i = 0; i < n; i++) out[i] = bf16_bits(bf16_value(w[i]) * round_value(bf16_value(vals[i]) * r));
 }
@@ -275,13 +279,13 @@ static void rotary_head(bf16 *x, const float *cos, const float *sin, long half) 
  *   else:        res[r] = x[r] + res[r]; out[r] = rmsnorm(res[r]) * w   (out may be x: in place)
  * Element strides: x (xs0, xs1), res (rs0, rs1), out (os0, os1). Returns 0, or -1 (nothing written)
  * for rows shorter than 16 (torch sums them another way) or longer than MAX_NORM_SIZE. */
-int rms_norm_bf16(const bf16 *x, long xs0, long xs1, bf16 *res, long rs0, long rs1, bf16 *out, long os0,
-                  long os1, const bf16 *w, long n0, long n1, long n, float eps, int num_threads) {
+static int rms_norm_rows(const bf16 *x, long xs0, long xs1, bf16 *res, long rs0, long rs1, bf16 *out, long os0,
+                         long os1, const bf16 *w, long n0, long n1, long n, float eps, int num_threads, int fixed) {
     const long rows = n0 * n1;
     if (n < 16 || n > MAX_NORM_SIZE) return -1;
 #define ROW(r) rms_norm_row(x + ((r) / n1) * xs0 + ((r) % n1) * xs1,                      \
                             res ? res + ((r) / n1) * rs0 + ((r) % n1) * rs1 : (bf16 *)0, \
-                            out + ((r) / n1) * os0 + ((r) % n1) * os1, w, n, eps)
+                            out + ((r) / n1) * os0 + ((r) % n1) * os1, w, n, eps, fixed)
     if (rows * n < PARALLEL_MIN_ELEMENTS || num_threads <= 1) {
         for (long r = 0; r < rows; r++) ROW(r);
     } else {
@@ -290,6 +294,18 @@ int rms_norm_bf16(const bf16 *x, long xs0, long xs1, bf16 *res, long rs0, long r
     }
 #undef ROW
     return 0;
+}
+
+/* the statistic in torch's sum order: norm.py's code without batch invariance */
+int rms_norm_bf16(const bf16 *x, long xs0, long xs1, bf16 *res, long rs0, long rs1, bf16 *out, long os0,
+                  long os1, const bf16 *w, long n0, long n1, long n, float eps, int num_threads) {
+    return rms_norm_rows(x, xs0, xs1, res, rs0, rs1, out, os0, os1, w, n0, n1, n, eps, num_threads, 0);
+}
+
+/* the statistic in cpu_rms.c's fixed order: norm.py's batch-invariant code */
+int rms_norm_fixed_bf16(const bf16 *x, long xs0, long xs1, bf16 *res, long rs0, long rs1, bf16 *out, long os0,
+                        long os1, const bf16 *w, long n0, long n1, long n, float eps, int num_threads) {
+    return rms_norm_rows(x, xs0, xs1, res, rs0, rs1, out, os0, os1, w, n0, n1, n, eps, num_threads, 1);
 }
 
 /* ---- SiLU and mul -------------------------------------------------------------------------- */

@@ -13,15 +13,20 @@
 
 #define PART 16
 
-static float row_scale(const float *x, long n, float eps) {
+/* sum_k x[k]^2 in the fixed order (squares: 1), or sum_k x[k] of squares already taken (squares: 0) */
+static inline float fixed_order_sum(const float *x, long n, const int squares) {
     float part[PART] = {0};
     long k = 0;
     for (; k + PART <= n; k += PART)
-        for (int l = 0; l < PART; l++) part[l] += x[k + l] * x[k + l];
-    for (int l = 0; k + l < n; l++) part[l] += x[k + l] * x[k + l];
+        for (int l = 0; l < PART; l++) part[l] += squares ? x[k + l] * x[k + l] : x[k + l];
+    for (int l = 0; k + l < n; l++) part[l] += squares ? x[k + l] * x[k + l] : x[k + l];
     for (int width = PART / 2; width >= 1; width /= 2)
         for (int l = 0; l < width; l++) part[l] += part[l + width];
-    return 1.0f / sqrtf(part[0] / (float)n + eps);
+    return part[0];
+}
+
+static float row_scale(const float *x, long n, float eps) {
+    return 1.0f / sqrtf(fixed_order_sum(x, n, 1) / (float)n + eps);
 }
 
 /* scale[r] for rows r < rows of x (row stride x_stride floats, n values each) */
