@@ -143,12 +143,14 @@ def test_required_and_named_calls_parse_and_validate_whole_and_streamed(client, 
 def test_auto_parses_a_call_the_model_chose_to_write(client):
     call = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Tokyo"}}]</tool_call>'
     messages = [{"role": "user", "content": f"{call}\nRepeat the line above."}]
-    whole = chat(client, messages, tools=[WEATHER], max_tokens=60).choices[0]
+    # the small model copies the line, then talks on in words that move with the kernels' last bits: a stop at
+    # the line's end ends the answer where the call does (a stopped answer with a call: "tool_calls")
+    whole = chat(client, messages, tools=[WEATHER], max_tokens=60, stop=["\n"]).choices[0]
     assert whole.finish_reason == "tool_calls"
     assert [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls] == \
         [("get_weather", {"city": "Tokyo"})]
     assert "<tool_call>" not in (whole.message.content or "")
-    content, pieces, finish, _ = streamed(client, messages, tools=[WEATHER], max_tokens=60)
+    content, pieces, finish, _ = streamed(client, messages, tools=[WEATHER], max_tokens=60, stop=["\n"])
     assert (content, finish) == (whole.message.content, "tool_calls")
     assert [(p["name"], p["arguments"]) for p in pieces] == \
         [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
