@@ -10,6 +10,7 @@ import torch
 from engine_core.bench.dense_folder import dense_folder
 
 
+@pytest.mark.unit
 def test_an_hf_folder_is_passed_as_it_is(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     assert dense_folder(str(tmp_path)) == str(tmp_path)
