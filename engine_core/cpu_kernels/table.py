@@ -52,6 +52,8 @@ KERNELS = {
     # products do (3 of 12 chat prompts identical; "What is the capital of France?" answered "L'Étoile, ...")
     "quant_vnni": Kernel("linear/quant_vnni.c", "amx", "the quantized linear kernel (8-bit activations, exact "
                          "block sums)", NO_CONTRACT, on_switch=("NVLLM_CPU_QUANT_VNNI", "1")),
+    "amx_quant": Kernel("linear/amx_quant.c", "amx", "the quantized linear kernel on AMX tiles (blocks dequantized "
+                        "to bf16 per slab)", off_switch=("NVLLM_CPU_AMX", "0")),
     "cpu_quant": Kernel("linear/cpu_quant.c", "avx512_bf16", "the quantized linear kernel (bf16 dot products)"),
     "quant_f32": Kernel("linear/quant_f32.c", "portable",
                         "the float32 quantized linear kernel (weights unpacked to their exact values)", NO_CONTRACT),
@@ -82,7 +84,7 @@ KERNELS = {
 OPERATIONS = {
     "linear bfloat16": ("amx_gemm", "cpu_gemm", "cpu_gemm_f32"),
     "linear float32": ("cpu_gemm_f32",),
-    "kept-quantized linear bfloat16": ("quant_vnni", "cpu_quant", "quant_dot", "dequantized"),
+    "kept-quantized linear bfloat16": ("quant_vnni", "amx_quant", "cpu_quant", "quant_dot", "dequantized"),
     "kept-quantized linear float32": ("quant_f32", "quant_dot", "dequantized"),
     "attention bfloat16": ("amx_attention", "cpu_decode", "cpu_generic_attention"),
     "attention float32": ("cpu_generic_attention",),

@@ -15,6 +15,7 @@ import torch
 
 from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
+from engine_core.cpu_kernels.amx_grant import amx_granted
 from engine_core.layers import cpu_gemm
 from engine_core.layers.gguf_types import GGUF_TYPES
 
@@ -22,13 +23,20 @@ BLOCK = 32  # inputs per quantized block of the Q4/Q5/Q8 types (a K-quant's supe
 
 
 def load():
-    """The kernel library (AVX512-BF16 tier: cpu_quant.c; amx: quant_vnni.c), or None where it cannot be had."""
-    return _vnni_library() or _library()
+    """The kernel library (AVX512-BF16 tier: cpu_quant.c; amx: amx_quant.c, or quant_vnni.c where opted in), or
+    None where it cannot be had."""
+    return _vnni_library() or _amx_library() or _library()
 
 
 @table.loader("quant_vnni")
 def _vnni_library(library):
     return _declare(library)
+
+
+@table.loader("amx_quant")
+def _amx_library(library):
+    granted = amx_granted(library, "kept-quantized layers run cpu_quant.c's AVX512-BF16 kernels")
+    return _declare(library) if granted else None
 
 
 def _declare(library):
@@ -104,6 +112,8 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         self._linear = self._kernel(library.quant_linear_bf16)
         if library is _vnni_library():
             self.kernel = "linear/quant_vnni.c"
+        elif library is _amx_library():
+            self.kernel = "linear/amx_quant.c"
 
     def _kernel(self, function):
         """`function` with the packed format filled in, taking cpu_gemm's kernel arguments; raises when the

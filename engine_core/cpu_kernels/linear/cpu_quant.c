@@ -371,6 +371,13 @@ static inline __attribute__((always_inline)) void utile(const bf16 *x, long x_st
     default: UTILE_NR(Q8, 6); break; \
     }
 
+/* a kernel of panels [p_begin, p_end) for every row from the words of `slab` panels at a time unpacked into
+ * `buffer` (unpack_panel): unpacked_columns, or amx_quant.c's tiles */
+typedef void (*UnpackedColumns)(const bf16 *x, long M, long K, long x_stride, const float *sums,
+                                const uint8_t *packed, int format, long N, const float *bias, bf16 *out,
+                                long out_stride, const bf16 *silu, long p_begin, long p_end, long slab,
+                                __m512bh *buffer);
+
 /* panels [p_begin, p_end) for every row, with qtile's arithmetic: a slab of panels unpacked at a time, then
  * rows in chunks whose inputs stay in L2, 6 rows x UNPACKED_NR panels per tile (whole gate/up pairs) */
 static void unpacked_columns(const bf16 *x, long M, long K, long x_stride, const float *sums, const uint8_t *packed,
@@ -463,12 +470,30 @@ static void large_columns(const bf16 *x, long M, long K, long x_stride, const ui
 
 /* ---- entry points ---------------------------------------------------------------------------------- */
 
+/* this thread's scratch of at least `bytes` (64-byte aligned), kept for its next call: a fresh slab per call
+ * was mapped and faulted in by the OS each time (the buffers pass malloc's mmap threshold), which cost a
+ * one-row call more than its arithmetic. NULL when out of memory. */
+static void *thread_scratch(long bytes) {
+    static __thread void *scratch;
+    static __thread long held;
+    if (bytes > held) {
+        free(scratch);
+        scratch = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        held = scratch ? bytes : 0;
+    }
+    return scratch;
+}
+
+/* every_m_kernel: NULL for this file's choice by M and every_row_alike, or the kernel on unpacked words to run
+ * at every M (amx_quant.c's tiles) */
 static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                      const float *bias, bf16 *out, long out_stride, const bf16 *silu, int every_row_alike,
-                     int num_threads) {
+                     int num_threads, UnpackedColumns every_m_kernel) {
     const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
     const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit;
-    const int large = M >= QUANT_LARGE_M, dequantize = large && !every_row_alike;
+    const int large = M >= QUANT_LARGE_M;
+    const int unpacked = every_m_kernel != NULL || (large && every_row_alike);
+    const int dequantize = !unpacked && large && !every_row_alike;
     float *sums = NULL;
     if (!dequantize) {
         sums = malloc(sizeof(float) * M * (K / QBLOCK));
@@ -477,10 +502,11 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     }
     long slab = SLAB_BYTES / (K * LANES * (long)sizeof(bf16)) / NR * NR;
     if (slab < NR) slab = NR;
-    /* unpacked words: as many bytes as bf16 panels; slabs of whole gate/up pairs */
+    /* unpacked words: as many bytes as bf16 panels; slabs of whole gate/up pairs; a few rows read each panel
+     * once, so a slab of one pair stays in L1 between its unpacking and its reading */
     const long unpacked_panel_bytes = K / QBLOCK * unpacked_vectors(format) * 64;
-    long unpacked_slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
-    if (unpacked_slab < NR) unpacked_slab = NR;
+    long unpacked_slab = large ? SLAB_BYTES / unpacked_panel_bytes / NR * NR : 2;
+    if (large && unpacked_slab < NR) unpacked_slab = NR;
     const int threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -489,25 +515,24 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
         const long t = omp_get_thread_num(), n = omp_get_num_threads();
         const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
         const long p_end = end < panels ? end : panels;
-        if (large && every_row_alike) {
-            __m512bh *buffer = aligned_alloc(64, unpacked_slab * unpacked_panel_bytes);
+        if (unpacked) {
+            __m512bh *buffer = thread_scratch(unpacked_slab * unpacked_panel_bytes);
             if (!buffer) {
 #pragma omp atomic write
                 failed = 1;
             } else {
-                unpacked_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end,
-                                 unpacked_slab, buffer);
-                free(buffer);
+                (every_m_kernel ? every_m_kernel : unpacked_columns)(x, M, K, x_stride, sums, packed, format, N, bias,
+                                                                    out, out_stride, silu, begin, p_end,
+                                                                    unpacked_slab, buffer);
             }
         } else if (dequantize) {
-            bf16 *buffer = aligned_alloc(64, slab * K * LANES * sizeof(bf16));
+            bf16 *buffer = thread_scratch(slab * K * LANES * sizeof(bf16));
             if (!buffer) {
 #pragma omp atomic write
                 failed = 1;
             } else {
                 large_columns(x, M, K, x_stride, packed, format, N, bias, out, out_stride, silu, begin, p_end, slab,
                               buffer);
-                free(buffer);
             }
         } else {
             small_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end);
@@ -522,7 +547,8 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
  * QUANT_LARGE_M rows. Returns 0, or -1 when out of memory. */
 int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                       const float *bias, bf16 *out, long out_stride, int every_row_alike, int num_threads) {
-    return quant_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL, every_row_alike, num_threads);
+    return quant_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL, every_row_alike, num_threads,
+                     NULL);
 }
 
 /* out [M, I] = silu(x @ gate^T + gate bias) * (x @ up^T + up bias), each rounded to bf16 first (as
@@ -532,7 +558,7 @@ int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, con
                                long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                                int every_row_alike, int num_threads) {
     return quant_run(x, M, K, x_stride, packed, format, 2 * I, bias, out, out_stride, silu, every_row_alike,
-                     num_threads);
+                     num_threads, NULL);
 }
 
 /* rows of a packed weight's columns, dequantized (an embedding lookup): out[r] = column ids[r] of W as

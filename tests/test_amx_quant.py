@@ -1,0 +1,94 @@
+"""The kept-quantized bf16 linear kernel on AMX tiles (amx_quant.c): its values against the dequantized float64
+product, a row's bits the same at every row count (1, 7, 16, 33, 512 rows), alone or among others, on one thread
+or two, with or without batch invariance asked for, plain and gated, and the embedding rows it keeps."""
+
+import pytest
+import torch
+
+from engine_core.cpu_kernels import table
+from engine_core.layers import cpu_ops, cpu_quant
+from engine_core.layers.activation import silu_and_mul
+from gguf_weights import quantized_weight
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(cpu_quant.load() is None or cpu_quant.load() is not cpu_quant._amx_library(),
+                                 reason="needs AMX (amx_bf16) with the tile state granted: amx_quant.c does not run "
+                                        "here")]
+
+ROWS = (1, 7, 16, 33, 512)
+FORMATS = ["q4_0", "q4_1", "q8_0"]
+
+
+def _bf16(*shape, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def test_it_serves_kept_quantized_bf16_linears():
+    assert table.serving("kept-quantized linear bfloat16") == "linear/amx_quant.c"
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+@pytest.mark.parametrize("n,k", [(576, 576), (960, 576), (576, 1536), (40, 64), (17, 96), (1, 32)])
+def test_values_and_rows_alike(qtype, n, k):
+    weight, dequantized = quantized_weight(qtype, n, k, seed=n + k)
+    packed = cpu_quant.QuantPanelWeight(weight)
+    assert packed.kernel == "linear/amx_quant.c"
+    x, bias = _bf16(max(ROWS), k, seed=k), _bf16(n, seed=2)
+    whole = packed.matmul(x, bias)
+    exact = x.double() @ dequantized.double().T + bias.double()
+    # exact products (the weights are never rounded), fp32 sums per block and across blocks, one bf16 rounding
+    scale = x.double().abs() @ dequantized.double().abs().T + bias.double().abs()
+    assert torch.all((whole.double() - exact).abs() <= exact.abs() * 2**-8 + scale * k * 2**-23 + 1e-30)
+    for rows in ROWS:
+        assert torch.equal(packed.matmul(x[:rows], bias), whole[:rows]), rows
+        assert torch.equal(packed.matmul(x[rows - 1: rows], bias), whole[rows - 1: rows]), rows
+    shuffled = torch.randperm(33, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(packed.matmul(x[:33][shuffled], bias), whole[:33][shuffled])
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_threads_strided_rows_and_invariance_off_do_not_change_a_row(qtype, monkeypatch):
+    weight, _ = quantized_weight(qtype, 1000, 576, seed=4)
+    packed = cpu_quant.QuantPanelWeight(weight)
+    x = _bf16(67, 700, seed=5)[:, 100:676]
+    whole = packed.matmul(x)
+    assert torch.equal(whole, packed.matmul(x.contiguous()))
+    monkeypatch.setattr(cpu_quant, "batch_invariant", lambda: False)  # the tiles serve every M either way
+    assert torch.equal(packed.matmul(x), whole)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(packed.matmul(x), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_gated_equals_the_plain_product_then_silu_and_mul(qtype):
+    weight, _ = quantized_weight(qtype, 2 * 1536, 576, seed=6)
+    bias = _bf16(2 * 1536, seed=7)
+    gated = cpu_quant.GatedQuantPanelWeight(weight, cpu_ops.silu_table())
+    plain = cpu_quant.QuantPanelWeight(weight)
+    x = _bf16(max(ROWS), 576, seed=8)
+    whole = gated.silu_and_mul(x, bias)
+    assert torch.equal(whole, silu_and_mul(plain.matmul(x, bias)))
+    for rows in ROWS:
+        assert torch.equal(gated.silu_and_mul(x[rows - 1: rows], bias), whole[rows - 1: rows]), rows
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_embedding_rows_are_the_dequantized_weights(qtype):
+    weight, dequantized = quantized_weight(qtype, 100, 96, seed=9)
+    packed = cpu_quant.QuantPanelWeight(weight)
+    ids = torch.tensor([0, 17, 99, 17, 42])
+    assert torch.equal(packed.rows_of(ids), dequantized[ids].to(torch.bfloat16))
+
+
+def test_a_row_of_zeros_among_others():
+    weight, _ = quantized_weight("q4_1", 64, 64, seed=10)
+    packed = cpu_quant.QuantPanelWeight(weight)
+    x = _bf16(3, 64, seed=11)
+    x[0] = 0
+    got = packed.matmul(x)
+    assert torch.equal(got[0], torch.zeros(64, dtype=torch.bfloat16))
+    assert torch.equal(got[1:], packed.matmul(x[1:]))
