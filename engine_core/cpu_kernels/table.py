@@ -52,8 +52,8 @@ KERNELS = {
     # products do (3 of 12 chat prompts identical; "What is the capital of France?" answered "L'Étoile, ...")
     "quant_vnni": Kernel("linear/quant_vnni.c", "amx", "the quantized linear kernel (8-bit activations, exact "
                          "block sums)", NO_CONTRACT, on_switch=("NVLLM_CPU_QUANT_VNNI", "1")),
-    "amx_quant": Kernel("linear/amx_quant.c", "amx", "the quantized linear kernel on AMX tiles (blocks dequantized "
-                        "to bf16 per slab)", off_switch=("NVLLM_CPU_AMX", "0")),
+    "amx_quant": Kernel("linear/amx_quant.c", "amx", "the quantized linear kernel on AMX tiles (inputs as exact "
+                        "16-bit digits)", NO_CONTRACT, off_switch=("NVLLM_CPU_AMX_QUANT", "0")),
     "cpu_quant": Kernel("linear/cpu_quant.c", "avx512_bf16", "the quantized linear kernel (bf16 dot products)"),
     "quant_f32": Kernel("linear/quant_f32.c", "portable",
                         "the float32 quantized linear kernel (weights unpacked to their exact values)", NO_CONTRACT),

@@ -1,19 +1,24 @@
 /* Linear layers whose weights stay quantized in memory (cpu_quant.c's packed GGUF Q4_0, Q4_1, Q8_0 blocks and
- * per-channel int8), on AMX tiles (TDPBF16PS), for the amx tier.
+ * per-channel int8) for the amx tier: a few rows on AVX512-BF16, more on AMX tiles (TDPBF16PS), the same bits.
  *
- * cpu_quant.c's arithmetic with its products on tiles: a block of 32 inputs is one tile step, so a tile B is one
- * block of one panel's weights as the bf16 words cpu_quant.c unpacks them (0x4300 | q, the number 128 + q, for Q4;
- * q itself for Q8: exact), and one TDPBF16PS gives 16 rows x 16 columns of the block's sums. Those leave the tile
- * every block, because each column's scale multiplies its own block's sum:
- *     total += d * block (+ (m - 128 d) * the sum of the block's inputs, for Q4),
- * in fp32, blocks in order. The weights are never rounded to bf16.
+ * Every product is an exact integer, so no order of adding them can round: each input row is written per block of
+ * 32 inputs as a scale s (its largest |x| / 32767) and integers n = round(x / s) in [-32767, 32767], split into
+ * two digits n = 256 hi + lo (hi in [-128, 127], lo in [0, 255]), each exact in bf16. The weights are
+ * cpu_quant.c's bf16 words: 128 + q for Q4 (q in [0, 15]), q for Q8, exact. A block's digit sums
+ * sum_k hi_k w_k and sum_k lo_k w_k stay below 2^21 in magnitude: exact in fp32 whichever unit adds them and in
+ * whatever order (vdpbf16ps pairs or a tile's steps). The block then folds into the column's fp32 total, in
+ * fold_digits' fixed sequence:
+ *     total += (d s) * (256 hi_sum + lo_sum)  [+ ((m - 128 d) s) * sum_k n_k for Q4],
+ * blocks in order. The inputs lose at most a block's largest |x| / 65534 each (bf16 keeps |x| / 256), so the
+ * result is the exact product but for that and fp32's roundings.
  *
- * Every M runs this same sequence (a one-row decode step has one-row tiles over the same words): a row's result
- * does not depend on M, the slab, the tile or the thread (batch invariant). Its bits are not cpu_quant.c's
- * (TDPBF16PS adds a step's 32 products in its own order). Where the OS refuses the tile state, cpu_quant.c's AVX512
- * kernels serve with their own arithmetic.
+ * A row's result is therefore the same bits at every M, on either unit, in any tile and on any thread (batch
+ * invariant): up to AVX512_ROWS rows run register tiles that unpack the weights as they go (a decode step reads
+ * each weight once, bound by memory), more run tiles over slabs unpacked once into L2 (bound by the tiles).
+ * Where the OS refuses the tile state, every M runs the register tiles.
  *
- * Tiles: C 0-3 (row tiles 0, 1 x panels 0, 1), A 4-5, B 6-7: 32 rows x 2 panels per pass, one block at a time.
+ * AMX tiles: C 0-3 (digit-row tiles 0, 1 x panels 0, 1), A 4-5, B 6-7: 16 input rows (32 digit rows) x 2 panels
+ * per pass, one block (one tile step) at a time; the block's sums leave the tiles to be folded.
  */
 #include "amx_tiles.h"
 
@@ -23,36 +28,189 @@
 #undef quant_linear_bf16
 #undef quant_linear_silu_mul_bf16
 
-#define TILE_ROWS 16
-#define PASS_ROWS 32
+#define TILE_ROWS 16      /* digit rows per tile A / C */
+#define PASS_INPUTS 16    /* input rows per tile pass: 32 digit rows */
+#define DIGIT_MR 3        /* input rows per register tile */
+#ifndef DIGIT_NR
+#define DIGIT_NR 4        /* panels per register tile of one row (2 for more rows) */
+#endif
+#ifndef AVX512_ROWS
+#define AVX512_ROWS 4 /* up to this many rows: register tiles; more: AMX tiles */
+#endif
 
 /* 1 where the tiles may be used here: the loader asks once, and logs a refusal */
 int amx_ready(void) { return amx_permitted(); }
 
-/* a tile's block sums (rows x 16) folded into its totals: total = d * block + total, then for Q4
- * + offset * (the row's sum of the block's inputs), as cpu_quant.c's fold_block */
-static inline void fold_tile(float *total, const float *block, int rows, __m512 d, __m512 offset,
-                             const float *input_sums, long blocks, int q4) {
-    for (int i = 0; i < rows; i++) {
-        __m512 t = _mm512_fmadd_ps(d, _mm512_load_ps(block + i * LANES), _mm512_load_ps(total + i * LANES));
-        if (q4) t = _mm512_fmadd_ps(offset, _mm512_set1_ps(input_sums[i * blocks]), t);
-        _mm512_store_ps(total + i * LANES, t);
-    }
+/* ---- the inputs as digits ----------------------------------------------------------------------------------- */
+
+/* rows of x -> digits [M][2][K] (row i's hi digits, then its lo digits) in bf16 for the AMX tiles, or in int16
+ * for the register tiles with their sums per row, block and digit (digit_sums [M][blocks][2]; the other pointers
+ * NULL); and per row and block its scale s and the sum of its integers n (fp32, exact) */
+static void to_digits(const bf16 *x, long M, long K, long x_stride, bf16 *digits, int16_t *int_digits,
+                      int32_t *digit_sums, float *scales, float *sums) {
+    const long blocks = K / QBLOCK;
+    for (long i = 0; i < M; i++)
+        for (long b = 0; b < blocks; b++) {
+            const bf16 *p = x + i * x_stride + b * QBLOCK;
+            const __m512 v0 = widen(_mm256_loadu_si256((const __m256i *)p));
+            const __m512 v1 = widen(_mm256_loadu_si256((const __m256i *)(p + 16)));
+            const float most = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            const float s = most > 0.0f ? most / 32767.0f : 0.0f, inverse = most > 0.0f ? 32767.0f / most : 0.0f;
+            /* n = round(x / s) to nearest even, kept in [-32767, 32767] (x / s may round a few ulps past) */
+            const __m512i low = _mm512_set1_epi32(-32767), high = _mm512_set1_epi32(32767);
+            const __m512i n[2] = {
+                _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inverse))), low), high),
+                _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inverse))), low), high)};
+            for (int h = 0; h < 2; h++) { /* hi = n >> 8 in [-128, 127], lo = n & 255 */
+                const long at = (2 * i + h) * K + b * QBLOCK;
+                __m512i sum = _mm512_setzero_si512();
+                for (int half = 0; half < 2; half++) {
+                    const __m512i digit = h ? _mm512_and_si512(n[half], _mm512_set1_epi32(255)) : _mm512_srai_epi32(n[half], 8);
+                    sum = _mm512_add_epi32(sum, digit);
+                    if (digits) _mm256_storeu_si256((__m256i *)(digits + at + 16 * half), to_bf16(_mm512_cvtepi32_ps(digit)));
+                    else _mm256_storeu_si256((__m256i *)(int_digits + at + 16 * half), _mm512_cvtepi32_epi16(digit));
+                }
+                if (digit_sums) digit_sums[2 * (i * blocks + b) + h] = _mm512_reduce_add_epi32(sum);
+            }
+            scales[i * blocks + b] = s;
+            sums[i * blocks + b] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(n[0], n[1]));
+        }
 }
 
-/* rows [0, r0 + r1) x panels w0 (and w1 where not NULL) over every block, into totals [2 row tiles][2 panels][16
- * x 16]; w: a panel's unpacked words (16 vectors per block), head: its packed blocks (their d, m) */
-static void block_pass(const bf16 *x, long x_stride, int r0, int r1, const __m512bh *w0, const __m512bh *w1,
-                       const uint8_t *head0, const uint8_t *head1, long blocks, long bb, const float *sums, int q4,
-                       float totals[2][2][TILE_ROWS * LANES]) {
+/* a block's scale d and (Q4) offset m - 128 d of a panel's 16 columns; head: the panel's block */
+static inline __attribute__((always_inline)) void block_scales(const uint8_t *head, int q4, __m512 *d,
+                                                               __m512 *offset) {
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
+    *offset = q4 ? _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), *d,
+                                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32))))
+                 : _mm512_setzero_ps();
+}
+
+/* one block's digit sums into a row's running totals of 16 columns: the one sequence both units' tiles call */
+static inline __attribute__((always_inline)) __m512 fold_digits(__m512 total, __m512 hi, __m512 lo, __m512 d,
+                                                                __m512 offset, float s, float n_sum, int q4) {
+    const __m512 block = _mm512_fmadd_ps(_mm512_set1_ps(256.0f), hi, lo);
+    total = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(s)), block, total);
+    if (q4) total = _mm512_fmadd_ps(_mm512_mul_ps(offset, _mm512_set1_ps(s)), _mm512_set1_ps(n_sum), total);
+    return total;
+}
+
+/* ---- a few rows: register tiles ----------------------------------------------------------------------------- */
+
+/* rows [0, mr) x panels [0, nr) over all of K from the packed blocks, in integers: a panel's words for an input
+ * pair unpacked to int16 (q for Q4, u = q + 128 for Q8), and vpdpwssd adds pairs of products to int32 sums, exact.
+ * A block's digit sums are then the tiles' exactly: sum_k h_k (128 + q_k) = sum_k h_k q_k + 128 sum_k h_k for Q4,
+ * sum_k h_k q_k = sum_k h_k u_k - 128 sum_k h_k for Q8 (digit_sums: sum_k h_k per row, block and digit). On this
+ * tier vdpbf16ps took 6-11 FMAs' time and vpdpwssd 3 (0.84-1.47, 0.43 and 0.14 ns, measured). digits: int16,
+ * [row][2][K]. */
+static inline __attribute__((always_inline)) void digit_tile(const int16_t *digits, long K, const float *scales,
+                                                             const float *sums, const int32_t *digit_sums,
+                                                             const uint8_t *panels, const int q4, const float *bias,
+                                                             bf16 *out, long out_stride, long n0, long N,
+                                                             const bf16 *silu, const int mr, const int nr) {
+    const long blocks = K / QBLOCK, bb = q4 ? Q4_BLOCK_BYTES : Q8_BLOCK_BYTES, panel_bytes = blocks * bb;
+    const int header = q4 ? 64 : 32, shift = q4 ? 128 : -128;
+    __m512 total[SMALL_MR][SMALL_NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < nr; j++) total[i][j] = _mm512_setzero_ps();
+    for (long b = 0; b < blocks; b++) {
+        __m512i hi[DIGIT_MR][DIGIT_NR], lo[DIGIT_MR][DIGIT_NR];
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < nr; j++) hi[i][j] = lo[i][j] = _mm512_setzero_si512();
+        const int16_t *db = digits + b * QBLOCK;
+        for (int g = 0; g < (q4 ? 4 : 8); g++) {
+            __m512i z[DIGIT_NR];
+            for (int j = 0; j < nr; j++) z[j] = _mm512_loadu_si512(panels + j * panel_bytes + b * bb + header + g * 64);
+            for (int part = 0; part < (q4 ? 4 : 2); part++) {
+                const int pair = q4 ? 4 * g + part : 2 * g + part; /* the input pair these words hold */
+                __m512i w[DIGIT_NR];
+                for (int j = 0; j < nr; j++)
+                    w[j] = q4 ? _mm512_and_si512(_mm512_srli_epi16(z[j], 4 * part), _mm512_set1_epi16(15))
+                         : part ? _mm512_srli_epi16(z[j], 8) : _mm512_and_si512(z[j], _mm512_set1_epi16(255));
+                for (int i = 0; i < mr; i++) {
+                    int32_t h, l; /* the row's two digits of the pair, as one dword each */
+                    memcpy(&h, db + 2 * i * K + 2 * pair, 4);
+                    memcpy(&l, db + (2 * i + 1) * K + 2 * pair, 4);
+                    for (int j = 0; j < nr; j++) {
+                        hi[i][j] = _mm512_dpwssd_epi32(hi[i][j], _mm512_set1_epi32(h), w[j]);
+                        lo[i][j] = _mm512_dpwssd_epi32(lo[i][j], _mm512_set1_epi32(l), w[j]);
+                    }
+                }
+            }
+        }
+        for (int j = 0; j < nr; j++) {
+            __m512 d, offset;
+            block_scales(panels + j * panel_bytes + b * bb, q4, &d, &offset);
+            for (int i = 0; i < mr; i++) {
+                const int32_t *ds = digit_sums + 2 * (i * blocks + b);
+                const __m512 h = _mm512_cvtepi32_ps(_mm512_add_epi32(hi[i][j], _mm512_set1_epi32(shift * ds[0])));
+                const __m512 l = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i][j], _mm512_set1_epi32(shift * ds[1])));
+                total[i][j] = fold_digits(total[i][j], h, l, d, offset, scales[i * blocks + b], sums[i * blocks + b], q4);
+            }
+        }
+    }
+    store_tile(total, bias, out, out_stride, n0, N, silu, mr, nr);
+}
+
+#define DIGIT_TILE(Q4, MRV, NRV)                                                                                 \
+    digit_tile(digits + 2 * m * K, K, scales + m * blocks, sums + m * blocks, digit_sums + 2 * m * blocks, panels,  \
+               Q4, bias,                                                                                          \
+               out + m * out_stride, out_stride, n0, N, silu, MRV, NRV)
+#define DIGIT_TILES(Q4)                           \
+    switch (mr * 16 + nr) {                       \
+    case 16 + 1: DIGIT_TILE(Q4, 1, 1); break;     \
+    case 16 + 2: DIGIT_TILE(Q4, 1, 2); break;     \
+    case 16 + 3: DIGIT_TILE(Q4, 1, 3); break;     \
+    case 16 + 4: DIGIT_TILE(Q4, 1, 4); break;     \
+    case 32 + 1: DIGIT_TILE(Q4, 2, 1); break;     \
+    case 32 + 2: DIGIT_TILE(Q4, 2, 2); break;     \
+    case 32 + 3: DIGIT_TILE(Q4, 2, 3); break;     \
+    case 32 + 4: DIGIT_TILE(Q4, 2, 4); break;     \
+    case 48 + 1: DIGIT_TILE(Q4, 3, 1); break;     \
+    default: DIGIT_TILE(Q4, 3, 2); break;         \
+    }
+
+/* panels [p_begin, p_end) for every row on register tiles: one or two rows 4 panels at a time, three 2 */
+static void register_columns(const int16_t *digits, long M, long K, const float *scales, const float *sums,
+                             const int32_t *digit_sums,
+                             const uint8_t *packed, int format, long N, const float *bias, bf16 *out,
+                             long out_stride, const bf16 *silu, long p_begin, long p_end) {
+    const long blocks = K / QBLOCK, panel_bytes = blocks * block_bytes(format);
+    for (long m = 0; m < M; m += DIGIT_MR) {
+        const long mr = M - m < DIGIT_MR ? M - m : DIGIT_MR;
+        const int width = mr < 3 ? DIGIT_NR : 2;
+        for (long p = p_begin; p < p_end; p += width) {
+            const int nr = p_end - p < width ? (int)(p_end - p) : width;
+            const uint8_t *panels = packed + p * panel_bytes;
+            const long n0 = p * LANES;
+            if (format == FORMAT_Q4) {
+                DIGIT_TILES(1)
+            } else {
+                DIGIT_TILES(0)
+            }
+        }
+    }
+}
+#undef DIGIT_TILES
+#undef DIGIT_TILE
+
+/* ---- more rows: AMX tiles ----------------------------------------------------------------------------------- */
+
+/* input rows [0, rows <= 16) (digit rows [0, 2 rows)) x panels w0 (and w1 where not NULL) over every block, into
+ * totals [input row][panel][16]; w: a panel's unpacked words (16 vectors per block), head: its packed blocks.
+ * The tiles configured by amx_configure_pass for the digit rows. */
+static void tile_pass(const bf16 *digits, long K, int rows, const __m512bh *w0, const __m512bh *w1,
+                      const uint8_t *head0, const uint8_t *head1, long bb, const float *scales, const float *sums,
+                      int q4, float totals[PASS_INPUTS][2][LANES]) {
     float block[2][2][TILE_ROWS * LANES] __attribute__((aligned(64)));
-    const long stride = x_stride * (long)sizeof(bf16);
-    const bf16 *x1 = x + TILE_ROWS * x_stride;
+    const long blocks = K / QBLOCK, stride = K * (long)sizeof(bf16);
+    const int r1 = 2 * rows > TILE_ROWS ? 2 * rows - TILE_ROWS : 0;
     const uint8_t *heads[2] = {head0, head1};
-    memset(totals, 0, sizeof(float) * 2 * 2 * TILE_ROWS * LANES);
+    __m512 t[PASS_INPUTS][2];
+    for (int i = 0; i < rows; i++) t[i][0] = t[i][1] = _mm512_setzero_ps();
     for (long b = 0; b < blocks; b++) {
         _tile_zero(0);
-        _tile_loadd(4, x + b * QBLOCK, stride);
+        _tile_loadd(4, digits + b * QBLOCK, stride);
         _tile_loadd(6, w0 + b * (QBLOCK / 2), 64);
         _tile_dpbf16ps(0, 4, 6);
         if (w1) {
@@ -62,7 +220,7 @@ static void block_pass(const bf16 *x, long x_stride, int r0, int r1, const __m51
         }
         if (r1) {
             _tile_zero(2);
-            _tile_loadd(5, x1 + b * QBLOCK, stride);
+            _tile_loadd(5, digits + TILE_ROWS * K + b * QBLOCK, stride);
             _tile_dpbf16ps(2, 5, 6);
             if (w1) {
                 _tile_zero(3);
@@ -76,28 +234,31 @@ static void block_pass(const bf16 *x, long x_stride, int r0, int r1, const __m51
             if (w1) _tile_stored(3, block[1][1], 64);
         }
         for (int j = 0; j < (w1 ? 2 : 1); j++) {
-            const uint8_t *head = heads[j] + b * bb;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
-            const __m512 offset = q4 ? _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), d,
-                                                        _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32))))
-                                     : _mm512_setzero_ps();
-            fold_tile(totals[0][j], block[0][j], r0, d, offset, sums + b, blocks, q4);
-            if (r1) fold_tile(totals[1][j], block[1][j], r1, d, offset, sums + TILE_ROWS * blocks + b, blocks, q4);
+            __m512 d, offset;
+            block_scales(heads[j] + b * bb, q4, &d, &offset);
+            for (int i = 0; i < rows; i++) { /* digit rows 2i (hi), 2i + 1 (lo) */
+                const float *c = block[i / (TILE_ROWS / 2)][j] + (2 * i % TILE_ROWS) * LANES;
+                t[i][j] = fold_digits(t[i][j], _mm512_load_ps(c), _mm512_load_ps(c + LANES), d, offset,
+                                      scales[i * blocks + b], sums[i * blocks + b], q4);
+            }
         }
+    }
+    for (int i = 0; i < rows; i++) {
+        _mm512_store_ps(totals[i][0], t[i][0]);
+        _mm512_store_ps(totals[i][1], t[i][1]);
     }
 }
 
-/* cpu_quant.c's unpacked_columns on tiles: panels [p_begin, p_end) for every row, a slab of panels unpacked at a
- * time, rows in chunks whose inputs stay in L2, 32 rows x a pair of panels (gated: a gate and its up panel) per
- * pass */
-static void tile_columns(const bf16 *x, long M, long K, long x_stride, const float *sums, const uint8_t *packed,
-                         int format, long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
-                         long p_begin, long p_end, long slab, __m512bh *buffer) {
-    float totals[2][2][TILE_ROWS * LANES] __attribute__((aligned(64)));
+/* panels [p_begin, p_end) for every row on AMX tiles: a slab of panels unpacked at a time, input rows in chunks
+ * whose digits stay in L2, 16 rows x a pair of panels (gated: a gate panel and its up panel) per pass */
+static void tile_columns(const bf16 *digits, long M, long K, const float *scales, const float *sums,
+                         const uint8_t *packed, int format, long N, const float *bias, bf16 *out, long out_stride,
+                         const bf16 *silu, long p_begin, long p_end, long slab, __m512bh *buffer) {
+    float totals[PASS_INPUTS][2][LANES] __attribute__((aligned(64)));
     const long blocks = K / QBLOCK, bb = block_bytes(format), panel_bytes = blocks * bb;
     const long slab_panel = blocks * unpacked_vectors(format);
-    long chunk = ROW_CHUNK_BYTES / (K * (long)sizeof(bf16)) / PASS_ROWS * PASS_ROWS;
-    if (chunk < PASS_ROWS) chunk = PASS_ROWS;
+    long chunk = ROW_CHUNK_BYTES / (2 * K * (long)sizeof(bf16)) / PASS_INPUTS * PASS_INPUTS;
+    if (chunk < PASS_INPUTS) chunk = PASS_INPUTS;
     int configured = -1;
     for (long s = p_begin; s < p_end; s += slab) {
         const long count = p_end - s < slab ? p_end - s : slab;
@@ -108,22 +269,21 @@ static void tile_columns(const bf16 *x, long M, long K, long x_stride, const flo
                 const int pair = count - p >= 2;
                 const uint8_t *head = packed + (s + p) * panel_bytes;
                 const long n0 = (s + p) * LANES;
-                for (long m = m0; m < m_end; m += PASS_ROWS) {
-                    const int rows = m_end - m < PASS_ROWS ? (int)(m_end - m) : PASS_ROWS;
-                    const int r0 = rows < TILE_ROWS ? rows : TILE_ROWS, r1 = rows - r0;
+                for (long m = m0; m < m_end; m += PASS_INPUTS) {
+                    const int rows = m_end - m < PASS_INPUTS ? (int)(m_end - m) : PASS_INPUTS;
+                    const int r0 = 2 * rows < TILE_ROWS ? 2 * rows : TILE_ROWS, r1 = 2 * rows - r0;
                     if (r0 * 32 + r1 != configured) amx_configure_pass(r0, r1), configured = r0 * 32 + r1;
-                    block_pass(x + m * x_stride, x_stride, r0, r1, buffer + p * slab_panel,
-                               pair ? buffer + (p + 1) * slab_panel : NULL, head, pair ? head + panel_bytes : NULL,
-                               blocks, bb, sums + m * blocks, format == FORMAT_Q4, totals);
+                    tile_pass(digits + 2 * m * K, K, rows, buffer + p * slab_panel,
+                              pair ? buffer + (p + 1) * slab_panel : NULL, head, pair ? head + panel_bytes : NULL, bb,
+                              scales + m * blocks, sums + m * blocks, format == FORMAT_Q4, totals);
                     for (int i = 0; i < rows; i++) {
-                        const float *t0 = totals[i / TILE_ROWS][0] + i % TILE_ROWS * LANES;
-                        const float *t1 = totals[i / TILE_ROWS][1] + i % TILE_ROWS * LANES;
                         bf16 *o = out + (m + i) * out_stride;
                         if (silu) {
-                            store_gated(_mm512_load_ps(t0), _mm512_load_ps(t1), bias, n0 / 2, o, silu);
+                            store_gated(_mm512_load_ps(totals[i][0]), _mm512_load_ps(totals[i][1]), bias, n0 / 2, o,
+                                        silu);
                         } else {
-                            store_columns(_mm512_load_ps(t0), bias, o, n0, N);
-                            if (pair) store_columns(_mm512_load_ps(t1), bias, o, n0 + LANES, N);
+                            store_columns(_mm512_load_ps(totals[i][0]), bias, o, n0, N);
+                            if (pair) store_columns(_mm512_load_ps(totals[i][1]), bias, o, n0 + LANES, N);
                         }
                     }
                 }
@@ -133,17 +293,64 @@ static void tile_columns(const bf16 *x, long M, long K, long x_stride, const flo
     if (configured >= 0) _tile_release();
 }
 
-/* cpu_quant.c's quant_linear_bf16, on tiles */
-int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
-                      const float *bias, bf16 *out, long out_stride, int every_row_alike, int num_threads) {
-    return quant_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL, every_row_alike, num_threads,
-                     amx_permitted() ? tile_columns : NULL);
+/* ---- entry points ------------------------------------------------------------------------------------------- */
+
+static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
+                     const float *bias, bf16 *out, long out_stride, const bf16 *silu, int num_threads) {
+    const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
+    const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit, blocks = K / QBLOCK;
+    const int tiles = M > AVX512_ROWS && amx_permitted();
+    void *digits = malloc(sizeof(int16_t) * 2 * M * K); /* bf16 or int16 */
+    float *scales = malloc(sizeof(float) * 4 * M * blocks), *sums = scales + M * blocks;
+    int32_t *digit_sums = (int32_t *)(sums + M * blocks); /* [M][blocks][2] */
+    if (!digits || !scales) {
+        free(digits);
+        free(scales);
+        return -1;
+    }
+    to_digits(x, M, K, x_stride, tiles ? digits : NULL, tiles ? NULL : digits, tiles ? NULL : digit_sums, scales,
+              sums);
+    const long unpacked_panel_bytes = blocks * unpacked_vectors(format) * 64;
+    long slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
+    if (slab < NR) slab = NR;
+    const int threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        extern int omp_get_thread_num(void), omp_get_num_threads(void);
+        const long t = omp_get_thread_num(), n = omp_get_num_threads();
+        const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
+        const long p_end = end < panels ? end : panels;
+        if (!tiles) {
+            register_columns(digits, M, K, scales, sums, digit_sums, packed, format, N, bias, out, out_stride, silu, begin,
+                             p_end);
+        } else {
+            __m512bh *buffer = thread_scratch(slab * unpacked_panel_bytes);
+            if (!buffer) {
+#pragma omp atomic write
+                failed = 1;
+            } else {
+                tile_columns(digits, M, K, scales, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end,
+                             slab, buffer);
+            }
+        }
+    }
+    free(digits);
+    free(scales);
+    return failed ? -1 : 0;
 }
 
-/* cpu_quant.c's quant_linear_silu_mul_bf16, on tiles */
+/* cpu_quant.c's quant_linear_bf16 with this file's arithmetic (every_row_alike: every M is alike here) */
+int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
+                      const float *bias, bf16 *out, long out_stride, int every_row_alike, int num_threads) {
+    (void)every_row_alike;
+    return digit_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL, num_threads);
+}
+
+/* cpu_quant.c's quant_linear_silu_mul_bf16 with this file's arithmetic */
 int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format,
                                long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                                int every_row_alike, int num_threads) {
-    return quant_run(x, M, K, x_stride, packed, format, 2 * I, bias, out, out_stride, silu, every_row_alike,
-                     num_threads, amx_permitted() ? tile_columns : NULL);
+    (void)every_row_alike;
+    return digit_run(x, M, K, x_stride, packed, format, 2 * I, bias, out, out_stride, silu, num_threads);
 }

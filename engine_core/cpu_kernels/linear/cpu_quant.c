@@ -299,24 +299,27 @@ static void small_columns(const bf16 *x, long M, long K, long x_stride, const fl
 
 /* ---- large M, every row alike: qtile's weight vectors unpacked once per slab ------------------------ */
 
-/* panel p's bf16 words, as qtile makes them (nibble), block after block: unpacked_vectors(format) per block */
-static void unpack_panel(const uint8_t *panel, long K, int format, __m512bh *dst) {
-    const long blocks = K / QBLOCK, bb = block_bytes(format);
-    const int header = format == FORMAT_Q4 ? 64 : 32;
-    for (long b = 0; b < blocks; b++) {
-        const uint8_t *words = panel + b * bb + header;
-        if (format == FORMAT_Q4) {
-            for (int g = 0; g < 4; g++) {
-                const __m512i z = _mm512_loadu_si512(words + g * 64);
-                for (int s = 0; s < 4; s++) *dst++ = nibble(z, 4 * s, 0x4300);
-            }
-        } else {
-            for (int g = 0; g < 8; g++) {
-                const __m512i z = _mm512_loadu_si512(words + g * 64);
-                for (int h = 0; h < 2; h++) *dst++ = signed_bytes(z, 8 * h);
-            }
+/* a block's bf16 words, as qtile makes them (nibble, signed_bytes): unpacked_vectors(format) vectors, vector v
+ * the 16 columns' words of input pair v; words: the block's packed words (past its scales) */
+static inline void unpack_block(const uint8_t *words, int format, __m512bh *dst) {
+    if (format == FORMAT_Q4) {
+        for (int g = 0; g < 4; g++) {
+            const __m512i z = _mm512_loadu_si512(words + g * 64);
+            for (int s = 0; s < 4; s++) *dst++ = nibble(z, 4 * s, 0x4300);
+        }
+    } else {
+        for (int g = 0; g < 8; g++) {
+            const __m512i z = _mm512_loadu_si512(words + g * 64);
+            for (int h = 0; h < 2; h++) *dst++ = signed_bytes(z, 8 * h);
         }
     }
+}
+
+/* panel p's bf16 words, block after block: unpacked_vectors(format) per block */
+static void unpack_panel(const uint8_t *panel, long K, int format, __m512bh *dst) {
+    const long blocks = K / QBLOCK, bb = block_bytes(format), vectors = unpacked_vectors(format);
+    const int header = format == FORMAT_Q4 ? 64 : 32;
+    for (long b = 0; b < blocks; b++) unpack_block(panel + b * bb + header, format, dst + b * vectors);
 }
 
 /* rows [0, mr) x panels [0, nr) from unpacked words, with qtile's arithmetic step for step: per block the
@@ -370,13 +373,6 @@ static inline __attribute__((always_inline)) void utile(const bf16 *x, long x_st
     case 5: UTILE_NR(Q8, 5); break;  \
     default: UTILE_NR(Q8, 6); break; \
     }
-
-/* a kernel of panels [p_begin, p_end) for every row from the words of `slab` panels at a time unpacked into
- * `buffer` (unpack_panel): unpacked_columns, or amx_quant.c's tiles */
-typedef void (*UnpackedColumns)(const bf16 *x, long M, long K, long x_stride, const float *sums,
-                                const uint8_t *packed, int format, long N, const float *bias, bf16 *out,
-                                long out_stride, const bf16 *silu, long p_begin, long p_end, long slab,
-                                __m512bh *buffer);
 
 /* panels [p_begin, p_end) for every row, with qtile's arithmetic: a slab of panels unpacked at a time, then
  * rows in chunks whose inputs stay in L2, 6 rows x UNPACKED_NR panels per tile (whole gate/up pairs) */
@@ -484,16 +480,12 @@ static void *thread_scratch(long bytes) {
     return scratch;
 }
 
-/* every_m_kernel: NULL for this file's choice by M and every_row_alike, or the kernel on unpacked words to run
- * at every M (amx_quant.c's tiles) */
 static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                      const float *bias, bf16 *out, long out_stride, const bf16 *silu, int every_row_alike,
-                     int num_threads, UnpackedColumns every_m_kernel) {
+                     int num_threads) {
     const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
     const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit;
-    const int large = M >= QUANT_LARGE_M;
-    const int unpacked = every_m_kernel != NULL || (large && every_row_alike);
-    const int dequantize = !unpacked && large && !every_row_alike;
+    const int large = M >= QUANT_LARGE_M, dequantize = large && !every_row_alike;
     float *sums = NULL;
     if (!dequantize) {
         sums = malloc(sizeof(float) * M * (K / QBLOCK));
@@ -502,11 +494,10 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     }
     long slab = SLAB_BYTES / (K * LANES * (long)sizeof(bf16)) / NR * NR;
     if (slab < NR) slab = NR;
-    /* unpacked words: as many bytes as bf16 panels; slabs of whole gate/up pairs; a few rows read each panel
-     * once, so a slab of one pair stays in L1 between its unpacking and its reading */
+    /* unpacked words: as many bytes as bf16 panels; slabs of whole gate/up pairs */
     const long unpacked_panel_bytes = K / QBLOCK * unpacked_vectors(format) * 64;
-    long unpacked_slab = large ? SLAB_BYTES / unpacked_panel_bytes / NR * NR : 2;
-    if (large && unpacked_slab < NR) unpacked_slab = NR;
+    long unpacked_slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
+    if (unpacked_slab < NR) unpacked_slab = NR;
     const int threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -515,15 +506,14 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
         const long t = omp_get_thread_num(), n = omp_get_num_threads();
         const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
         const long p_end = end < panels ? end : panels;
-        if (unpacked) {
+        if (large && every_row_alike) {
             __m512bh *buffer = thread_scratch(unpacked_slab * unpacked_panel_bytes);
             if (!buffer) {
 #pragma omp atomic write
                 failed = 1;
             } else {
-                (every_m_kernel ? every_m_kernel : unpacked_columns)(x, M, K, x_stride, sums, packed, format, N, bias,
-                                                                    out, out_stride, silu, begin, p_end,
-                                                                    unpacked_slab, buffer);
+                unpacked_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end,
+                                 unpacked_slab, buffer);
             }
         } else if (dequantize) {
             bf16 *buffer = thread_scratch(slab * K * LANES * sizeof(bf16));
@@ -547,8 +537,7 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
  * QUANT_LARGE_M rows. Returns 0, or -1 when out of memory. */
 int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                       const float *bias, bf16 *out, long out_stride, int every_row_alike, int num_threads) {
-    return quant_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL, every_row_alike, num_threads,
-                     NULL);
+    return quant_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL, every_row_alike, num_threads);
 }
 
 /* out [M, I] = silu(x @ gate^T + gate bias) * (x @ up^T + up bias), each rounded to bf16 first (as
@@ -558,7 +547,7 @@ int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, con
                                long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                                int every_row_alike, int num_threads) {
     return quant_run(x, M, K, x_stride, packed, format, 2 * I, bias, out, out_stride, silu, every_row_alike,
-                     num_threads, NULL);
+                     num_threads);
 }
 
 /* rows of a packed weight's columns, dequantized (an embedding lookup): out[r] = column ids[r] of W as
