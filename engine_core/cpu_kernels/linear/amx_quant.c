@@ -30,12 +30,10 @@
 
 #define TILE_ROWS 16      /* digit rows per tile A / C */
 #define PASS_INPUTS 16    /* input rows per tile pass: 32 digit rows */
-#define DIGIT_MR 3        /* input rows per register tile */
-#ifndef DIGIT_NR
-#define DIGIT_NR 4        /* panels per register tile of one row (2 for more rows) */
-#endif
+#define INT_MR 4          /* input rows per register tile */
+#define INT_NR 8          /* panels per register tile of one row (half for more rows) */
 #ifndef AVX512_ROWS
-#define AVX512_ROWS 4 /* up to this many rows: register tiles; more: AMX tiles */
+#define AVX512_ROWS 64 /* up to this many rows: register tiles (as fast as the tiles or faster below 128, measured); more: AMX */
 #endif
 
 /* 1 where the tiles may be used here: the loader asks once, and logs a refusal */
@@ -43,11 +41,11 @@ int amx_ready(void) { return amx_permitted(); }
 
 /* ---- the inputs as digits ----------------------------------------------------------------------------------- */
 
-/* rows of x -> digits [M][2][K] (row i's hi digits, then its lo digits) in bf16 for the AMX tiles, or in int16
- * for the register tiles with their sums per row, block and digit (digit_sums [M][blocks][2]; the other pointers
- * NULL); and per row and block its scale s and the sum of its integers n (fp32, exact) */
-static void to_digits(const bf16 *x, long M, long K, long x_stride, bf16 *digits, int16_t *int_digits,
-                      int32_t *digit_sums, float *scales, float *sums) {
+/* rows of x -> per row and block of 32 inputs a scale s, the integers n = round(x / s) and their sum (fp32 in
+ * sums, int32 in n_sums), the integers either as two bf16 digits for the AMX tiles (digits [M][2][K]: row i's hi,
+ * then its lo digits) or as int16 for the register tiles (ints [M][K]); the other pointer NULL */
+static void to_digits(const bf16 *x, long M, long K, long x_stride, bf16 *digits, int16_t *ints, float *scales,
+                      float *sums, int32_t *n_sums) {
     const long blocks = K / QBLOCK;
     for (long i = 0; i < M; i++)
         for (long b = 0; b < blocks; b++) {
@@ -61,19 +59,20 @@ static void to_digits(const bf16 *x, long M, long K, long x_stride, bf16 *digits
             const __m512i n[2] = {
                 _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inverse))), low), high),
                 _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inverse))), low), high)};
-            for (int h = 0; h < 2; h++) { /* hi = n >> 8 in [-128, 127], lo = n & 255 */
-                const long at = (2 * i + h) * K + b * QBLOCK;
-                __m512i sum = _mm512_setzero_si512();
-                for (int half = 0; half < 2; half++) {
-                    const __m512i digit = h ? _mm512_and_si512(n[half], _mm512_set1_epi32(255)) : _mm512_srai_epi32(n[half], 8);
-                    sum = _mm512_add_epi32(sum, digit);
-                    if (digits) _mm256_storeu_si256((__m256i *)(digits + at + 16 * half), to_bf16(_mm512_cvtepi32_ps(digit)));
-                    else _mm256_storeu_si256((__m256i *)(int_digits + at + 16 * half), _mm512_cvtepi32_epi16(digit));
+            for (int half = 0; half < 2; half++) {
+                if (ints) {
+                    _mm256_storeu_si256((__m256i *)(ints + i * K + b * QBLOCK + 16 * half), _mm512_cvtepi32_epi16(n[half]));
+                    continue;
                 }
-                if (digit_sums) digit_sums[2 * (i * blocks + b) + h] = _mm512_reduce_add_epi32(sum);
+                /* hi = n >> 8 in [-128, 127], lo = n & 255: n = 256 hi + lo */
+                bf16 *hi = digits + 2 * i * K + b * QBLOCK + 16 * half, *lo = hi + K;
+                _mm256_storeu_si256((__m256i *)hi, to_bf16(_mm512_cvtepi32_ps(_mm512_srai_epi32(n[half], 8))));
+                _mm256_storeu_si256((__m256i *)lo, to_bf16(_mm512_cvtepi32_ps(_mm512_and_si512(n[half], _mm512_set1_epi32(255)))));
             }
+            const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(n[0], n[1]));
             scales[i * blocks + b] = s;
-            sums[i * blocks + b] = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(n[0], n[1]));
+            sums[i * blocks + b] = (float)total;
+            n_sums[i * blocks + b] = total;
         }
 }
 
@@ -86,10 +85,10 @@ static inline __attribute__((always_inline)) void block_scales(const uint8_t *he
                  : _mm512_setzero_ps();
 }
 
-/* one block's digit sums into a row's running totals of 16 columns: the one sequence both units' tiles call */
-static inline __attribute__((always_inline)) __m512 fold_digits(__m512 total, __m512 hi, __m512 lo, __m512 d,
-                                                                __m512 offset, float s, float n_sum, int q4) {
-    const __m512 block = _mm512_fmadd_ps(_mm512_set1_ps(256.0f), hi, lo);
+/* one block's sum sum_k n_k w_k (fp32: the exact integer rounded once) into a row's running totals of 16 columns:
+ * the one sequence both units' tiles call */
+static inline __attribute__((always_inline)) __m512 fold_block_sum(__m512 total, __m512 block, __m512 d,
+                                                                   __m512 offset, float s, float n_sum, int q4) {
     total = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(s)), block, total);
     if (q4) total = _mm512_fmadd_ps(_mm512_mul_ps(offset, _mm512_set1_ps(s)), _mm512_set1_ps(n_sum), total);
     return total;
@@ -98,43 +97,39 @@ static inline __attribute__((always_inline)) __m512 fold_digits(__m512 total, __
 /* ---- a few rows: register tiles ----------------------------------------------------------------------------- */
 
 /* rows [0, mr) x panels [0, nr) over all of K from the packed blocks, in integers: a panel's words for an input
- * pair unpacked to int16 (q for Q4, u = q + 128 for Q8), and vpdpwssd adds pairs of products to int32 sums, exact.
- * A block's digit sums are then the tiles' exactly: sum_k h_k (128 + q_k) = sum_k h_k q_k + 128 sum_k h_k for Q4,
- * sum_k h_k q_k = sum_k h_k u_k - 128 sum_k h_k for Q8 (digit_sums: sum_k h_k per row, block and digit). On this
- * tier vdpbf16ps took 6-11 FMAs' time and vpdpwssd 3 (0.84-1.47, 0.43 and 0.14 ns, measured). digits: int16,
- * [row][2][K]. */
-static inline __attribute__((always_inline)) void digit_tile(const int16_t *digits, long K, const float *scales,
-                                                             const float *sums, const int32_t *digit_sums,
-                                                             const uint8_t *panels, const int q4, const float *bias,
-                                                             bf16 *out, long out_stride, long n0, long N,
-                                                             const bf16 *silu, const int mr, const int nr) {
+ * pair unpacked to int16 (q for Q4, u = q + 128 for Q8), and vpdpwssd adds pairs of products n w to int32 sums
+ * (|sum| < 2^28: exact). A block's sum is then the tiles' exactly: sum_k n_k (128 + q_k) = sum_k n_k q_k + 128
+ * sum_k n_k for Q4, sum_k n_k q_k = sum_k n_k u_k - 128 sum_k n_k for Q8, rounded once to fp32 as the tiles'
+ * 256 hi + lo is. On this tier vdpbf16ps took 6-11 FMAs' time and vpdpwssd 3 (0.84-1.47, 0.43 and 0.14 ns,
+ * measured). ints: the rows' integers, [row][K]. */
+static inline __attribute__((always_inline)) void int_tile(const int16_t *ints, long K, const float *scales,
+                                                           const float *sums, const int32_t *n_sums,
+                                                           const uint8_t *panels, const int q4, const float *bias,
+                                                           bf16 *out, long out_stride, long n0, long N,
+                                                           const bf16 *silu, const int mr, const int nr) {
     const long blocks = K / QBLOCK, bb = q4 ? Q4_BLOCK_BYTES : Q8_BLOCK_BYTES, panel_bytes = blocks * bb;
     const int header = q4 ? 64 : 32, shift = q4 ? 128 : -128;
-    __m512 total[SMALL_MR][SMALL_NR];
+    __m512 total[INT_MR][INT_NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) total[i][j] = _mm512_setzero_ps();
     for (long b = 0; b < blocks; b++) {
-        __m512i hi[DIGIT_MR][DIGIT_NR], lo[DIGIT_MR][DIGIT_NR];
+        __m512i acc[INT_MR][INT_NR];
         for (int i = 0; i < mr; i++)
-            for (int j = 0; j < nr; j++) hi[i][j] = lo[i][j] = _mm512_setzero_si512();
-        const int16_t *db = digits + b * QBLOCK;
+            for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_si512();
+        const int16_t *nb = ints + b * QBLOCK;
         for (int g = 0; g < (q4 ? 4 : 8); g++) {
-            __m512i z[DIGIT_NR];
+            __m512i z[INT_NR];
             for (int j = 0; j < nr; j++) z[j] = _mm512_loadu_si512(panels + j * panel_bytes + b * bb + header + g * 64);
             for (int part = 0; part < (q4 ? 4 : 2); part++) {
                 const int pair = q4 ? 4 * g + part : 2 * g + part; /* the input pair these words hold */
-                __m512i w[DIGIT_NR];
+                __m512i w[INT_NR];
                 for (int j = 0; j < nr; j++)
                     w[j] = q4 ? _mm512_and_si512(_mm512_srli_epi16(z[j], 4 * part), _mm512_set1_epi16(15))
                          : part ? _mm512_srli_epi16(z[j], 8) : _mm512_and_si512(z[j], _mm512_set1_epi16(255));
                 for (int i = 0; i < mr; i++) {
-                    int32_t h, l; /* the row's two digits of the pair, as one dword each */
-                    memcpy(&h, db + 2 * i * K + 2 * pair, 4);
-                    memcpy(&l, db + (2 * i + 1) * K + 2 * pair, 4);
-                    for (int j = 0; j < nr; j++) {
-                        hi[i][j] = _mm512_dpwssd_epi32(hi[i][j], _mm512_set1_epi32(h), w[j]);
-                        lo[i][j] = _mm512_dpwssd_epi32(lo[i][j], _mm512_set1_epi32(l), w[j]);
-                    }
+                    int32_t two; /* the row's integers of the pair, as one dword */
+                    memcpy(&two, nb + i * K + 2 * pair, 4);
+                    for (int j = 0; j < nr; j++) acc[i][j] = _mm512_dpwssd_epi32(acc[i][j], _mm512_set1_epi32(two), w[j]);
                 }
             }
         }
@@ -142,57 +137,72 @@ static inline __attribute__((always_inline)) void digit_tile(const int16_t *digi
             __m512 d, offset;
             block_scales(panels + j * panel_bytes + b * bb, q4, &d, &offset);
             for (int i = 0; i < mr; i++) {
-                const int32_t *ds = digit_sums + 2 * (i * blocks + b);
-                const __m512 h = _mm512_cvtepi32_ps(_mm512_add_epi32(hi[i][j], _mm512_set1_epi32(shift * ds[0])));
-                const __m512 l = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i][j], _mm512_set1_epi32(shift * ds[1])));
-                total[i][j] = fold_digits(total[i][j], h, l, d, offset, scales[i * blocks + b], sums[i * blocks + b], q4);
+                const __m512i exact = _mm512_add_epi32(acc[i][j], _mm512_set1_epi32(shift * n_sums[i * blocks + b]));
+                total[i][j] = fold_block_sum(total[i][j], _mm512_cvtepi32_ps(exact), d, offset, scales[i * blocks + b],
+                                             sums[i * blocks + b], q4);
             }
         }
     }
-    store_tile(total, bias, out, out_stride, n0, N, silu, mr, nr);
+    for (int i = 0; i < mr; i++) {
+        if (silu) {
+            for (int j = 0; j + 1 < nr; j += 2)
+                store_gated(total[i][j], total[i][j + 1], bias, (n0 + j * LANES) / 2, out + i * out_stride, silu);
+        } else {
+            for (int j = 0; j < nr; j++) store_columns(total[i][j], bias, out + i * out_stride, n0 + j * LANES, N);
+        }
+    }
 }
 
-#define DIGIT_TILE(Q4, MRV, NRV)                                                                                 \
-    digit_tile(digits + 2 * m * K, K, scales + m * blocks, sums + m * blocks, digit_sums + 2 * m * blocks, panels,  \
-               Q4, bias,                                                                                          \
-               out + m * out_stride, out_stride, n0, N, silu, MRV, NRV)
-#define DIGIT_TILES(Q4)                           \
-    switch (mr * 16 + nr) {                       \
-    case 16 + 1: DIGIT_TILE(Q4, 1, 1); break;     \
-    case 16 + 2: DIGIT_TILE(Q4, 1, 2); break;     \
-    case 16 + 3: DIGIT_TILE(Q4, 1, 3); break;     \
-    case 16 + 4: DIGIT_TILE(Q4, 1, 4); break;     \
-    case 32 + 1: DIGIT_TILE(Q4, 2, 1); break;     \
-    case 32 + 2: DIGIT_TILE(Q4, 2, 2); break;     \
-    case 32 + 3: DIGIT_TILE(Q4, 2, 3); break;     \
-    case 32 + 4: DIGIT_TILE(Q4, 2, 4); break;     \
-    case 48 + 1: DIGIT_TILE(Q4, 3, 1); break;     \
-    default: DIGIT_TILE(Q4, 3, 2); break;         \
+#define INT_TILE(Q4, MRV, NRV)                                                                                   \
+    int_tile(ints + m * K, K, scales + m * blocks, sums + m * blocks, n_sums + m * blocks, panels, Q4, bias,     \
+             out + m * out_stride, out_stride, n0, N, silu, MRV, NRV)
+#define INT_TILES(Q4)                                                                                         \
+    switch (mr * 16 + nr) {                                                                                   \
+    case 16 + 1: INT_TILE(Q4, 1, 1); break;                                                                   \
+    case 16 + 2: INT_TILE(Q4, 1, 2); break;                                                                   \
+    case 16 + 3: INT_TILE(Q4, 1, 3); break;                                                                   \
+    case 16 + 4: INT_TILE(Q4, 1, 4); break;                                                                   \
+    case 16 + 5: INT_TILE(Q4, 1, 5); break;                                                                   \
+    case 16 + 6: INT_TILE(Q4, 1, 6); break;                                                                   \
+    case 16 + 7: INT_TILE(Q4, 1, 7); break;                                                                   \
+    case 16 + 8: INT_TILE(Q4, 1, 8); break;                                                                   \
+    case 32 + 1: INT_TILE(Q4, 2, 1); break;                                                                   \
+    case 32 + 2: INT_TILE(Q4, 2, 2); break;                                                                   \
+    case 32 + 3: INT_TILE(Q4, 2, 3); break;                                                                   \
+    case 32 + 4: INT_TILE(Q4, 2, 4); break;                                                                   \
+    case 48 + 1: INT_TILE(Q4, 3, 1); break;                                                                   \
+    case 48 + 2: INT_TILE(Q4, 3, 2); break;                                                                   \
+    case 48 + 3: INT_TILE(Q4, 3, 3); break;                                                                   \
+    case 48 + 4: INT_TILE(Q4, 3, 4); break;                                                                   \
+    case 64 + 1: INT_TILE(Q4, 4, 1); break;                                                                   \
+    case 64 + 2: INT_TILE(Q4, 4, 2); break;                                                                   \
+    case 64 + 3: INT_TILE(Q4, 4, 3); break;                                                                   \
+    default: INT_TILE(Q4, 4, 4); break;                                                                       \
     }
 
-/* panels [p_begin, p_end) for every row on register tiles: one or two rows 4 panels at a time, three 2 */
-static void register_columns(const int16_t *digits, long M, long K, const float *scales, const float *sums,
-                             const int32_t *digit_sums,
-                             const uint8_t *packed, int format, long N, const float *bias, bf16 *out,
-                             long out_stride, const bf16 *silu, long p_begin, long p_end) {
+/* panels [p_begin, p_end) for every row on register tiles: one row 8 panels at a time (more weight streams in
+ * flight), up to 4 rows 4 */
+static void register_columns(const int16_t *ints, long M, long K, const float *scales, const float *sums,
+                             const int32_t *n_sums, const uint8_t *packed, int format, long N, const float *bias,
+                             bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end) {
     const long blocks = K / QBLOCK, panel_bytes = blocks * block_bytes(format);
-    for (long m = 0; m < M; m += DIGIT_MR) {
-        const long mr = M - m < DIGIT_MR ? M - m : DIGIT_MR;
-        const int width = mr < 3 ? DIGIT_NR : 2;
+    for (long m = 0; m < M; m += INT_MR) {
+        const long mr = M - m < INT_MR ? M - m : INT_MR;
+        const int width = mr == 1 ? INT_NR : INT_NR / 2;
         for (long p = p_begin; p < p_end; p += width) {
             const int nr = p_end - p < width ? (int)(p_end - p) : width;
             const uint8_t *panels = packed + p * panel_bytes;
             const long n0 = p * LANES;
             if (format == FORMAT_Q4) {
-                DIGIT_TILES(1)
+                INT_TILES(1)
             } else {
-                DIGIT_TILES(0)
+                INT_TILES(0)
             }
         }
     }
 }
-#undef DIGIT_TILES
-#undef DIGIT_TILE
+#undef INT_TILES
+#undef INT_TILE
 
 /* ---- more rows: AMX tiles ----------------------------------------------------------------------------------- */
 
@@ -238,8 +248,8 @@ static void tile_pass(const bf16 *digits, long K, int rows, const __m512bh *w0, 
             block_scales(heads[j] + b * bb, q4, &d, &offset);
             for (int i = 0; i < rows; i++) { /* digit rows 2i (hi), 2i + 1 (lo) */
                 const float *c = block[i / (TILE_ROWS / 2)][j] + (2 * i % TILE_ROWS) * LANES;
-                t[i][j] = fold_digits(t[i][j], _mm512_load_ps(c), _mm512_load_ps(c + LANES), d, offset,
-                                      scales[i * blocks + b], sums[i * blocks + b], q4);
+                const __m512 block_sum = _mm512_fmadd_ps(_mm512_set1_ps(256.0f), _mm512_load_ps(c), _mm512_load_ps(c + LANES));
+                t[i][j] = fold_block_sum(t[i][j], block_sum, d, offset, scales[i * blocks + b], sums[i * blocks + b], q4);
             }
         }
     }
@@ -300,16 +310,15 @@ static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
     const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit, blocks = K / QBLOCK;
     const int tiles = M > AVX512_ROWS && amx_permitted();
-    void *digits = malloc(sizeof(int16_t) * 2 * M * K); /* bf16 or int16 */
-    float *scales = malloc(sizeof(float) * 4 * M * blocks), *sums = scales + M * blocks;
-    int32_t *digit_sums = (int32_t *)(sums + M * blocks); /* [M][blocks][2] */
+    void *digits = malloc(sizeof(int16_t) * 2 * M * K); /* bf16 digits, or int16 integers */
+    float *scales = malloc(sizeof(float) * 3 * M * blocks), *sums = scales + M * blocks;
+    int32_t *n_sums = (int32_t *)(sums + M * blocks);
     if (!digits || !scales) {
         free(digits);
         free(scales);
         return -1;
     }
-    to_digits(x, M, K, x_stride, tiles ? digits : NULL, tiles ? NULL : digits, tiles ? NULL : digit_sums, scales,
-              sums);
+    to_digits(x, M, K, x_stride, tiles ? digits : NULL, tiles ? NULL : digits, scales, sums, n_sums);
     const long unpacked_panel_bytes = blocks * unpacked_vectors(format) * 64;
     long slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
     if (slab < NR) slab = NR;
@@ -322,7 +331,7 @@ static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
         const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
         const long p_end = end < panels ? end : panels;
         if (!tiles) {
-            register_columns(digits, M, K, scales, sums, digit_sums, packed, format, N, bias, out, out_stride, silu, begin,
+            register_columns(digits, M, K, scales, sums, n_sums, packed, format, N, bias, out, out_stride, silu, begin,
                              p_end);
         } else {
             __m512bh *buffer = thread_scratch(slab * unpacked_panel_bytes);
