@@ -189,13 +189,13 @@ def test_a_request_gets_the_answer_it_gets_alone(models, references, model, engi
 def test_the_check_fails_with_the_shape_tuned_kernels(models, model, dtype):
     """--no-batch-invariant: the targets alone, and together in one batch under a budget of 16 (chunked
     prefills; bf16: decodes through the decode kernel, quantized prefill matmuls through dequantized
-    panels, or on the amx tier, where the kept blocks' exact integer sums (quant_vnni.c) are invariant with
-    or without the flag, the model dequantized through oneDNN's matmuls; float32: MKL's matmuls and SDPA),
-    differ somewhere."""
+    panels, or on the amx tier, where the kept blocks' exact integer sums (amx_quant.c, quant_vnni.c) are
+    invariant with or without the flag, the model dequantized through oneDNN's matmuls; float32: MKL's
+    matmuls and SDPA), differ somewhere."""
     from engine_core.cpu_kernels import table, tiers
     targets = _targets(seed=7)
-    extra = {"quantization": "none"} if dtype == "bfloat16" and tiers.at_least("amx") and \
-        table.runs_here("quant_vnni") else {}
+    exact_sums = table.runs_here("quant_vnni") or table.runs_here("amx_quant")
+    extra = {"quantization": "none"} if dtype == "bfloat16" and tiers.at_least("amx") and exact_sums else {}
     engines = [_llm(models[model], dtype, budget, True, batch_invariant=False, **extra) for budget in (2048, 16)]
     try:
         alone = _alone(engines[0], targets)[::2]

@@ -16,9 +16,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(autouse=True, scope="module")
 def _cpu_quant_itself():
-    """cpu_quant.c, where the amx tier would serve quant_vnni.c (test_quant_vnni.py) in its place."""
+    """cpu_quant.c, where the amx tier would serve amx_quant.c (test_amx_quant.py) or quant_vnni.c
+    (test_quant_vnni.py) in its place."""
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("NVLLM_CPU_QUANT_VNNI", raising=False)
+        patch.setenv("NVLLM_CPU_AMX_QUANT", "0")
         table.forget()
         yield
     table.forget()

@@ -106,7 +106,8 @@ def test_the_table_names_the_kernel_of_each_operation(tier):
         fast, amx = tiers.rank(tier) >= tiers.rank("avx512_bf16"), tier == "amx"
         assert ("linear: linear/amx_gemm.c" if amx else "linear: linear/cpu_gemm.c") in bf16 or not fast
         assert ("linear: linear/cpu_gemm.c" in bf16 or "linear: linear/amx_gemm.c" in bf16) == fast
-        assert ("kept-quantized linear: linear/cpu_quant.c" if fast else "linear/quant_dot.c") in bf16
+        kept = "amx_quant.c" if amx else "cpu_quant.c" if fast else "quant_dot.c"
+        assert f"kept-quantized linear: linear/{kept}" in bf16
         attention = "amx_attention.c" if amx else "cpu_decode.c" if fast else "cpu_generic_attention.c"
         assert f"attention: attention/{attention}" in bf16
         assert "norm, rotary, SiLU: ops/cpu_ops.c" in bf16  # bf16's fused ops on every tier

@@ -28,7 +28,7 @@ class Kernel:
     lowest_tier: str
     what: str  # for log lines
     flags: tuple[str, ...] = ()
-    off_switch: tuple[str, str] | None = None  # (variable, value) that turns it off
+    off_switches: tuple[tuple[str, str], ...] = ()  # (variable, value) pairs, each of which turns it off
     on_switch: tuple[str, str] | None = None  # (variable, value) without which it stays off (an opt-in kernel)
 
     @property
@@ -38,46 +38,47 @@ class Kernel:
     def switched_off(self) -> bool:
         if self.on_switch is not None and os.environ.get(self.on_switch[0], "") != self.on_switch[1]:
             return True
-        return self.off_switch is not None and os.environ.get(self.off_switch[0], "") == self.off_switch[1]
+        return any(os.environ.get(variable, "") == value for variable, value in self.off_switches)
 
 
 KERNELS = {
     "amx_gemm": Kernel("linear/amx_gemm.c", "amx", "the bf16 linear kernel on AMX tiles (TDPBF16PS)",
-                       off_switch=("NVLLM_CPU_AMX", "0")),
+                       off_switches=(("NVLLM_CPU_AMX", "0"),)),
     "cpu_gemm": Kernel("linear/cpu_gemm.c", "avx512_bf16", "the bf16 linear kernel (vdpbf16ps panels)",
-                       off_switch=("NVLLM_CPU_GEMM", "onednn")),
+                       off_switches=(("NVLLM_CPU_GEMM", "onednn"),)),
     "cpu_gemm_f32": Kernel("linear/cpu_gemm_f32.c", "portable", "the fixed-order linear kernel (fp32 FMA)", NO_CONTRACT),
     # VNNI only, but measured on the amx tier alone; opt-in (NVLLM_CPU_QUANT_VNNI=1): its 8-bit input rows part
     # the default model's greedy answers from the dequantized model's more often than cpu_quant.c's exact
     # products do (3 of 12 chat prompts identical; "What is the capital of France?" answered "L'Étoile, ...")
     "quant_vnni": Kernel("linear/quant_vnni.c", "amx", "the quantized linear kernel (8-bit activations, exact "
                          "block sums)", NO_CONTRACT, on_switch=("NVLLM_CPU_QUANT_VNNI", "1")),
-    "amx_quant": Kernel("linear/amx_quant.c", "amx", "the quantized linear kernel on AMX tiles (inputs as exact "
-                        "16-bit digits)", NO_CONTRACT, off_switch=("NVLLM_CPU_AMX_QUANT", "0")),
+    "amx_quant": Kernel("linear/amx_quant.c", "amx", "the quantized linear kernel of exact integer block sums (inputs "
+                        "as 16-bit integers; VNNI, AMX tiles)", NO_CONTRACT,
+                        off_switches=(("NVLLM_CPU_AMX", "0"), ("NVLLM_CPU_AMX_QUANT", "0"))),
     "cpu_quant": Kernel("linear/cpu_quant.c", "avx512_bf16", "the quantized linear kernel (bf16 dot products)"),
     "quant_f32": Kernel("linear/quant_f32.c", "portable",
                         "the float32 quantized linear kernel (weights unpacked to their exact values)", NO_CONTRACT),
     "quant_dot": Kernel("linear/quant_dot.c", "portable",
                         "the quantized linear kernel (8-bit activations, integer dot products)", NO_CONTRACT),
     "cpu_ops": Kernel("ops/cpu_ops.c", "portable", "the fused bf16 norm / SiLU-and-mul / rotary kernels", NO_CONTRACT,
-                      off_switch=("NVLLM_CPU_FUSED_OPS", "0")),
+                      off_switches=(("NVLLM_CPU_FUSED_OPS", "0"),)),
     "cpu_rms": Kernel("ops/cpu_rms.c", "portable", "the fixed-order RMS statistic", NO_CONTRACT),
     "cpu_ops_f32": Kernel("ops/cpu_ops_f32.c", "portable", "the fused float32 norm / SiLU-and-mul / rotary kernels",
-                          NO_CONTRACT, off_switch=("NVLLM_CPU_FUSED_OPS", "0")),
+                          NO_CONTRACT, off_switches=(("NVLLM_CPU_FUSED_OPS", "0"),)),
     "amx_attention": Kernel("attention/amx_attention.c", "amx", "the bf16 paged attention kernels on AMX tiles",
-                            NO_CONTRACT, off_switch=("NVLLM_CPU_AMX", "0")),
+                            NO_CONTRACT, off_switches=(("NVLLM_CPU_AMX", "0"),)),
     "cpu_decode": Kernel("attention/cpu_decode.c", "avx512_bf16", "the bf16 paged attention kernels", NO_CONTRACT,
-                         off_switch=("NVLLM_CPU_DECODE_KERNEL", "0")),
+                         off_switches=(("NVLLM_CPU_DECODE_KERNEL", "0"),)),
     "cpu_generic_attention": Kernel("attention/cpu_generic_attention.c", "portable",
                                     "the fixed-order paged attention kernel", NO_CONTRACT,
-                                    off_switch=("NVLLM_CPU_GENERIC_ATTENTION", "0")),
+                                    off_switches=(("NVLLM_CPU_GENERIC_ATTENTION", "0"),)),
     "cpu_decoder": Kernel("decoder/cpu_decoder.c", "avx512_bf16", "the one-call decoder loop",
-                          off_switch=("NVLLM_CPU_DECODER", "0")),
+                          off_switches=(("NVLLM_CPU_DECODER", "0"),)),
     "cpu_decoder_f32": Kernel("decoder/cpu_decoder_f32.c", "portable", "the one-call float32 decoder loop",
-                              off_switch=("NVLLM_CPU_DECODER", "0")),
+                              off_switches=(("NVLLM_CPU_DECODER", "0"),)),
     "cpu_decoder_bf16_generic": Kernel("decoder/cpu_decoder_f32.c", "portable",
                                        "the one-call bf16 decoder loop below avx512_bf16", ("-DDECODER_BF16",),
-                                       off_switch=("NVLLM_CPU_DECODER", "0")),
+                                       off_switches=(("NVLLM_CPU_DECODER", "0"),)),
 }
 
 # operation -> the kernels that can serve it, best first; a name not in KERNELS is the torch code's

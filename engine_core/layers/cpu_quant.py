@@ -5,8 +5,10 @@ bf16/float weight to quantize per channel to int8 (`--quantization int8`, kept a
 is the channel's). It is packed once into panels of 16 columns and never dequantized as a whole: decode
 steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the same CPU as cpu_gemm.py
 (AVX512-BF16; on AMX CPUs only batch-invariant runs; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
-On the amx tier quant_vnni.c serves instead, a drop-in library with this one's functions and its own packed
-layout: 8-bit activation rows and exact integer block sums (vpdpbusd), faster at every row count.
+On the amx tier amx_quant.c serves instead, a drop-in library with this one's functions and packed layout: the
+inputs as 16-bit integers per block, so every block sum is an exact integer (vpdpwssd register tiles for up to 64
+rows, AMX tiles for more, the same bits), 1.5-2x this file's kernels at every row count; quant_vnni.c (8-bit
+inputs, its own layout) where opted in with NVLLM_CPU_QUANT_VNNI=1.
 """
 
 import ctypes
