@@ -197,16 +197,13 @@ int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, cons
         return avx512_paged_attention(q, q_row, k_cache, v_cache, block_tables, table_row, seq_lens, query_start_loc,
                                       out, out_row, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
                                       window, nthreads);
-    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP ||
-        !(scale > 0.0f) || window < 0) /* the running max is taken over unscaled scores */
-        return -1;
-    const int group = num_heads / num_kv_heads, D = head_dim;
+    ChunkJob job;
     long n = 0;
-    WorkItem *items = paged_work_items(query_start_loc, seq_lens, num_seqs, num_kv_heads, ROWS, &n);
+    WorkItem *items = chunk_work(q, q_row, k_cache, v_cache, block_tables, table_row, seq_lens, query_start_loc, out,
+                                 out_row, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, window, &job,
+                                 &n);
     if (!items) return -1;
-    const ChunkJob job = {{q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row,
-                           num_heads, num_kv_heads, head_dim, block_size, scale, window}, query_start_loc,
-                         scale * 1.44269504088896341f};
+    const int group = num_heads / num_kv_heads, D = head_dim;
     const AmxChunkFn fn = pick_amx_chunk(group, head_dim);
     const long vectors = (long)ROWS * group, padded = (vectors + BLOCK - 1) / BLOCK * BLOCK;
     /* each part a multiple of 64 bytes: acc, sums (vectors), maxes, queries, scores, probs, values */

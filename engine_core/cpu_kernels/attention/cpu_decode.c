@@ -626,6 +626,22 @@ static ChunkFn pick_chunk(int group, int head_dim) {
     return chunk_any;
 }
 
+/* what paged_attention here and in amx_attention.c does first: refuses (NULL) the shapes these kernels do not
+ * take, else returns the work items (*n of them; NULL also when out of memory) and fills the job they share */
+static WorkItem *chunk_work(const uint16_t *q, long q_row, const uint16_t *k_cache, const uint16_t *v_cache,
+                            const int32_t *block_tables, long table_row, const int32_t *seq_lens,
+                            const int32_t *query_start_loc, uint16_t *out, long out_row, int num_seqs,
+                            int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int window,
+                            ChunkJob *job, long *n) {
+    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP ||
+        !(scale > 0.0f) || window < 0) /* the running max is taken over unscaled scores */
+        return NULL;
+    *job = (ChunkJob){{q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row, num_heads,
+                       num_kv_heads, head_dim, block_size, scale, window}, query_start_loc,
+                      scale * 1.44269504088896341f};
+    return paged_work_items(query_start_loc, seq_lens, num_seqs, num_kv_heads, ROWS, n);
+}
+
 /* Attention of every query row of num_seqs sequences: sequence i owns rows query_start_loc[i] ..
  * query_start_loc[i + 1] - 1, the last of its seq_lens[i] cached tokens. 0 when done; -1 for shapes
  * this kernel does not take (the caller then uses another path). */
@@ -633,16 +649,13 @@ int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, cons
                     const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                     const int32_t *query_start_loc, uint16_t *out, long out_row, int num_seqs, int num_heads,
                     int num_kv_heads, int head_dim, int block_size, float scale, int window, int nthreads) {
-    if (head_dim % 32 || head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads || num_heads / num_kv_heads > MAX_GROUP ||
-        !(scale > 0.0f) || window < 0) /* the running max is taken over unscaled scores */
-        return -1;
-    const int group = num_heads / num_kv_heads;
+    ChunkJob job;
     long n = 0;
-    WorkItem *items = paged_work_items(query_start_loc, seq_lens, num_seqs, num_kv_heads, ROWS, &n);
+    WorkItem *items = chunk_work(q, q_row, k_cache, v_cache, block_tables, table_row, seq_lens, query_start_loc, out,
+                                 out_row, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, window, &job,
+                                 &n);
     if (!items) return -1;
-    const ChunkJob job = {{q, k_cache, v_cache, out, block_tables, seq_lens, q_row, out_row, table_row,
-                           num_heads, num_kv_heads, head_dim, block_size, scale, window}, query_start_loc,
-                         scale * 1.44269504088896341f};
+    const int group = num_heads / num_kv_heads;
     const ChunkFn fn = pick_chunk(group, head_dim);
     const size_t scratch_bytes = sizeof(float) * ROWS * group * (head_dim + 16 + 1) + 64;
     int failed = 0;
