@@ -17,11 +17,12 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Ex
            "List three prime numbers.", "Who wrote Hamlet?", "Translate 'good morning' into Spanish.",
            "What is 12 times 12?", "Give me a tip for learning to code.", "Describe a cat in five words.",
            "Why is the sky blue?", "Name a famous painter.", "Tell me a joke."]
-# Where the kept-quantized run (exact weights d q + m; with NVLLM_CPU_QUANT_VNNI=1 on the amx tier, input rows
-# rounded to 8 bits per block, quant_vnni.c) and the dequantized bf16 run (their bf16 roundings) part, each run
+# Where the kept-quantized run (exact weights d q + m; on the amx tier input rows as 16-bit integers per block,
+# amx_quant.c, or with NVLLM_CPU_QUANT_VNNI=1 rounded to 8 bits, quant_vnni.c) and the dequantized bf16 run (their bf16 roundings) part, each run
 # ranks the other's token among its TOP first, at most NEAR_TIE below its best. README states what was measured:
-# the largest gap 0.375 (six bf16 steps of a logit between 8 and 16) and 4 of 12 prompts identical on the AMX Xeon
-# with attention on AMX tiles (5 before it; 3 with quant_vnni.c); on the Zen4 EPYC gaps up to 0.125 and 6 identical
+# the largest gap 0.375 (six bf16 steps of a logit between 8 and 16) and on the AMX Xeon with attention on AMX tiles
+# 8 of 12 prompts identical through amx_quant.c (4 through cpu_quant.c, 3 through quant_vnni.c); on the Zen4 EPYC
+# gaps up to 0.125 and 6 identical
 NEAR_TIE = 0.375
 MIN_IDENTICAL = 4
 TOP = 5
