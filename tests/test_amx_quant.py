@@ -82,6 +82,19 @@ def test_gated_equals_the_plain_product_then_silu_and_mul(qtype):
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
+def test_unit_inputs_pick_their_weights(qtype):
+    """x = identity: each output is one weight d q + m, to within the fp32 rounding of the block's scale (a unit
+    input is 32767 integers of 1 / 32767) and of the Q4 offset's fold; a misplaced nibble or byte cannot hide."""
+    n, k = 40, 96
+    weight, dequantized = quantized_weight(qtype, n, k, seed=7)
+    packed = cpu_quant.QuantPanelWeight(weight)
+    eye = torch.eye(k, dtype=torch.bfloat16)
+    expected = dequantized.T.double()
+    for product in (torch.cat([packed.matmul(eye[i:i + 4]) for i in range(0, k, 4)]), packed.matmul(eye)):
+        assert torch.all((product.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-4 * expected.abs().max())
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
 def test_embedding_rows_are_the_dequantized_weights(qtype):
     weight, dequantized = quantized_weight(qtype, 100, 96, seed=9)
     packed = cpu_quant.QuantPanelWeight(weight)

@@ -217,9 +217,22 @@ def test_import_gives_the_exact_values_of_hand_built_blocks(tmp_path, arch):
         cpu_quant.QuantizedTensor(rows, qtype, expected[name][2].shape[1])  # the shape the kernels accept
 
 
+@pytest.fixture
+def cpu_quant_itself(monkeypatch):
+    """cpu_quant.c, where the amx tier would serve amx_quant.c (its inputs scaled per block: a unit input gives
+    its weight to within fp32's rounding of the scale, test_amx_quant.py) in its place."""
+    from engine_core.cpu_kernels import table
+    monkeypatch.setenv("NVLLM_CPU_AMX_QUANT", "0")
+    monkeypatch.delenv("NVLLM_CPU_QUANT_VNNI", raising=False)
+    table.forget()
+    yield
+    monkeypatch.undo()
+    table.forget()
+
+
 @needs_kernels
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
-def test_quantized_kernels_unpack_hand_built_blocks_exactly(kind):
+def test_quantized_kernels_unpack_hand_built_blocks_exactly(kind, cpu_quant_itself):
     """cpu_quant.c unpacks its panels (the rows of a quantized embedding) to the exact values; x = identity
     through the linear kernel gives them too (one nonzero product per output, exact in bf16), on the
     small-M path (4 rows at a time) and the large-M one (all 96)."""
