@@ -1,13 +1,14 @@
 """The kept-quantized bf16 linear kernel of the amx tier (amx_quant.c: inputs as 16-bit digits, exact block sums,
 AVX512 register tiles for a few rows and AMX tiles for more): its values against the dequantized float64 product,
 a row's bits the same at every row count (1, 7, 16, 33, 512 rows: both units), alone or among others, on one
-thread or two, with or without batch invariance asked for, plain and gated, and the embedding rows it keeps."""
+thread or two, with or without batch invariance asked for, plain and gated, and the embedding rows it keeps.
+Its arithmetic for prompt rows is amx_gemm.c's on the dequantized model's weights, bit for bit, at every row count."""
 
 import pytest
 import torch
 
 from engine_core.cpu_kernels import table
-from engine_core.layers import cpu_ops, cpu_quant
+from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 from engine_core.layers.activation import silu_and_mul
 from gguf_weights import quantized_weight
 
@@ -110,3 +111,31 @@ def test_a_row_of_zeros_among_others():
     got = packed.matmul(x)
     assert torch.equal(got[0], torch.zeros(64, dtype=torch.bfloat16))
     assert torch.equal(got[1:], packed.matmul(x[1:]))
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+@pytest.mark.parametrize("n,k", [(960, 576), (576, 1536), (40, 64)])
+def test_prompt_rows_are_the_dequantized_models_on_tiles(qtype, n, k):
+    """prompt_matmul: the weights dequantized per slab (bf16(d q + m), gguf-py's values rounded once) through
+    amx_gemm.c's tiles, so the same bits as the dense kernel on the dequantized model, for any rows among any."""
+    assert table.serving("linear bfloat16") == "linear/amx_gemm.c"
+    weight, dequantized = quantized_weight(qtype, n, k, seed=n + k + 1)
+    packed, dense = cpu_quant.QuantPanelWeight(weight), cpu_gemm.PanelWeight(dequantized.to(torch.bfloat16))
+    x, bias = _bf16(max(ROWS), k, seed=k + 1), _bf16(n, seed=3)
+    whole = packed.prompt_matmul(x, bias)
+    assert torch.equal(whole, dense.matmul(x, bias))
+    for rows in ROWS:
+        assert torch.equal(packed.prompt_matmul(x[rows - 1: rows], bias), whole[rows - 1: rows]), rows
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_gated_prompt_rows_are_the_dense_gated_kernels(qtype):
+    weight, dequantized = quantized_weight(qtype, 2 * 1536, 576, seed=12)
+    bias, table_ = _bf16(2 * 1536, seed=13), cpu_ops.silu_table()
+    gated = cpu_quant.GatedQuantPanelWeight(weight, table_)
+    dense = cpu_gemm.GatedPanelWeight(dequantized.to(torch.bfloat16), table_)
+    x = _bf16(max(ROWS), 576, seed=14)
+    whole = gated.prompt_silu_and_mul(x, bias)
+    assert torch.equal(whole, dense.silu_and_mul(x, bias))
+    for rows in ROWS:
+        assert torch.equal(gated.prompt_silu_and_mul(x[:rows], bias), whole[:rows]), rows

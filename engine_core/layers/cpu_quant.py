@@ -38,7 +38,15 @@ def _vnni_library(library):
 @table.loader("amx_quant")
 def _amx_library(library):
     granted = amx_granted(library, "kept-quantized layers run cpu_quant.c's AVX512-BF16 kernels")
-    return _declare(library) if granted else None
+    if not granted:
+        return None
+    ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    library.quant_prompt_linear_bf16.argtypes = [ptr, long, long, long, ptr, int_, long, ptr, ptr, long, int_]
+    library.quant_prompt_linear_bf16.restype = int_
+    library.quant_prompt_linear_silu_mul_bf16.argtypes = [ptr, long, long, long, ptr, int_, long, ptr, ptr, long,
+                                                          ptr, int_]
+    library.quant_prompt_linear_silu_mul_bf16.restype = int_
+    return _declare(library)
 
 
 def _declare(library):
@@ -59,6 +67,12 @@ def _declare(library):
 
 
 _library = table.loader("cpu_quant")(_declare)
+
+
+def has_prompt_arithmetic(library) -> bool:
+    """Whether a loaded kernel library gives prompt rows their own arithmetic (amx_quant.c's
+    quant_prompt_linear_bf16): the engine then keys cached blocks by which rows were prompt rows."""
+    return library is not None and library is _amx_library()
 
 
 class QuantizedTensor:
@@ -112,24 +126,34 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         assert status == 0
         self._bias = None
         self._linear = self._kernel(library.quant_linear_bf16)
+        # amx_quant.c's arithmetic for prompt rows (the dequantized model's, on AMX tiles); None elsewhere
+        self._prompt_linear = (self._kernel(library.quant_prompt_linear_bf16, takes_alike=False)
+                               if has_prompt_arithmetic(library) else None)
         if library is _vnni_library():
             self.kernel = "linear/quant_vnni.c"
         elif library is _amx_library():
             self.kernel = "linear/amx_quant.c"
 
-    def _kernel(self, function):
+    def _kernel(self, function, takes_alike: bool = True):
         """`function` with the packed format filled in, taking cpu_gemm's kernel arguments; raises when the
-        kernel could not get its scratch memory."""
+        kernel could not get its scratch memory. takes_alike: it takes the batch-invariance flag."""
 
         def call(x, rows, k, x_stride, panels, width, bias, out, out_stride, *rest):
             *extra, threads = rest  # batch-invariant: the same arithmetic at every row count (cpu_quant.c)
-            if function(x, rows, k, x_stride, panels, self.format, width, bias, out, out_stride, *extra,
-                        int(batch_invariant()), threads):
+            alike = (int(batch_invariant()),) if takes_alike else ()
+            if function(x, rows, k, x_stride, panels, self.format, width, bias, out, out_stride, *extra, *alike,
+                        threads):
                 raise MemoryError("the quantized linear kernel could not allocate its scratch buffers")
         return call
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self._run(self._linear, x, bias, self.out_features)
+
+    def prompt_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """matmul with the arithmetic of prompt rows, where the kernel has one (amx_quant.c: the dequantized
+        model's weights on AMX tiles); the C decoder loop gives it a step's prompt rows."""
+        assert self._prompt_linear is not None, "this kernel has one arithmetic for every row"
+        return self._run(self._prompt_linear, x, bias, self.out_features)
 
     def rows_of(self, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Columns `ids` of W, dequantized to bf16 [len(ids), K] (the rows of an embedding; `dtype`: the
@@ -155,9 +179,16 @@ class GatedQuantPanelWeight(QuantPanelWeight):
         self.intermediate = self.out_features // 2
         self._bias_order = cpu_gemm.gated_bias_order(self.out_features)
         self._gated = self._kernel(load().quant_linear_silu_mul_bf16)
+        self._prompt_gated = (self._kernel(load().quant_prompt_linear_silu_mul_bf16, takes_alike=False)
+                              if self._prompt_linear is not None else None)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a gated packed weight gives silu(gate) * up only: call silu_and_mul")
 
     def silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self._run(self._gated, x, bias, self.intermediate, self.silu_table.data_ptr())
+
+    def prompt_silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """silu_and_mul with the arithmetic of prompt rows (prompt_matmul's)."""
+        assert self._prompt_gated is not None, "this kernel has one arithmetic for every row"
+        return self._run(self._prompt_gated, x, bias, self.intermediate, self.silu_table.data_ptr())

@@ -23,42 +23,6 @@
 
 #include "amx_panels.h"
 
-/* panels [p_begin, p_end) (gated: whole groups of 4) for every row, rows in chunks whose inputs stay in L2 */
-static void amx_columns(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N, const float *bias,
-                        bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end) {
-    float sums[2][2][TILE_ROWS * LANES] __attribute__((aligned(64)));
-    long chunk = ROW_CHUNK_BYTES / (K * (long)sizeof(bf16)) / PASS_ROWS * PASS_ROWS;
-    if (chunk < PASS_ROWS) chunk = PASS_ROWS;
-    int configured = -1;
-    for (long m0 = 0; m0 < M; m0 += chunk) {
-        const long m_end = M - m0 < chunk ? M : m0 + chunk;
-        /* plain: panel pairs (p, p + 1); gated groups g0 g1 u0 u1: (g0, u0), then (g1, u1) */
-        for (long p = p_begin; p < p_end; p += silu ? (p % 4 == 0 ? 1 : 3) : 2) {
-            const long second = silu ? p + 2 : p + 1;
-            const bf16 *b0 = packed + p * K * LANES, *b1 = second < p_end ? packed + second * K * LANES : NULL;
-            for (long m = m0; m < m_end; m += PASS_ROWS) {
-                const int rows = m_end - m < PASS_ROWS ? (int)(m_end - m) : PASS_ROWS;
-                const int r0 = rows < TILE_ROWS ? rows : TILE_ROWS, r1 = rows - r0;
-                if (r0 * 32 + r1 != configured) amx_configure_pass(r0, r1), configured = r0 * 32 + r1;
-                pass(x + m * x_stride, x_stride, r1, b0, b1, K, sums);
-                for (int h = 0; h < 2; h++) {
-                    const int hr = h ? r1 : r0;
-                    bf16 *o = out + (m + h * TILE_ROWS) * out_stride;
-                    if (!hr) continue;
-                    if (silu) {
-                        store_gated_tile(sums[h][0], sums[h][1], hr, bias, p * LANES, second * LANES, o, out_stride,
-                                         (p / 4) * 2 * LANES + (p % 4) * LANES, silu);
-                    } else {
-                        store_plain(sums[h][0], hr, bias, o, out_stride, p * LANES, N);
-                        if (b1) store_plain(sums[h][1], hr, bias, o, out_stride, second * LANES, N);
-                    }
-                }
-            }
-        }
-    }
-    if (configured >= 0) _tile_release();
-}
-
 /* the panels split among threads in units of `unit` panels (a gated group's four stay together) */
 static void amx_run(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N, const float *bias,
                     bf16 *out, long out_stride, const bf16 *silu, long unit, int num_threads) {

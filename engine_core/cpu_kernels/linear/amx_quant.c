@@ -28,16 +28,14 @@
 #undef quant_linear_bf16
 #undef quant_linear_silu_mul_bf16
 
-#define TILE_ROWS 16      /* digit rows per tile A / C */
+#include "amx_panels.h"   /* amx_ready, TILE_ROWS (digit rows per tile A / C here), amx_columns */
+
 #define PASS_INPUTS 16    /* input rows per tile pass: 32 digit rows */
 #define INT_MR 4          /* input rows per register tile */
 #define INT_NR 8          /* panels per register tile of one row (half for more rows) */
 #ifndef AVX512_ROWS
 #define AVX512_ROWS 64 /* up to this many rows: register tiles (as fast as the tiles or faster below 128, measured); more: AMX */
 #endif
-
-/* 1 where the tiles may be used here: the loader asks once, and logs a refusal */
-int amx_ready(void) { return amx_permitted(); }
 
 /* ---- the inputs as digits ----------------------------------------------------------------------------------- */
 
@@ -362,4 +360,26 @@ int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, con
                                int every_row_alike, int num_threads) {
     (void)every_row_alike;
     return digit_run(x, M, K, x_stride, packed, format, 2 * I, bias, out, out_stride, silu, num_threads);
+}
+
+/* ---- prompt rows: the dequantized model's arithmetic on AMX tiles ------------------------------------------ */
+
+/* out [M, N] = x @ W^T + bias for rows that are prompt tokens (the engine passes only those): each thread
+ * dequantizes its columns per slab to bf16(d q + m), the dequantized model's weights bit for bit, and amx_gemm.c's
+ * passes multiply them, so a row's bits are amx_gemm.c's on the dequantized weights, whatever M (TDPBF16PS
+ * computes each row of a tile from that row alone). Bound by the tiles, not by the fold of exact block sums:
+ * 2-3x this file's integer tiles on a prefill. A request's prompt rows always take this arithmetic and its output
+ * rows the integer one, so its result still depends on nothing but itself (the prefix cache keys blocks by role). */
+int quant_prompt_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
+                             const float *bias, bf16 *out, long out_stride, int num_threads) {
+    return dequantized_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL,
+                           amx_permitted() ? amx_columns : columns, num_threads);
+}
+
+/* quant_prompt_linear_bf16 for a gated weight: silu(gate) * up, as quant_linear_silu_mul_bf16 */
+int quant_prompt_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed,
+                                      int format, long I, const float *bias, bf16 *out, long out_stride,
+                                      const bf16 *silu, int num_threads) {
+    return dequantized_run(x, M, K, x_stride, packed, format, 2 * I, bias, out, out_stride, silu,
+                           amx_permitted() ? amx_columns : columns, num_threads);
 }

@@ -440,11 +440,15 @@ static void dequantize_panel(const uint8_t *panel, long K, int format, bf16 *dst
     }
 }
 
-/* panels [p_begin, p_end) for every row, through bf16 slabs of `slab` panels; a gated weight's panel pairs
- * (gate, up) are reordered into cpu_gemm.c's gated groups (gate 32, up 32) */
+/* panels [p_begin, p_end) for every row, through bf16 slabs of `slab` panels multiplied by bf16_columns (cpu_gemm.c's
+ * columns, or amx_panels.h's amx_columns); a gated weight's panel pairs (gate, up) are reordered into cpu_gemm.c's
+ * gated groups (gate 32, up 32) */
+typedef void (*PanelColumns)(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N,
+                             const float *bias, bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end);
+
 static void large_columns(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                           const float *bias, bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end,
-                          long slab, bf16 *buffer) {
+                          long slab, bf16 *buffer, PanelColumns bf16_columns) {
     const long panel_bytes = K / QBLOCK * block_bytes(format);
     for (long s = p_begin; s < p_end; s += slab) {
         const long count = p_end - s < slab ? p_end - s : slab;
@@ -455,11 +459,11 @@ static void large_columns(const bf16 *x, long M, long K, long x_stride, const ui
         }
         if (silu) {
             /* columns() takes gated groups of 32 gate + 32 up outputs: their bias follows the same order */
-            columns(x, M, K, x_stride, buffer, count * LANES, bias ? bias + s * LANES : NULL, out + s * LANES / 2,
-                    out_stride, silu, 0, count);
+            bf16_columns(x, M, K, x_stride, buffer, count * LANES, bias ? bias + s * LANES : NULL,
+                         out + s * LANES / 2, out_stride, silu, 0, count);
         } else {
-            columns(x, M, K, x_stride, buffer, N - s * LANES, bias ? bias + s * LANES : NULL, out + s * LANES,
-                    out_stride, NULL, 0, count);
+            bf16_columns(x, M, K, x_stride, buffer, N - s * LANES, bias ? bias + s * LANES : NULL, out + s * LANES,
+                         out_stride, NULL, 0, count);
         }
     }
 }
@@ -480,20 +484,45 @@ static void *thread_scratch(long bytes) {
     return scratch;
 }
 
+/* every row through bf16 panels dequantized per slab (the dequantized model's weights), multiplied by
+ * bf16_columns; each thread dequantizes its own columns */
+static int dequantized_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
+                           const float *bias, bf16 *out, long out_stride, const bf16 *silu, PanelColumns bf16_columns,
+                           int num_threads) {
+    const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
+    const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit;
+    long slab = SLAB_BYTES / (K * LANES * (long)sizeof(bf16)) / NR * NR;
+    if (slab < NR) slab = NR;
+    const int threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        extern int omp_get_thread_num(void), omp_get_num_threads(void);
+        const long t = omp_get_thread_num(), n = omp_get_num_threads();
+        const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
+        bf16 *buffer = thread_scratch(slab * K * LANES * sizeof(bf16));
+        if (!buffer) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            large_columns(x, M, K, x_stride, packed, format, N, bias, out, out_stride, silu, begin,
+                          end < panels ? end : panels, slab, buffer, bf16_columns);
+        }
+    }
+    return failed ? -1 : 0;
+}
+
 static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                      const float *bias, bf16 *out, long out_stride, const bf16 *silu, int every_row_alike,
                      int num_threads) {
+    const int large = M >= QUANT_LARGE_M;
+    if (large && !every_row_alike)
+        return dequantized_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, silu, columns, num_threads);
     const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
     const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit;
-    const int large = M >= QUANT_LARGE_M, dequantize = large && !every_row_alike;
-    float *sums = NULL;
-    if (!dequantize) {
-        sums = malloc(sizeof(float) * M * (K / QBLOCK));
-        if (!sums) return -1;
-        block_sums(x, M, K, x_stride, sums);
-    }
-    long slab = SLAB_BYTES / (K * LANES * (long)sizeof(bf16)) / NR * NR;
-    if (slab < NR) slab = NR;
+    float *sums = malloc(sizeof(float) * M * (K / QBLOCK));
+    if (!sums) return -1;
+    block_sums(x, M, K, x_stride, sums);
     /* unpacked words: as many bytes as bf16 panels; slabs of whole gate/up pairs */
     const long unpacked_panel_bytes = K / QBLOCK * unpacked_vectors(format) * 64;
     long unpacked_slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
@@ -506,7 +535,7 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
         const long t = omp_get_thread_num(), n = omp_get_num_threads();
         const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
         const long p_end = end < panels ? end : panels;
-        if (large && every_row_alike) {
+        if (large) {
             __m512bh *buffer = thread_scratch(unpacked_slab * unpacked_panel_bytes);
             if (!buffer) {
 #pragma omp atomic write
@@ -514,15 +543,6 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
             } else {
                 unpacked_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end,
                                  unpacked_slab, buffer);
-            }
-        } else if (dequantize) {
-            bf16 *buffer = thread_scratch(slab * K * LANES * sizeof(bf16));
-            if (!buffer) {
-#pragma omp atomic write
-                failed = 1;
-            } else {
-                large_columns(x, M, K, x_stride, packed, format, N, bias, out, out_stride, silu, begin, p_end, slab,
-                              buffer);
             }
         } else {
             small_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end);
