@@ -204,3 +204,32 @@ def test_the_check_fails_with_the_shape_tuned_kernels(models, model, dtype):
         for llm in engines:
             llm.shutdown()
     assert alone != together
+
+
+def test_a_prompt_that_repeats_an_earlier_answer_gets_the_answer_it_gets_alone(models):
+    """Multi-turn chat: turn 2's prompt is turn 1's prompt and answer and more. On the amx tier the default model's
+    kept-quantized layers compute prompt tokens with the dequantized model's arithmetic on AMX tiles and output
+    tokens with exact integer sums (amx_quant.c): turn 2 must then compute the answer's tokens as prompt tokens
+    rather than read the K/V turn 1 cached for them, or its result would depend on what ran before it."""
+    from engine_core.cpu_kernels import table
+    first = _targets(seed=11)[2][:40]  # with its answer's first 11 tokens: a full block of 8 prompt, 8 answer tokens
+    llm = _llm(models["default"], "bfloat16", 2048, True)
+    try:
+        runner = llm.client.core.executor.runner
+        assert runner.prompt_arithmetic == table.runs_here("amx_quant")
+        assert llm.client.core.kv_cache_manager.key_prompt_rows == runner.prompt_arithmetic
+        answer = _results(llm.generate([first], GREEDY, use_tqdm=False))[0][0]
+        second = first + list(answer) + _targets(seed=12)[1]
+        after_first = _results(llm.generate([second], [GREEDY], use_tqdm=False))
+        hits = llm.client.get_stats().totals
+    finally:
+        llm.shutdown()
+    fresh = _llm(models["default"], "bfloat16", 2048, True)
+    try:
+        alone = _results(fresh.generate([second], [GREEDY], use_tqdm=False))
+    finally:
+        fresh.shutdown()
+    assert after_first == alone
+    # turn 1's blocks of prompt tokens only were shared; its block of prompt and answer tokens only without
+    # prompt arithmetic
+    assert hits.prefix_cache_hits == (32 if runner.prompt_arithmetic else 48)

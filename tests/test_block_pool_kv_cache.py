@@ -104,6 +104,25 @@ def test_request_block_hashes_chain_over_full_blocks_only():
     assert req.block_hashes == [h0, hash_block_tokens(h0, [4, 5, 6, 7])]
 
 
+def test_keyed_by_prompt_rows_a_prompt_that_repeats_an_answer_hits_only_the_prompt_blocks():
+    """Where prompt tokens have their own arithmetic (amx_quant.c), a block holding an answer's tokens is keyed by
+    how many of its tokens were prompt tokens: a later prompt repeating that answer computes those tokens itself,
+    while blocks of prompt tokens only are shared as ever (and keyed as ever)."""
+    for keyed, hit_tokens in ((False, 12), (True, 8)):
+        kv = KVCacheManager(10, BS, key_prompt_rows=keyed)
+        a = make_request("a", list(range(10)))  # prompt [0-3] [4-7] [8, 9 + its first two answer tokens]
+        admit(kv, a)
+        for token in (50, 51, 52, 53):
+            a.append_output_token(token)
+        assert kv.allocate_slots(a, 4)
+        a.num_computed_tokens = a.num_tokens
+        kv.free(a)  # its full blocks (2 of prompt tokens, then 8 9 50 51, then 52 53 ...) stay cached
+        assert a.block_hashes[:2] == [hash_block_tokens(None, [0, 1, 2, 3]),
+                                      hash_block_tokens(a.block_hashes[0], [4, 5, 6, 7])]
+        b = make_request("b", list(range(10)) + [50, 51, 52, 53, 77])  # the same tokens, all of them prompt now
+        assert admit(kv, b) == hit_tokens
+
+
 # ---- KVCacheManager ----------------------------------------------------------------------------------
 
 def test_prefix_hit_shares_blocks_with_reference_counts():

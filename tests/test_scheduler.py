@@ -89,6 +89,13 @@ def make_request(rid, prompt, max_tokens=8, **kw) -> Request:
 
 def check_invariants(sched: Scheduler, out: SchedulerOutput) -> None:
     cfg, kv = sched.config, sched.kv
+    # the step's prompt rows: exactly the rows at positions before their request's first output token
+    runs = build_step_input(out, kv.block_size).step.prompt_runs
+    flags = [p < s.request.num_prompt_tokens for s in out.scheduled
+             for p in range(s.num_computed_tokens_before, s.num_computed_tokens_before + s.num_new_tokens)]
+    assert runs == [x for a, b in zip(runs[::2], runs[1::2]) for x in (a, b) if a < b]  # ordered, none empty
+    assert all(b < c for b, c in zip(runs[1::2], runs[2::2]))  # runs never touch: merged
+    assert [any(a <= r < b for a, b in zip(runs[::2], runs[1::2])) for r in range(len(flags))] == flags
     assert out.total_num_scheduled_tokens == sum(s.num_new_tokens for s in out.scheduled)
     assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
     assert len(sched.running) <= cfg.max_num_seqs

@@ -232,6 +232,10 @@ class MultiprocExecutor:
         """(blocks every rank can hold, rank 0's bytes per block: it holds the most heads)."""
         return agree_on_num_blocks(self.runner), self.runner.kv_bytes_per_block()
 
+    def prompt_arithmetic(self) -> bool:
+        """False: tensor-parallel ranks run the decoder as modules, one arithmetic for every row (cpu_decoder.py)."""
+        return False
+
     def initialize_cache(self, num_blocks: int) -> None:
         self.runner.allocate_kv_cache(num_blocks)  # the workers allocated the same count after agreeing on it
 

@@ -19,6 +19,11 @@ class UniprocExecutor:
         per_block = self.runner.kv_bytes_per_block() + (self.drafter.kv_bytes_per_block() if self.drafter else 0)
         return max(0, self.runner.kv_cache_budget() // per_block), per_block
 
+    def prompt_arithmetic(self) -> bool:
+        """Whether the model computes prompt tokens with another arithmetic than output tokens (the prefix cache
+        then keys blocks by their prompt tokens)."""
+        return self.runner.prompt_arithmetic
+
     def initialize_cache(self, num_blocks: int) -> None:
         self.runner.allocate_kv_cache(num_blocks)
         if self.drafter:

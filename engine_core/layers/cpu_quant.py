@@ -7,8 +7,10 @@ steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the sa
 (AVX512-BF16; on AMX CPUs only batch-invariant runs; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
 On the amx tier amx_quant.c serves instead, a drop-in library with this one's functions and packed layout: the
 inputs as 16-bit integers per block, so every block sum is an exact integer (vpdpwssd register tiles for up to 64
-rows, AMX tiles for more, the same bits), 1.5-2x this file's kernels at every row count; quant_vnni.c (8-bit
-inputs, its own layout) where opted in with NVLLM_CPU_QUANT_VNNI=1.
+rows, AMX tiles for more, the same bits), 1.5-2x this file's kernels at every row count, and for prompt tokens
+(`prompt_matmul`, which the C decoder loop gives a step's prompt rows) the dequantized model's arithmetic on AMX
+tiles, 3-3.5x the integer tiles on a prefill; quant_vnni.c (8-bit inputs, its own layout) where opted in with
+NVLLM_CPU_QUANT_VNNI=1.
 """
 
 import ctypes
@@ -19,6 +21,7 @@ from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.cpu_kernels.amx_grant import amx_granted
 from engine_core.layers import cpu_gemm
+from engine_core.layers.forward_context import prompt_runs
 from engine_core.layers.gguf_types import GGUF_TYPES
 
 BLOCK = 32  # inputs per quantized block of the Q4/Q5/Q8 types (a K-quant's super-block holds 256)
@@ -147,7 +150,23 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         return call
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self._run(self._linear, x, bias, self.out_features)
+        """x @ W^T (+ bias); in a step whose prompt rows have their own arithmetic (forward_context.prompt_runs),
+        those rows through it, as the C decoder loop runs them."""
+        return self._by_role(self._linear, self._prompt_linear, x, bias, self.out_features)
+
+    def _by_role(self, kernel, prompt_kernel, x: torch.Tensor, bias, width: int, *extra) -> torch.Tensor:
+        runs = prompt_runs() if prompt_kernel is not None else []
+        if not runs:
+            return self._run(kernel, x, bias, width, *extra)
+        pieces, row = [], 0
+        for first, end in zip(runs[::2], runs[1::2]):
+            if first > row:
+                pieces.append(self._run(kernel, x[row:first], bias, width, *extra))
+            pieces.append(self._run(prompt_kernel, x[first:end], bias, width, *extra))
+            row = end
+        if row < x.shape[0]:
+            pieces.append(self._run(kernel, x[row:], bias, width, *extra))
+        return torch.cat(pieces)
 
     def prompt_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """matmul with the arithmetic of prompt rows, where the kernel has one (amx_quant.c: the dequantized
@@ -186,7 +205,7 @@ class GatedQuantPanelWeight(QuantPanelWeight):
         raise TypeError("a gated packed weight gives silu(gate) * up only: call silu_and_mul")
 
     def silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self._run(self._gated, x, bias, self.intermediate, self.silu_table.data_ptr())
+        return self._by_role(self._gated, self._prompt_gated, x, bias, self.intermediate, self.silu_table.data_ptr())
 
     def prompt_silu_and_mul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """silu_and_mul with the arithmetic of prompt rows (prompt_matmul's)."""

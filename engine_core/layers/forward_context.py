@@ -21,6 +21,8 @@ class ForwardContext:
     rotary: RotaryPlan = field(default_factory=RotaryPlan)
     # LoRA: which rows use which adapter slot (lora/layers.LoRAStep); None: no row uses an adapter
     lora_step: object = None
+    # the rows that are prompt tokens, as StepInput.prompt_runs: flat [first row, end row) pairs
+    prompt_runs: list[int] = field(default_factory=list)
 
 
 _current: ForwardContext | None = None
@@ -36,9 +38,10 @@ def get_forward_context() -> ForwardContext:
 
 
 @contextmanager
-def forward_context(meta: AttentionMetadata, backend: AttentionBackend, lora_step=None):
+def forward_context(meta: AttentionMetadata, backend: AttentionBackend, lora_step=None,
+                    prompt_runs: list[int] = ()):
     global _current
-    previous, _current = _current, ForwardContext(meta, backend, lora_step=lora_step)
+    previous, _current = _current, ForwardContext(meta, backend, lora_step=lora_step, prompt_runs=list(prompt_runs))
     try:
         yield
     finally:
@@ -48,3 +51,9 @@ def forward_context(meta: AttentionMetadata, backend: AttentionBackend, lora_ste
 def lora_step():
     """The step's LoRA rows (lora/layers.LoRAStep); None outside a step or when no row uses an adapter."""
     return _current.lora_step if _current is not None else None
+
+
+def prompt_runs() -> list[int]:
+    """The step's prompt rows as flat [first row, end row) pairs, where the model gives them their own arithmetic
+    (the model runner passes them then only); [] outside a step or otherwise."""
+    return _current.prompt_runs if _current is not None else []

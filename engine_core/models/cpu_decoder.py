@@ -61,8 +61,9 @@ class _Layer(ctypes.Structure):
 
 
 class _Model(ctypes.Structure):
-    _fields_ = ([(name, _ptr) for name in ("linear", "gated", "quant_linear", "quant_gated", "dot", "silu", "norm",
-                                           "rotary", "decode", "chunk", "silu_table", "cos", "sin")]
+    _fields_ = ([(name, _ptr) for name in ("linear", "gated", "quant_linear", "quant_gated", "quant_prompt",
+                                           "quant_prompt_gated", "dot", "silu", "norm", "rotary", "decode", "chunk",
+                                           "silu_table", "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
                                               "head_dim", "intermediate", "block_size", "rotary_dim")]
                 + [(name, _float) for name in ("eps", "qk_eps", "scale")]
@@ -75,7 +76,8 @@ class _Step(ctypes.Structure):
                  ("query_start_loc", _ptr)]
                 + [(name, _ptr) for name in ("residual", "x", "normed", "qkv", "attn", "act", "q_normed",
                                              "k_normed", "gate_up")]
-                + [("threads", ctypes.c_int), ("every_row_alike", ctypes.c_int)])
+                + [("threads", ctypes.c_int), ("every_row_alike", ctypes.c_int)]
+                + [("prompt_runs", _ptr), ("num_prompt_runs", _long)])
 
 
 @table.loader("cpu_decoder")
@@ -188,6 +190,7 @@ class CpuDecoder:
 
     dtype = torch.bfloat16
     act_widths = 1  # the MLP buffer's width in intermediates (the gated matmul stores silu(gate) * up only)
+    takes_prompt_kernels = True  # the loop hands prompt rows to a kept-quantized kernel's prompt arithmetic
 
     def __init__(self, model):
         self.model = model
@@ -198,6 +201,12 @@ class CpuDecoder:
         self.head_dim = first.self_attn.head_dim
         self.intermediate = first.mlp.gate_up_proj.packed_weight.out_features // 2  # gate | up
         self.qk_norm = first.self_attn.q_norm is not None
+        # prompt rows of kept-quantized layers take their own arithmetic (amx_quant.c): the engine then keys
+        # cached blocks by which of their tokens were prompt tokens (kv_cache_manager.py)
+        kept = any(isinstance(pack, cpu_quant.QuantPanelWeight) for layer in model.layers
+                   for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                                  layer.mlp.down_proj) for pack in pieces_of(linear.packed_weight))
+        self.prompt_arithmetic = kept and self.takes_prompt_kernels and cpu_quant.has_prompt_arithmetic(cpu_quant.load())
         self._struct = None
         self._cache_ptr = None  # the layer 0 key cache the struct was built for
 
@@ -239,6 +248,8 @@ class CpuDecoder:
             linear=address(gemm, "linear_bf16"), gated=address(gemm, "linear_silu_mul_bf16"),
             quant_linear=quant and address(quant, "quant_linear_bf16"),
             quant_gated=quant and address(quant, "quant_linear_silu_mul_bf16"),
+            quant_prompt=address(quant, "quant_prompt_linear_bf16") if self.prompt_arithmetic else None,
+            quant_prompt_gated=address(quant, "quant_prompt_linear_silu_mul_bf16") if self.prompt_arithmetic else None,
             dot=dot and address(dot, "quant_dot_linear_bf16"), silu=address(ops, "silu_and_mul_bf16"),
             norm=address(ops, cpu_ops.bf16_norm_name()), rotary=address(ops, "rotary_bf16"),
             decode=address(attention, "paged_decode_attention"), chunk=address(attention, "paged_attention"),
@@ -269,8 +280,10 @@ class CpuDecoder:
             return None
         if self._struct is None or self._cache_ptr != cache.data_ptr():
             self._struct, self._cache_ptr = self._build(), cache.data_ptr()
-        meta = get_forward_context().meta
+        context = get_forward_context()
+        meta = context.meta
         tokens, hidden = embeddings.shape
+        runs = torch.tensor(context.prompt_runs if self.prompt_arithmetic else [], dtype=torch.int64)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         widths = [hidden, hidden, q_size + 2 * kv_size, q_size, self.act_widths * self.intermediate]
         widths += [q_size, kv_size] if self.qk_norm else []
@@ -288,7 +301,7 @@ class CpuDecoder:
             q_normed=None if q_normed is None else q_normed.data_ptr(),
             k_normed=None if k_normed is None else k_normed.data_ptr(),
             gate_up=None if gate_up is None else gate_up.data_ptr(), threads=torch.get_num_threads(),
-            every_row_alike=int(batch_invariant()))
+            every_row_alike=int(batch_invariant()), prompt_runs=runs.data_ptr(), num_prompt_runs=runs.numel() // 2)
         status = self._entry()(ctypes.byref(self._struct), ctypes.byref(step))
         if status == -1:
             return None

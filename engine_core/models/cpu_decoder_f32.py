@@ -86,6 +86,7 @@ class CpuDecoderF32(CpuDecoder):
 
     dtype = torch.float32
     act_widths = 2  # gate | up, then silu(gate) * up in place over the gate half
+    takes_prompt_kernels = False  # one arithmetic for every row
 
     @staticmethod
     def why_not(model) -> str | None:

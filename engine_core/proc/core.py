@@ -78,7 +78,7 @@ class EngineCore:
         logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)", num_blocks, block_size,
                     capacity, num_blocks * per_block / 2**30, config.dtype)
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching,
-                                               attention_reach(config))
+                                               attention_reach(config), self.executor.prompt_arithmetic())
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=max_model_len, block_size=block_size,

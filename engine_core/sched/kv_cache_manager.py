@@ -20,14 +20,17 @@ from engine_core.sched.block_pool import BlockPool, KVCacheBlock
 from engine_core.sched.request import Request
 
 
-def hash_block_tokens(parent_hash: int | None, token_ids) -> int:
-    """xxh3_64 over the parent hash and the block's token ids (int64 each)."""
+def hash_block_tokens(parent_hash: int | None, token_ids, prompt_tokens: int | None = None) -> int:
+    """xxh3_64 over the parent hash and the block's token ids (int64 each), and, where given, how many of them
+    are prompt tokens of the request that computed the block (key_prompt_rows)."""
     h = xxhash.xxh3_64()
     if parent_hash is None:
         h.update(b"\x00")
     else:
         h.update(b"\x01" + (parent_hash & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little"))
     h.update(array("q", token_ids).tobytes())
+    if prompt_tokens is not None:
+        h.update(b"\x02" + prompt_tokens.to_bytes(8, "little"))
     return h.intdigest()
 
 
@@ -54,13 +57,18 @@ def lora_identity_bytes(name: str, int_id: int, path: str) -> bytes:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 attention_reach: int | None = None):
+                 attention_reach: int | None = None, key_prompt_rows: bool = False):
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
         if attention_reach is not None and attention_reach < 1:
             raise ValueError(f"attention_reach must be at least 1, got {attention_reach}")
         self.block_size = block_size
         self.attention_reach = attention_reach  # keys a query reads back, itself included; None: all
+        # the model computes prompt tokens with another arithmetic than output tokens (amx_quant.c): a block that
+        # holds output tokens is then keyed by how many of its tokens were prompt tokens, so a later request whose
+        # prompt repeats an earlier answer computes those tokens itself rather than reading the answer's K/V
+        # (its result stays its own); blocks of prompt tokens only are keyed as always and shared as always
+        self.key_prompt_rows = key_prompt_rows
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.prefix_cache_queries = 0  # tokens looked up (cumulative)
@@ -84,7 +92,9 @@ class KVCacheManager:
         for i in range(len(hashes), min(num_tokens, len(tokens)) // bs):
             lora = request.lora_request
             parent = hashes[-1] if hashes else salt_hash(request.cache_salt, lora.key if lora is not None else None)
-            hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs]))
+            prompt = min(max(request.num_prompt_tokens - i * bs, 0), bs)
+            hashes.append(hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs],
+                                            prompt if self.key_prompt_rows and prompt < bs else None))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The longest run of cached full blocks that prefixes the request, and the tokens they hold.

@@ -98,6 +98,13 @@ class ModelRunner:
             loops = ((CpuDecoderF32,) if dtype is torch.float32
                      else (CpuDecoder, CpuDecoderBF16Generic) if self.backend.name == "cpu_generic" else (CpuDecoder,))
             self.model.cpu_decoder = self._decoder_loop(loops)
+        # prompt rows of kept-quantized layers computed with their own arithmetic (CpuDecoder.prompt_arithmetic)
+        decoder = getattr(self.model, "cpu_decoder", None)
+        self.prompt_arithmetic = decoder is not None and decoder.prompt_arithmetic
+        if self.prompt_arithmetic and tp_rank() == 0:
+            logger.info("kept-quantized layers: prompt tokens on AMX tiles with the dequantized model's weights, "
+                        "output tokens by exact integer block sums (amx_quant.c); cached blocks that hold output "
+                        "tokens are keyed by their prompt tokens")
         self.sampler = Sampler(device, config.seed) if tp_rank() == 0 else None
         self.pooler = Pooler(config.pooler) if config.pooler is not None and tp_rank() == 0 else None
         if tp_rank() == 0 and device.type == "cpu":
@@ -284,7 +291,7 @@ class ModelRunner:
         positions = torch.tensor(step.positions, dtype=torch.int64, device=self.device)
         rows = (self.lora.prepare(step.lora_requests, step.seq_loras, step.query_start_loc)
                 if self.lora is not None else None)
-        with forward_context(meta, self.backend, rows):
+        with forward_context(meta, self.backend, rows, step.prompt_runs if self.prompt_arithmetic else ()):
             hidden = self.model(input_ids, positions)
         sample_rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
         return self._logits(hidden, sample_rows), self._score_rows(hidden, step), hidden

@@ -33,6 +33,10 @@ class StepInput(msgspec.Struct, array_like=True):
     # and per sequence the index of its adapter among them (-1: the base model)
     lora_requests: list[LoRARequest] = []
     seq_loras: list[int] = []
+    # the rows that are prompt tokens (positions before their request's first output token), as flat pairs
+    # [first row, end row) of runs: a kernel with an arithmetic of its own for prompt rows gives it these
+    # (amx_quant.c), so a token's arithmetic depends on its request alone
+    prompt_runs: list[int] = []
 
 
 class StepBuilder:
@@ -46,14 +50,16 @@ class StepBuilder:
         self.scored_rows, self.scored_targets, self.scored_top_n = [], [], 0
         self.lora_requests: list[LoRARequest] = []
         self.seq_loras: list[int] = []
+        self.prompt_runs: list[int] = []
 
     def add(self, block_ids: list[int], token_ids: list[int], start: int, sample: bool,
-            scored_targets: list[int] = (), top_n: int = 0, lora: int = -1) -> None:
+            scored_targets: list[int] = (), top_n: int = 0, lora: int = -1, prompt_len: int = 0) -> None:
         """token_ids at positions start.. of the sequence whose blocks are block_ids; sample: its last row's
         logits are wanted; scored_targets: the tokens that follow its first rows, whose logprobs (and top_n
-        more) are wanted."""
+        more) are wanted; prompt_len: its request's prompt tokens (the rows before that position are prompt rows)."""
         bs, end = self.block_size, start + len(token_ids)
         first_row = self.query_start_loc[-1]
+        self._add_prompt_rows(first_row, min(max(prompt_len - start, 0), len(token_ids)))
         self.scored_rows.extend(range(first_row, first_row + len(scored_targets)))
         self.scored_targets.extend(scored_targets)
         if scored_targets:
@@ -68,13 +74,22 @@ class StepBuilder:
         if sample:
             self.sample_rows.append(self.query_start_loc[-1] - 1)
 
+    def _add_prompt_rows(self, first_row: int, count: int) -> None:
+        if not count:
+            return
+        if self.prompt_runs and self.prompt_runs[-1] == first_row:
+            self.prompt_runs[-1] += count  # one run with the rows before it
+        else:
+            self.prompt_runs += [first_row, first_row + count]
+
     def build(self) -> StepInput:
         lengths = [b - a for a, b in zip(self.query_start_loc, self.query_start_loc[1:])]
         num_decodes = next((i for i, n in enumerate(lengths) if n != 1), len(lengths))
         return StepInput(self.input_ids, self.positions, self.slots, self.query_start_loc, self.seq_lens,
                          self.tables, num_decodes, self.sample_rows, self.scored_rows, self.scored_targets,
                          self.scored_top_n, lora_requests=self.lora_requests,
-                         seq_loras=self.seq_loras if any(i >= 0 for i in self.seq_loras) else [])
+                         seq_loras=self.seq_loras if any(i >= 0 for i in self.seq_loras) else [],
+                         prompt_runs=self.prompt_runs)
 
 
 class PlannedStep(NamedTuple):
@@ -114,16 +129,17 @@ def build_step_input(out: "SchedulerOutput", block_size: int) -> PlannedStep:
         known_end = start + s.num_new_tokens - len(s.spec_token_ids)
         if req.is_pooling:  # its rows' hidden states are pooled; no logits, nothing sampled
             pooled.append((req, start, builder.query_start_loc[-1], known_end - start))
-            builder.add(req.block_ids, req.all_token_ids[start:known_end], start, False, lora=lora)
+            builder.add(req.block_ids, req.all_token_ids[start:known_end], start, False, lora=lora,
+                        prompt_len=req.num_prompt_tokens)
             continue
         sample = known_end == req.num_tokens  # the chunk reached the last known token: sample the next
         if s.spec_token_ids:
             for j, token in enumerate([req.all_token_ids[start]] + s.spec_token_ids):
-                builder.add(req.block_ids, [token], start + j, sample, lora=lora)
+                builder.add(req.block_ids, [token], start + j, sample, lora=lora, prompt_len=req.num_prompt_tokens)
         else:
             targets = prompt_targets(req, start, known_end)
             builder.add(req.block_ids, req.all_token_ids[start:known_end], start, sample, targets,
-                        req.sampling_params.prompt_logprobs or 0, lora)
+                        req.sampling_params.prompt_logprobs or 0, lora, req.num_prompt_tokens)
             if targets:
                 scored.append((req, len(targets)))
         if sample:

@@ -27,6 +27,11 @@ typedef int (*QuantLinearFn)(const bf16 *x, long M, long K, long x_stride, const
 typedef int (*QuantGatedFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int format, long I,
                             const float *bias, bf16 *out, long out_stride, const bf16 *silu, int every_row_alike,
                             int threads);
+typedef int (*QuantPromptFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int format, long N,
+                             const float *bias, bf16 *out, long out_stride, int threads);
+typedef int (*QuantPromptGatedFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int format,
+                                  long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
+                                  int threads);
 typedef int (*DotFn)(const bf16 *x, long M, long K, long x_stride, const void *packed, int type, long N,
                      const float *bias, bf16 *out, long out_stride, int threads);
 typedef int (*SiluFn)(const bf16 *x, long xs0, bf16 *out, long os0, long rows, long n, int threads);
@@ -62,6 +67,9 @@ typedef struct {
     GatedFn gated;
     QuantLinearFn quant_linear; /* cpu_quant.c's, for layers whose weights are kept quantized */
     QuantGatedFn quant_gated;
+    /* amx_quant.c's arithmetic for prompt rows (the dequantized model's, on AMX tiles); NULL: one arithmetic */
+    QuantPromptFn quant_prompt;
+    QuantPromptGatedFn quant_prompt_gated;
     DotFn dot;   /* quant_dot.c's quant_dot_linear_bf16 */
     SiluFn silu; /* cpu_ops.c's silu_and_mul_bf16, after a gate_up that is not a fused gated kernel */
     NormFn norm;
@@ -79,6 +87,37 @@ typedef struct {
 #define DECODER_ELEM bf16
 #include "decoder_step.h"
 
+/* rows [r0, r1) of a kept-quantized weight (gated where silu): prompt rows through the prompt arithmetic, others
+ * through the one for every row */
+static int quant_rows(const Model *m, const Step *s, int prompt, const bf16 *x, long r0, long r1, long K,
+                      const void *w, int format, long N, const float *bias, bf16 *out, long out_stride,
+                      const bf16 *silu) {
+    const bf16 *xr = x + r0 * K;
+    bf16 *o = out + r0 * out_stride;
+    const long M = r1 - r0;
+    if (prompt)
+        return silu ? m->quant_prompt_gated(xr, M, K, K, w, format, N / 2, bias, o, out_stride, silu, s->threads)
+                    : m->quant_prompt(xr, M, K, K, w, format, N, bias, o, out_stride, s->threads);
+    return silu ? m->quant_gated(xr, M, K, K, w, format, N / 2, bias, o, out_stride, silu, s->every_row_alike,
+                                 s->threads)
+                : m->quant_linear(xr, M, K, K, w, format, N, bias, o, out_stride, s->every_row_alike, s->threads);
+}
+
+/* every row of a kept-quantized weight: a token's arithmetic depends on whether it is a prompt token, never on
+ * which rows share its step (the runs split the rows, each row's result is its own) */
+static int quant_linear(const Model *m, const Step *s, const bf16 *x, long M, long K, const void *w, int format,
+                        long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu) {
+    long row = 0;
+    for (long r = 0; m->quant_prompt && r < s->num_prompt_runs; r++) {
+        const long first = s->prompt_runs[2 * r], end = s->prompt_runs[2 * r + 1];
+        if ((first > row && quant_rows(m, s, 0, x, row, first, K, w, format, N, bias, out, out_stride, silu)) ||
+            quant_rows(m, s, 1, x, first, end, K, w, format, N, bias, out, out_stride, silu))
+            return -1;
+        row = end;
+    }
+    return row < M ? quant_rows(m, s, 0, x, row, M, K, w, format, N, bias, out, out_stride, silu) : 0;
+}
+
 /* a linear layer through the kernels its pieces need, each into its columns of out [M, sum rows] (row stride
  * out_stride); 0, or nonzero when a kernel ran out of memory */
 static int linear(const Model *m, const Step *s, const bf16 *x, long M, long K, const Linear *l, const float *bias,
@@ -91,8 +130,8 @@ static int linear(const Model *m, const Step *s, const bf16 *x, long M, long K, 
             m->linear(x, M, K, K, l->w[p], N, b, out + at, out_stride, s->threads);
         else if (kind >= KIND_DOT ? m->dot(x, M, K, K, l->w[p], (int)(kind - KIND_DOT), N, b, out + at, out_stride,
                                            s->threads)
-                                  : m->quant_linear(x, M, K, K, l->w[p], (int)kind, N, b, out + at, out_stride,
-                                                    s->every_row_alike, s->threads))
+                                  : quant_linear(m, s, x, M, K, l->w[p], (int)kind, N, b, out + at, out_stride,
+                                                 NULL))
             return -1;
     }
     return 0;
@@ -107,8 +146,7 @@ static int gated(const Model *m, const Step *s, const bf16 *x, long M, long K, c
         return 0;
     }
     if (l->pieces == 1 && kind < KIND_DOT)
-        return m->quant_gated(x, M, K, K, l->w[0], (int)kind, I, bias, out, I, m->silu_table, s->every_row_alike,
-                              s->threads);
+        return quant_linear(m, s, x, M, K, l->w[0], (int)kind, 2 * I, bias, out, I, m->silu_table);
     return linear(m, s, x, M, K, l, bias, s->gate_up, 2 * I) || m->silu(s->gate_up, 2 * I, out, I, M, I, s->threads);
 }
 

@@ -17,6 +17,10 @@ typedef struct {
     DECODER_ELEM *gate_up; /* [T, 2 x intermediate], where a layer's gate/up is not a fused gated kernel; else NULL */
     int threads;
     int every_row_alike; /* batch-invariant: the kernels that have two arithmetics take the one for every M */
+    /* the rows that are prompt tokens, as [first, end) pairs (StepInput.prompt_runs): kept-quantized layers give
+     * them their prompt arithmetic where the kernel library has one (cpu_decoder.c) */
+    const int64_t *prompt_runs;
+    long num_prompt_runs;
 } Step;
 
 /* the new tokens' keys and values into their cache slots (slot = block * block_size + offset; a slot < 0, a

@@ -19,6 +19,11 @@
  *
  * AMX tiles: C 0-3 (digit-row tiles 0, 1 x panels 0, 1), A 4-5, B 6-7: 16 input rows (32 digit rows) x 2 panels
  * per pass, one block (one tile step) at a time; the block's sums leave the tiles to be folded.
+ *
+ * Prompt rows have an arithmetic of their own (quant_prompt_linear_bf16, at the end): the dequantized model's
+ * weights on amx_gemm.c's tiles, whose sums stay in the tiles over all of K (the fold above bounds the integer
+ * tiles at about a third of that rate). The engine hands a step's prompt tokens to it and its output tokens to the
+ * integer arithmetic, a split by each token's role in its own request, never by the batch.
  */
 #include "amx_tiles.h"
 
