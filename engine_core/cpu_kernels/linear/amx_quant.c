@@ -146,14 +146,7 @@ static inline __attribute__((always_inline)) void int_tile(const int16_t *ints, 
             }
         }
     }
-    for (int i = 0; i < mr; i++) {
-        if (silu) {
-            for (int j = 0; j + 1 < nr; j += 2)
-                store_gated(total[i][j], total[i][j + 1], bias, (n0 + j * LANES) / 2, out + i * out_stride, silu);
-        } else {
-            for (int j = 0; j < nr; j++) store_columns(total[i][j], bias, out + i * out_stride, n0 + j * LANES, N);
-        }
-    }
+    store_tile(&total[0][0], INT_NR, bias, out, out_stride, n0, N, silu, mr, nr);
 }
 
 #define INT_TILE(Q4, MRV, NRV)                                                                                   \
@@ -310,8 +303,8 @@ static void tile_columns(const bf16 *digits, long M, long K, const float *scales
 
 static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                      const float *bias, bf16 *out, long out_stride, const bf16 *silu, int num_threads) {
-    const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
-    const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit, blocks = K / QBLOCK;
+    const PanelSplit split = panel_split(M, N, K, silu != NULL, num_threads);
+    const long blocks = K / QBLOCK;
     const int tiles = M > AVX512_ROWS && amx_permitted();
     void *digits = malloc(sizeof(int16_t) * 2 * M * K); /* bf16 digits, or int16 integers */
     float *scales = malloc(sizeof(float) * 3 * M * blocks), *sums = scales + M * blocks;
@@ -325,26 +318,19 @@ static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     const long unpacked_panel_bytes = blocks * unpacked_vectors(format) * 64;
     long slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
     if (slab < NR) slab = NR;
-    const int threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
     int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1)
+#pragma omp parallel num_threads(split.threads) if (split.threads > 1)
     {
-        extern int omp_get_thread_num(void), omp_get_num_threads(void);
-        const long t = omp_get_thread_num(), n = omp_get_num_threads();
-        const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
-        const long p_end = end < panels ? end : panels;
+        long begin, end;
+        thread_panels(&split, &begin, &end);
         if (!tiles) {
             register_columns(digits, M, K, scales, sums, n_sums, packed, format, N, bias, out, out_stride, silu, begin,
-                             p_end);
+                             end);
         } else {
-            __m512bh *buffer = thread_scratch(slab * unpacked_panel_bytes);
-            if (!buffer) {
-#pragma omp atomic write
-                failed = 1;
-            } else {
-                tile_columns(digits, M, K, scales, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end,
+            __m512bh *buffer = scratch_or_fail(slab * unpacked_panel_bytes, &failed);
+            if (buffer)
+                tile_columns(digits, M, K, scales, sums, packed, format, N, bias, out, out_stride, silu, begin, end,
                              slab, buffer);
-            }
         }
     }
     free(digits);

@@ -189,16 +189,19 @@ static inline __attribute__((always_inline)) void fold_block(__m512 total[SMALL_
     }
 }
 
-/* the totals of a tile to its outputs (gated: panel pairs j, j + 1 are gate and up) */
-static inline __attribute__((always_inline)) void store_tile(__m512 total[SMALL_MR][SMALL_NR], const float *bias,
+/* the totals of a tile (row i's panel j at total[i * row + j]) to its outputs (gated: panel pairs j, j + 1 are gate
+ * and up); amx_quant.c's integer tiles share it */
+static inline __attribute__((always_inline)) void store_tile(const __m512 *total, const int row, const float *bias,
                                                              bf16 *out, long out_stride, long n0, long N,
                                                              const bf16 *silu, const int mr, const int nr) {
     for (int i = 0; i < mr; i++) {
         if (silu) {
             for (int j = 0; j + 1 < nr; j += 2)
-                store_gated(total[i][j], total[i][j + 1], bias, (n0 + j * LANES) / 2, out + i * out_stride, silu);
+                store_gated(total[i * row + j], total[i * row + j + 1], bias, (n0 + j * LANES) / 2,
+                            out + i * out_stride, silu);
         } else {
-            for (int j = 0; j < nr; j++) store_columns(total[i][j], bias, out + i * out_stride, n0 + j * LANES, N);
+            for (int j = 0; j < nr; j++)
+                store_columns(total[i * row + j], bias, out + i * out_stride, n0 + j * LANES, N);
         }
     }
 }
@@ -248,7 +251,7 @@ static inline __attribute__((always_inline)) void qtile(const bf16 *x, long x_st
         }
         fold_block(total, blk, panels, panel_bytes, b, bb, sums, blocks, format == FORMAT_Q4, mr, nr);
     }
-    store_tile(total, bias, out, out_stride, n0, N, silu, mr, nr);
+    store_tile(&total[0][0], SMALL_NR, bias, out, out_stride, n0, N, silu, mr, nr);
 }
 
 #define QTILE(MRV, NRV) \
@@ -353,7 +356,7 @@ static inline __attribute__((always_inline)) void utile(const bf16 *x, long x_st
         }
         fold_block(total, blk, panels, panel_bytes, b, bb, sums, blocks, !q8, mr, nr);
     }
-    store_tile(total, bias, out, out_stride, n0, N, silu, mr, nr);
+    store_tile(&total[0][0], SMALL_NR, bias, out, out_stride, n0, N, silu, mr, nr);
 }
 
 #define UTILE(Q8, MRV, NRV)                                                                                 \
@@ -484,30 +487,55 @@ static void *thread_scratch(long bytes) {
     return scratch;
 }
 
+/* How a call's panels split among threads: in units of `unit` panels (a gated weight's groups of 4 stay together);
+ * one thread for a call too small to share (QUANT_PARALLEL_MIN_WORK) */
+typedef struct {
+    long panels, unit, units;
+    int threads;
+} PanelSplit;
+
+static PanelSplit panel_split(long M, long N, long K, int gated, int num_threads) {
+    PanelSplit s = {(N + LANES - 1) / LANES, gated ? NR : 1, 0, 1};
+    s.units = (s.panels + s.unit - 1) / s.unit;
+    s.threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || s.units < 2 ? 1 : num_threads;
+    return s;
+}
+
+/* the calling thread's panels [*begin, *end) (in a parallel region of split->threads) */
+static void thread_panels(const PanelSplit *split, long *begin, long *end) {
+    extern int omp_get_thread_num(void), omp_get_num_threads(void);
+    const long t = omp_get_thread_num(), n = omp_get_num_threads(), e = split->units * (t + 1) / n * split->unit;
+    *begin = split->units * t / n * split->unit;
+    *end = e < split->panels ? e : split->panels;
+}
+
+/* thread_scratch, or NULL with *failed set */
+static void *scratch_or_fail(long bytes, int *failed) {
+    void *scratch = thread_scratch(bytes);
+    if (!scratch) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    return scratch;
+}
+
 /* every row through bf16 panels dequantized per slab (the dequantized model's weights), multiplied by
  * bf16_columns; each thread dequantizes its own columns */
 static int dequantized_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                            const float *bias, bf16 *out, long out_stride, const bf16 *silu, PanelColumns bf16_columns,
                            int num_threads) {
-    const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
-    const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit;
+    const PanelSplit split = panel_split(M, N, K, silu != NULL, num_threads);
     long slab = SLAB_BYTES / (K * LANES * (long)sizeof(bf16)) / NR * NR;
     if (slab < NR) slab = NR;
-    const int threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
     int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1)
+#pragma omp parallel num_threads(split.threads) if (split.threads > 1)
     {
-        extern int omp_get_thread_num(void), omp_get_num_threads(void);
-        const long t = omp_get_thread_num(), n = omp_get_num_threads();
-        const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
-        bf16 *buffer = thread_scratch(slab * K * LANES * sizeof(bf16));
-        if (!buffer) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-            large_columns(x, M, K, x_stride, packed, format, N, bias, out, out_stride, silu, begin,
-                          end < panels ? end : panels, slab, buffer, bf16_columns);
-        }
+        long begin, end;
+        thread_panels(&split, &begin, &end);
+        bf16 *buffer = scratch_or_fail(slab * K * LANES * sizeof(bf16), &failed);
+        if (buffer)
+            large_columns(x, M, K, x_stride, packed, format, N, bias, out, out_stride, silu, begin, end, slab, buffer,
+                          bf16_columns);
     }
     return failed ? -1 : 0;
 }
@@ -518,8 +546,7 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     const int large = M >= QUANT_LARGE_M;
     if (large && !every_row_alike)
         return dequantized_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, silu, columns, num_threads);
-    const long unit = silu ? NR : 1; /* a gated weight's threads split whole groups of 4 panels */
-    const long panels = (N + LANES - 1) / LANES, units = (panels + unit - 1) / unit;
+    const PanelSplit split = panel_split(M, N, K, silu != NULL, num_threads);
     float *sums = malloc(sizeof(float) * M * (K / QBLOCK));
     if (!sums) return -1;
     block_sums(x, M, K, x_stride, sums);
@@ -527,25 +554,18 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     const long unpacked_panel_bytes = K / QBLOCK * unpacked_vectors(format) * 64;
     long unpacked_slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
     if (unpacked_slab < NR) unpacked_slab = NR;
-    const int threads = num_threads < 2 || M * N * K < QUANT_PARALLEL_MIN_WORK || units < 2 ? 1 : num_threads;
     int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1)
+#pragma omp parallel num_threads(split.threads) if (split.threads > 1)
     {
-        extern int omp_get_thread_num(void), omp_get_num_threads(void);
-        const long t = omp_get_thread_num(), n = omp_get_num_threads();
-        const long begin = units * t / n * unit, end = units * (t + 1) / n * unit;
-        const long p_end = end < panels ? end : panels;
-        if (large) {
-            __m512bh *buffer = thread_scratch(unpacked_slab * unpacked_panel_bytes);
-            if (!buffer) {
-#pragma omp atomic write
-                failed = 1;
-            } else {
-                unpacked_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end,
-                                 unpacked_slab, buffer);
-            }
+        long begin, end;
+        thread_panels(&split, &begin, &end);
+        if (!large) {
+            small_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, end);
         } else {
-            small_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, p_end);
+            __m512bh *buffer = scratch_or_fail(unpacked_slab * unpacked_panel_bytes, &failed);
+            if (buffer)
+                unpacked_columns(x, M, K, x_stride, sums, packed, format, N, bias, out, out_stride, silu, begin, end,
+                                 unpacked_slab, buffer);
         }
     }
     free(sums);
