@@ -9,20 +9,14 @@ import torch
 
 from engine_core.cpu_kernels import table
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
-from engine_core.layers.activation import silu_and_mul
+from exact_sum_checks import (FORMATS, ROWS, assert_embedding_rows_dequantized, assert_gated_is_plain_then_silu,
+                              assert_rows_alike, assert_threads_and_strides_alike, bf16_randn)
 from gguf_weights import quantized_weight
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(cpu_quant.load() is None or cpu_quant.load() is not cpu_quant._amx_library(),
                                  reason="needs AMX (amx_bf16) with the tile state granted: amx_quant.c does not run "
                                         "here")]
-
-ROWS = (1, 7, 16, 33, 512)
-FORMATS = ["q4_0", "q4_1", "q8_0"]
-
-
-def _bf16(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
 def test_it_serves_kept_quantized_bf16_linears():
@@ -35,7 +29,7 @@ def test_values_and_rows_alike(qtype, n, k):
     weight, dequantized = quantized_weight(qtype, n, k, seed=n + k)
     packed = cpu_quant.QuantPanelWeight(weight)
     assert packed.kernel == "linear/amx_quant.c"
-    x, bias = _bf16(max(ROWS), k, seed=k), _bf16(n, seed=2)
+    x, bias = bf16_randn(max(ROWS), k, seed=k), bf16_randn(n, seed=2)
     whole = packed.matmul(x, bias)
     exact = x.double() @ dequantized.double().T + bias.double()
     # each input off by at most its block's largest |x| / 65534 (16-bit digits), exact block sums, fp32 totals,
@@ -45,41 +39,19 @@ def test_values_and_rows_alike(qtype, n, k):
     digits = step @ dequantized.double().abs().view(n, blocks, 32).sum(-1).T
     scale = x.double().abs() @ dequantized.double().abs().T + bias.double().abs()
     assert torch.all((whole.double() - exact).abs() <= exact.abs() * 2**-8 + digits * 1.001 + scale * blocks * 2**-22)
-    for rows in ROWS:
-        assert torch.equal(packed.matmul(x[:rows], bias), whole[:rows]), rows
-        assert torch.equal(packed.matmul(x[rows - 1: rows], bias), whole[rows - 1: rows]), rows
-    shuffled = torch.randperm(33, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(packed.matmul(x[:33][shuffled], bias), whole[:33][shuffled])
+    assert_rows_alike(packed.matmul, x, bias, whole)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_threads_strided_rows_and_invariance_off_do_not_change_a_row(qtype, monkeypatch):
-    weight, _ = quantized_weight(qtype, 1000, 576, seed=4)
-    packed = cpu_quant.QuantPanelWeight(weight)
-    x = _bf16(67, 700, seed=5)[:, 100:676]
-    whole = packed.matmul(x)
-    assert torch.equal(whole, packed.matmul(x.contiguous()))
+    packed, x, whole = assert_threads_and_strides_alike(qtype)
     monkeypatch.setattr(cpu_quant, "batch_invariant", lambda: False)  # the tiles serve every M either way
     assert torch.equal(packed.matmul(x), whole)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(packed.matmul(x), whole)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_gated_equals_the_plain_product_then_silu_and_mul(qtype):
-    weight, _ = quantized_weight(qtype, 2 * 1536, 576, seed=6)
-    bias = _bf16(2 * 1536, seed=7)
-    gated = cpu_quant.GatedQuantPanelWeight(weight, cpu_ops.silu_table())
-    plain = cpu_quant.QuantPanelWeight(weight)
-    x = _bf16(max(ROWS), 576, seed=8)
-    whole = gated.silu_and_mul(x, bias)
-    assert torch.equal(whole, silu_and_mul(plain.matmul(x, bias)))
-    for rows in ROWS:
-        assert torch.equal(gated.silu_and_mul(x[rows - 1: rows], bias), whole[rows - 1: rows]), rows
+    assert_gated_is_plain_then_silu(qtype)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
@@ -97,16 +69,13 @@ def test_unit_inputs_pick_their_weights(qtype):
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_embedding_rows_are_the_dequantized_weights(qtype):
-    weight, dequantized = quantized_weight(qtype, 100, 96, seed=9)
-    packed = cpu_quant.QuantPanelWeight(weight)
-    ids = torch.tensor([0, 17, 99, 17, 42])
-    assert torch.equal(packed.rows_of(ids), dequantized[ids].to(torch.bfloat16))
+    assert_embedding_rows_dequantized(qtype)
 
 
 def test_a_row_of_zeros_among_others():
     weight, _ = quantized_weight("q4_1", 64, 64, seed=10)
     packed = cpu_quant.QuantPanelWeight(weight)
-    x = _bf16(3, 64, seed=11)
+    x = bf16_randn(3, 64, seed=11)
     x[0] = 0
     got = packed.matmul(x)
     assert torch.equal(got[0], torch.zeros(64, dtype=torch.bfloat16))
@@ -121,7 +90,7 @@ def test_prompt_rows_are_the_dequantized_models_on_tiles(qtype, n, k):
     assert table.serving("linear bfloat16") == "linear/amx_gemm.c"
     weight, dequantized = quantized_weight(qtype, n, k, seed=n + k + 1)
     packed, dense = cpu_quant.QuantPanelWeight(weight), cpu_gemm.PanelWeight(dequantized.to(torch.bfloat16))
-    x, bias = _bf16(max(ROWS), k, seed=k + 1), _bf16(n, seed=3)
+    x, bias = bf16_randn(max(ROWS), k, seed=k + 1), bf16_randn(n, seed=3)
     whole = packed.prompt_matmul(x, bias)
     assert torch.equal(whole, dense.matmul(x, bias))
     for rows in ROWS:
@@ -131,10 +100,10 @@ def test_prompt_rows_are_the_dequantized_models_on_tiles(qtype, n, k):
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_gated_prompt_rows_are_the_dense_gated_kernels(qtype):
     weight, dequantized = quantized_weight(qtype, 2 * 1536, 576, seed=12)
-    bias, table_ = _bf16(2 * 1536, seed=13), cpu_ops.silu_table()
+    bias, table_ = bf16_randn(2 * 1536, seed=13), cpu_ops.silu_table()
     gated = cpu_quant.GatedQuantPanelWeight(weight, table_)
     dense = cpu_gemm.GatedPanelWeight(dequantized.to(torch.bfloat16), table_)
-    x = _bf16(max(ROWS), 576, seed=14)
+    x = bf16_randn(max(ROWS), 576, seed=14)
     whole = gated.prompt_silu_and_mul(x, bias)
     assert torch.equal(whole, dense.silu_and_mul(x, bias))
     for rows in ROWS:

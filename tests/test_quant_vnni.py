@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from engine_core.cpu_kernels import table, tiers
-from engine_core.layers import cpu_ops, cpu_quant
-from engine_core.layers.activation import silu_and_mul
+from engine_core.layers import cpu_quant
+from exact_sum_checks import (FORMATS, ROWS, assert_embedding_rows_dequantized, assert_gated_is_plain_then_silu,
+                              assert_rows_alike, assert_threads_and_strides_alike, bf16_randn)
 from gguf_weights import quantized_weight
 
 pytestmark = [pytest.mark.integration,
@@ -24,13 +25,6 @@ def _quant_vnni_on():
         yield
     table.forget()
 
-ROWS = (1, 7, 16, 33, 512)
-FORMATS = ["q4_0", "q4_1", "q8_0"]
-
-
-def _bf16(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
-
 
 def test_it_serves_kept_quantized_bf16_linears():
     assert table.serving("kept-quantized linear bfloat16") == "linear/quant_vnni.c"
@@ -42,7 +36,7 @@ def test_values_and_rows_alike(qtype, n, k):
     weight, dequantized = quantized_weight(qtype, n, k, seed=n + k)
     packed = cpu_quant.QuantPanelWeight(weight)
     assert packed.kernel == "linear/quant_vnni.c"
-    x, bias = _bf16(max(ROWS), k, seed=k), _bf16(n, seed=2)
+    x, bias = bf16_randn(max(ROWS), k, seed=k), bf16_randn(n, seed=2)
     whole = packed.matmul(x, bias)
     exact = x.double() @ dequantized.double().T + bias.double()
     # each input rounded to 8 bits per block of 32 (off by at most the block's max |x| / 254), fp32 sums, then one
@@ -51,48 +45,22 @@ def test_values_and_rows_alike(qtype, n, k):
     step = x.double().abs().view(-1, blocks, 32).amax(-1) / 254
     bound = step @ dequantized.double().abs().view(n, blocks, 32).sum(-1).T
     assert torch.all((whole.double() - exact).abs() <= bound * 1.001 + exact.abs() * 2**-8 + 1e-6)
-    for rows in ROWS:
-        assert torch.equal(packed.matmul(x[:rows], bias), whole[:rows]), rows
-        assert torch.equal(packed.matmul(x[rows - 1: rows], bias), whole[rows - 1: rows]), rows
-    shuffled = torch.randperm(33, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(packed.matmul(x[:33][shuffled], bias), whole[:33][shuffled])
+    assert_rows_alike(packed.matmul, x, bias, whole)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_threads_and_strided_rows_do_not_change_a_row(qtype):
-    weight, _ = quantized_weight(qtype, 1000, 576, seed=4)
-    packed = cpu_quant.QuantPanelWeight(weight)
-    wide = _bf16(67, 700, seed=5)
-    x = wide[:, 100:676]
-    whole = packed.matmul(x)
-    assert torch.equal(whole, packed.matmul(x.contiguous()))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(packed.matmul(x), whole)
-    finally:
-        torch.set_num_threads(threads)
+    assert_threads_and_strides_alike(qtype)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_gated_equals_the_plain_product_then_silu_and_mul(qtype):
-    weight, _ = quantized_weight(qtype, 2 * 1536, 576, seed=6)
-    bias = _bf16(2 * 1536, seed=7)
-    gated = cpu_quant.GatedQuantPanelWeight(weight, cpu_ops.silu_table())
-    plain = cpu_quant.QuantPanelWeight(weight)
-    x = _bf16(max(ROWS), 576, seed=8)
-    whole = gated.silu_and_mul(x, bias)
-    assert torch.equal(whole, silu_and_mul(plain.matmul(x, bias)))
-    for rows in ROWS:
-        assert torch.equal(gated.silu_and_mul(x[rows - 1: rows], bias), whole[rows - 1: rows]), rows
+    assert_gated_is_plain_then_silu(qtype)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_embedding_rows_are_the_dequantized_weights(qtype):
-    weight, dequantized = quantized_weight(qtype, 100, 96, seed=9)
-    packed = cpu_quant.QuantPanelWeight(weight)
-    ids = torch.tensor([0, 17, 99, 17, 42])
-    assert torch.equal(packed.rows_of(ids), dequantized[ids].to(torch.bfloat16))
+    assert_embedding_rows_dequantized(qtype)
 
 
 def test_a_row_of_zeros_and_a_huge_row():
