@@ -108,3 +108,9 @@ def test_gated_prompt_rows_are_the_dense_gated_kernels(qtype):
     assert torch.equal(whole, dense.silu_and_mul(x, bias))
     for rows in ROWS:
         assert torch.equal(gated.prompt_silu_and_mul(x[:rows], bias), whole[:rows]), rows
+
+
+def test_prompt_tiles_can_be_switched_off(monkeypatch):
+    assert cpu_quant.has_prompt_arithmetic(cpu_quant.load())
+    monkeypatch.setenv("NVLLM_CPU_PROMPT_TILES", "0")  # every row on the exact integer sums, every block shareable
+    assert not cpu_quant.has_prompt_arithmetic(cpu_quant.load())

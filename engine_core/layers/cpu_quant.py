@@ -14,6 +14,7 @@ NVLLM_CPU_QUANT_VNNI=1.
 """
 
 import ctypes
+import os
 
 import torch
 
@@ -74,8 +75,10 @@ _library = table.loader("cpu_quant")(_declare)
 
 def has_prompt_arithmetic(library) -> bool:
     """Whether a loaded kernel library gives prompt rows their own arithmetic (amx_quant.c's
-    quant_prompt_linear_bf16): the engine then keys cached blocks by which rows were prompt rows."""
-    return library is not None and library is _amx_library()
+    quant_prompt_linear_bf16): the engine then keys cached blocks by which rows were prompt rows.
+    NVLLM_CPU_PROMPT_TILES=0 keeps every row on the integer arithmetic (and every cached block shareable)."""
+    return (library is not None and library is _amx_library()
+            and os.environ.get("NVLLM_CPU_PROMPT_TILES", "1") != "0")
 
 
 class QuantizedTensor:
