@@ -7,9 +7,9 @@ steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the sa
 (AVX512-BF16; on AMX CPUs only batch-invariant runs; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
 On the amx tier amx_quant.c serves instead, a drop-in library with this one's functions and packed layout: the
 inputs as 16-bit integers per block, so every block sum is an exact integer (vpdpwssd register tiles for up to 64
-rows, AMX tiles for more, the same bits), 1.5-2x this file's kernels at every row count, and for prompt tokens
-(`prompt_matmul`, which the C decoder loop gives a step's prompt rows) the dequantized model's arithmetic on AMX
-tiles, 3-3.5x the integer tiles on a prefill; quant_vnni.c (8-bit inputs, its own layout) where opted in with
+rows, AMX tiles for more, the same bits), 1.5-2x this file's kernels at every row count, and for a step's prompt
+tokens (forward_context.prompt_runs; the C decoder loop splits rows alike) the dequantized model's arithmetic on AMX
+tiles, at the dense tiles' rate; quant_vnni.c (8-bit inputs, its own layout) where opted in with
 NVLLM_CPU_QUANT_VNNI=1.
 """
 
@@ -172,8 +172,8 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         return torch.cat(pieces)
 
     def prompt_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """matmul with the arithmetic of prompt rows, where the kernel has one (amx_quant.c: the dequantized
-        model's weights on AMX tiles); the C decoder loop gives it a step's prompt rows."""
+        """matmul with the arithmetic of prompt rows, for every row, where the kernel has one (amx_quant.c: the
+        dequantized model's weights on AMX tiles)."""
         assert self._prompt_linear is not None, "this kernel has one arithmetic for every row"
         return self._run(self._prompt_linear, x, bias, self.out_features)
 

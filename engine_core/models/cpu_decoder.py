@@ -206,7 +206,8 @@ class CpuDecoder:
         kept = any(isinstance(pack, cpu_quant.QuantPanelWeight) for layer in model.layers
                    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                                   layer.mlp.down_proj) for pack in pieces_of(linear.packed_weight))
-        self.prompt_arithmetic = kept and self.takes_prompt_kernels and cpu_quant.has_prompt_arithmetic(cpu_quant.load())
+        self.prompt_arithmetic = (kept and self.takes_prompt_kernels
+                                  and cpu_quant.has_prompt_arithmetic(cpu_quant.load()))
         self._struct = None
         self._cache_ptr = None  # the layer 0 key cache the struct was built for
 
@@ -283,7 +284,7 @@ class CpuDecoder:
         context = get_forward_context()
         meta = context.meta
         tokens, hidden = embeddings.shape
-        runs = torch.tensor(context.prompt_runs if self.prompt_arithmetic else [], dtype=torch.int64)
+        runs = torch.tensor(context.prompt_runs, dtype=torch.int64)  # [] unless the runner's prompt_arithmetic
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         widths = [hidden, hidden, q_size + 2 * kv_size, q_size, self.act_widths * self.intermediate]
         widths += [q_size, kv_size] if self.qk_norm else []

@@ -105,8 +105,8 @@ static int quant_rows(const Model *m, const Step *s, int prompt, const bf16 *x, 
 
 /* every row of a kept-quantized weight: a token's arithmetic depends on whether it is a prompt token, never on
  * which rows share its step (the runs split the rows, each row's result is its own) */
-static int quant_linear(const Model *m, const Step *s, const bf16 *x, long M, long K, const void *w, int format,
-                        long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu) {
+static int kept_linear(const Model *m, const Step *s, const bf16 *x, long M, long K, const void *w, int format,
+                       long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu) {
     long row = 0;
     for (long r = 0; m->quant_prompt && r < s->num_prompt_runs; r++) {
         const long first = s->prompt_runs[2 * r], end = s->prompt_runs[2 * r + 1];
@@ -130,8 +130,8 @@ static int linear(const Model *m, const Step *s, const bf16 *x, long M, long K, 
             m->linear(x, M, K, K, l->w[p], N, b, out + at, out_stride, s->threads);
         else if (kind >= KIND_DOT ? m->dot(x, M, K, K, l->w[p], (int)(kind - KIND_DOT), N, b, out + at, out_stride,
                                            s->threads)
-                                  : quant_linear(m, s, x, M, K, l->w[p], (int)kind, N, b, out + at, out_stride,
-                                                 NULL))
+                                  : kept_linear(m, s, x, M, K, l->w[p], (int)kind, N, b, out + at, out_stride,
+                                                NULL))
             return -1;
     }
     return 0;
@@ -146,7 +146,7 @@ static int gated(const Model *m, const Step *s, const bf16 *x, long M, long K, c
         return 0;
     }
     if (l->pieces == 1 && kind < KIND_DOT)
-        return quant_linear(m, s, x, M, K, l->w[0], (int)kind, 2 * I, bias, out, I, m->silu_table);
+        return kept_linear(m, s, x, M, K, l->w[0], (int)kind, 2 * I, bias, out, I, m->silu_table);
     return linear(m, s, x, M, K, l, bias, s->gate_up, 2 * I) || m->silu(s->gate_up, 2 * I, out, I, M, I, s->threads);
 }
 
