@@ -131,3 +131,18 @@ def test_penalized_logits_and_probabilities_match_the_formulas():
     tokens, _ = sampler(logits, [_request(i, params) for i, params in enumerate(greedy)])
     assert tokens == [int(penalized_logits(PEN_LOGITS, p, PROMPT, OUTPUT).argmax()) for p in greedy]
 
+
+
+def test_row_argmax_picks_torchs_index_ties_and_nan_included():
+    from engine_core.sample.row_argmax import row_argmax
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 49152, generator=gen)
+    logits[1, 100] = logits[1, 40000] = 50.0  # equal maxima: the first
+    logits[2, :] = 0.0  # all equal: index 0
+    logits[3, 30000] = float("nan")  # NaN counts as the largest, as torch has it
+    logits[4, 5] = float("inf")
+    for rows in (logits, logits[:, ::2], logits.t().contiguous().t()):  # strided and column-major views too
+        assert torch.equal(row_argmax(rows), rows.argmax(dim=-1))
+    assert row_argmax(logits).dtype == torch.int64
+    assert torch.equal(row_argmax(logits.bfloat16()), logits.bfloat16().argmax(dim=-1))
+    assert row_argmax(logits).tolist()[1:4] == [100, 0, 30000]

@@ -21,6 +21,7 @@ import torch
 
 from common.protocol import Logprobs
 from engine_core.sched.request import Request
+from engine_core.sample.row_argmax import row_argmax
 from engine_core.sample.sampler import Sampler, inverse_cdf, with_logprobs
 
 
@@ -72,7 +73,7 @@ def verify(sampler: Sampler, logits: torch.Tensor, reqs: list[Request],
     logits = sampler.apply_penalties(logits, rows)
     sampler.apply_allowed(logits, reqs, drafts)  # a proposal the grammar refuses gets probability 0: rejected
     params = [r.sampling_params for r in reqs]
-    argmax = logits.argmax(dim=-1).tolist()
+    argmax = row_argmax(logits).tolist()
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     probs = sampler.probabilities(logits, [row.sampling_params for row in rows]) if sampled else None
     uniforms = _uniforms(sampler, reqs, drafts, sampled)

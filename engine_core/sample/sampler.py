@@ -14,6 +14,7 @@ from collections import Counter
 import torch
 
 from common.protocol import Logprobs
+from engine_core.sample.row_argmax import row_argmax
 from engine_core.sched.request import Request
 from engine_core.structured_outputs.token_masks import apply_masks, fill_masks
 
@@ -132,8 +133,8 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
         params = [r.sampling_params for r in reqs]
         if all(p.greedy for p in params):
-            return logits.argmax(dim=-1)
-        tokens = logits.argmax(dim=-1) if any(p.greedy for p in params) else None
+            return row_argmax(logits)
+        tokens = row_argmax(logits) if any(p.greedy for p in params) else None
         probs = self.probabilities(logits, params)
         # one uniform per row (unseeded rows from the sampler's generator, in one call)
         uniform = torch.rand(len(reqs), generator=self.generator, device=probs.device)

@@ -314,13 +314,19 @@ static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
         free(scales);
         return -1;
     }
-    to_digits(x, M, K, x_stride, tiles ? digits : NULL, tiles ? NULL : digits, scales, sums, n_sums);
     const long unpacked_panel_bytes = blocks * unpacked_vectors(format) * 64;
     long slab = SLAB_BYTES / unpacked_panel_bytes / NR * NR;
     if (slab < NR) slab = NR;
     int failed = 0;
 #pragma omp parallel num_threads(split.threads) if (split.threads > 1)
     {
+        /* each thread writes its share of the rows' digits (a row's are the same whichever thread writes them) */
+        extern int omp_get_thread_num(void), omp_get_num_threads(void);
+        const long t = omp_get_thread_num(), n = omp_get_num_threads(), r0 = M * t / n, r1 = M * (t + 1) / n;
+        to_digits(x + r0 * x_stride, r1 - r0, K, x_stride, tiles ? (bf16 *)digits + 2 * r0 * K : NULL,
+                  tiles ? NULL : (int16_t *)digits + r0 * K, scales + r0 * blocks, sums + r0 * blocks,
+                  n_sums + r0 * blocks);
+#pragma omp barrier
         long begin, end;
         thread_panels(&split, &begin, &end);
         if (!tiles) {
