@@ -2,13 +2,15 @@
 AVX512 register tiles for a few rows and AMX tiles for more): its values against the dequantized float64 product,
 a row's bits the same at every row count (1, 7, 16, 33, 512 rows: both units), alone or among others, on one
 thread or two, with or without batch invariance asked for, plain and gated, and the embedding rows it keeps.
-Its arithmetic for prompt rows is amx_gemm.c's on the dequantized model's weights, bit for bit, at every row count."""
+Its arithmetic for prompt rows is amx_gemm.c's on the dequantized model's weights, bit for bit, at every row count,
+and so is that of the prompt rows of quant_dot.c's Q5_0 / Q5_1 layers (dot_prompt_linear_bf16)."""
 
 import pytest
 import torch
 
 from engine_core.cpu_kernels import table
-from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
+from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant, cpu_quant_dot
+from engine_core.layers.forward_context import forward_context
 from exact_sum_checks import (FORMATS, ROWS, assert_embedding_rows_dequantized, assert_gated_is_plain_then_silu,
                               assert_rows_alike, assert_threads_and_strides_alike, bf16_randn)
 from gguf_weights import quantized_weight
@@ -114,3 +116,34 @@ def test_prompt_tiles_can_be_switched_off(monkeypatch):
     assert cpu_quant.has_prompt_arithmetic(cpu_quant.load())
     monkeypatch.setenv("NVLLM_CPU_PROMPT_TILES", "0")  # every row on the exact integer sums, every block shareable
     assert not cpu_quant.has_prompt_arithmetic(cpu_quant.load())
+
+
+def _as_prompt(weight, x, bias, runs=None):
+    """weight.matmul(x, bias) in a step whose prompt rows are `runs` (default: every row)"""
+    with forward_context(None, None, prompt_runs=runs if runs is not None else [0, x.shape[0]]):
+        return weight.matmul(x, bias)
+
+
+@pytest.mark.parametrize("qtype", sorted(cpu_quant.DOT_PROMPT_TYPES))
+@pytest.mark.parametrize("n,k", [(960, 576), (896, 896), (40, 64), (17, 96)])
+def test_q5_prompt_rows_are_the_dequantized_models_on_tiles(qtype, n, k):
+    """quant_dot.c's Q5 layers: prompt rows through the weights dequantized per slab from the file's blocks on
+    amx_gemm.c's tiles (the dense kernel's bits on the dequantized model, any rows among any); output rows keep
+    quant_dot.c's 8-bit rows, and a step splits its rows by role."""
+    weight, dequantized = quantized_weight(qtype, n, k, seed=n + k + 2)
+    packed, dense = cpu_quant_dot.QuantDotWeight(weight), cpu_gemm.PanelWeight(dequantized.to(torch.bfloat16))
+    x, bias = bf16_randn(max(ROWS), k, seed=k + 2), bf16_randn(n, seed=4)
+    whole = _as_prompt(packed, x, bias)
+    assert torch.equal(whole, dense.matmul(x, bias))
+    for rows in ROWS:
+        assert torch.equal(_as_prompt(packed, x[rows - 1: rows], bias), whole[rows - 1: rows]), rows
+    plain = packed.matmul(x[:8], bias)  # outside a step: every row an output row
+    mixed = _as_prompt(packed, x[:8], bias, runs=[2, 5])
+    assert torch.equal(mixed[2:5], whole[2:5]) and torch.equal(mixed[:2], plain[:2]) and torch.equal(mixed[5:], plain[5:])
+    assert not torch.equal(plain[2:5], whole[2:5])  # two arithmetics, else the split above could not show
+
+
+def test_k_quant_prompt_rows_keep_the_one_arithmetic():
+    weight, _ = quantized_weight("q4_k", 64, 512, seed=5)
+    packed, x = cpu_quant_dot.QuantDotWeight(weight), bf16_randn(40, 512, seed=6)
+    assert torch.equal(_as_prompt(packed, x, None), packed.matmul(x))

@@ -22,7 +22,7 @@ from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.cpu_kernels.amx_grant import amx_granted
 from engine_core.layers import cpu_gemm
-from engine_core.layers.forward_context import prompt_runs
+from engine_core.layers.forward_context import by_role
 from engine_core.layers.gguf_types import GGUF_TYPES
 
 BLOCK = 32  # inputs per quantized block of the Q4/Q5/Q8 types (a K-quant's super-block holds 256)
@@ -50,6 +50,8 @@ def _amx_library(library):
     library.quant_prompt_linear_silu_mul_bf16.argtypes = [ptr, long, long, long, ptr, int_, long, ptr, ptr, long,
                                                           ptr, int_]
     library.quant_prompt_linear_silu_mul_bf16.restype = int_
+    library.dot_prompt_linear_bf16.argtypes = [ptr, long, long, long, ptr, int_, long, ptr, ptr, long, int_]
+    library.dot_prompt_linear_bf16.restype = int_
     return _declare(library)
 
 
@@ -79,6 +81,18 @@ def has_prompt_arithmetic(library) -> bool:
     NVLLM_CPU_PROMPT_TILES=0 keeps every row on the integer arithmetic (and every cached block shareable)."""
     return (library is not None and library is _amx_library()
             and os.environ.get("NVLLM_CPU_PROMPT_TILES", "1") != "0")
+
+
+# quant_dot.c's types whose prompt rows amx_quant.c's dot_prompt_linear_bf16 takes (the K-quants' prompts keep
+# quant_dot.c's int8 tiles, one arithmetic for every row)
+DOT_PROMPT_TYPES = frozenset({"q5_0", "q5_1"})
+
+
+def dot_prompt_library(qtype: str):
+    """The library whose dot_prompt_linear_bf16 runs the prompt rows of a quant_dot.c weight of `qtype`, or None
+    where those rows keep quant_dot.c's arithmetic."""
+    library = load()
+    return library if qtype in DOT_PROMPT_TYPES and has_prompt_arithmetic(library) else None
 
 
 class QuantizedTensor:
@@ -158,18 +172,8 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
         return self._by_role(self._linear, self._prompt_linear, x, bias, self.out_features)
 
     def _by_role(self, kernel, prompt_kernel, x: torch.Tensor, bias, width: int, *extra) -> torch.Tensor:
-        runs = prompt_runs() if prompt_kernel is not None else []
-        if not runs:
-            return self._run(kernel, x, bias, width, *extra)
-        pieces, row = [], 0
-        for first, end in zip(runs[::2], runs[1::2]):
-            if first > row:
-                pieces.append(self._run(kernel, x[row:first], bias, width, *extra))
-            pieces.append(self._run(prompt_kernel, x[first:end], bias, width, *extra))
-            row = end
-        if row < x.shape[0]:
-            pieces.append(self._run(kernel, x[row:], bias, width, *extra))
-        return torch.cat(pieces)
+        return by_role(x, lambda rows: self._run(kernel, rows, bias, width, *extra),
+                       prompt_kernel and (lambda rows: self._run(prompt_kernel, rows, bias, width, *extra)))
 
     def prompt_matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """matmul with the arithmetic of prompt rows, for every row, where the kernel has one (amx_quant.c: the

@@ -14,7 +14,9 @@ import ctypes
 import torch
 
 from engine_core.cpu_kernels import table
+from engine_core.layers import cpu_quant
 from engine_core.layers.cpu_quant import QuantizedTensor
+from engine_core.layers.forward_context import by_role
 from engine_core.layers.gguf_packed import GgufPackedWeight, declare_packing
 
 _ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
@@ -43,13 +45,29 @@ class QuantDotWeight(GgufPackedWeight):
     in_file_layout = frozenset({"q5_0", "q5_1", "q4_k", "q5_k", "q6_k"})  # quant_dot_pack copies them as they are
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] (float32 or bfloat16) @ W^T (+ bias, added in float32) -> [..., N] in x's dtype."""
+        """x [..., K] (float32 or bfloat16) @ W^T (+ bias, added in float32) -> [..., N] in x's dtype; in a step
+        whose prompt rows have their own arithmetic (forward_context.prompt_runs), a Q5 weight's prompt rows in
+        bfloat16 through amx_quant.c's dot_prompt_linear_bf16, as the C decoder loop runs them."""
         if x.dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"a quantized linear takes float32 or bfloat16 inputs, not {x.dtype}")
         half = int(x.dtype is torch.bfloat16)
-        return self._run(x, bias, x.dtype, lambda x2, rows, bias32, out: self._library.quant_dot_linear(
-            x2.data_ptr(), half, rows, self.in_features, x2.stride(0), self.panels.data_ptr(), self.type_id,
-            self.out_features, bias32, out.data_ptr(), half, self.out_features, torch.get_num_threads()))
+
+        def every_row(rows_in):
+            return self._run(rows_in, bias, x.dtype, lambda x2, rows, bias32, out: self._library.quant_dot_linear(
+                x2.data_ptr(), half, rows, self.in_features, x2.stride(0), self.panels.data_ptr(), self.type_id,
+                self.out_features, bias32, out.data_ptr(), half, self.out_features, torch.get_num_threads()))
+
+        prompt = cpu_quant.dot_prompt_library(self.qtype) if half else None
+        if prompt is None:
+            return every_row(x)
+
+        def prompt_rows(rows_in):
+            return self._run(rows_in, bias, x.dtype, lambda x2, rows, bias32, out: prompt.dot_prompt_linear_bf16(
+                x2.data_ptr(), rows, self.in_features, x2.stride(0), self.panels.data_ptr(), self.type_id,
+                self.out_features, bias32, out.data_ptr(), self.out_features, torch.get_num_threads()))
+
+        flat = x.reshape(-1, self.in_features)
+        return by_role(flat, every_row, prompt_rows).view(*x.shape[:-1], self.out_features)
 
     def rows_of(self, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Columns `ids` of W dequantized [len(ids), K] (an embedding's rows): d q + m, gguf-py's values."""

@@ -7,6 +7,8 @@ keeps models written like their reference implementations.
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
+
 from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.layers.rotary_plan import RotaryPlan
@@ -57,3 +59,21 @@ def prompt_runs() -> list[int]:
     """The step's prompt rows as flat [first row, end row) pairs, where the model gives them their own arithmetic
     (the model runner passes them then only); [] outside a step or otherwise."""
     return _current.prompt_runs if _current is not None else []
+
+
+def by_role(x, run, prompt_run):
+    """run(rows) of x's output-token rows and prompt_run(rows) of the step's prompt rows (prompt_runs()), joined in
+    row order: run(x) alone where the step has no prompt runs or prompt_run is None. Each row's result is its own,
+    so splitting the rows changes nothing but which arithmetic a row takes."""
+    runs = prompt_runs() if prompt_run is not None else []
+    if not runs:
+        return run(x)
+    pieces, row = [], 0
+    for first, end in zip(runs[::2], runs[1::2]):
+        if first > row:
+            pieces.append(run(x[row:first]))
+        pieces.append(prompt_run(x[first:end]))
+        row = end
+    if row < x.shape[0]:
+        pieces.append(run(x[row:]))
+    return torch.cat(pieces)

@@ -62,7 +62,7 @@ class _Layer(ctypes.Structure):
 
 class _Model(ctypes.Structure):
     _fields_ = ([(name, _ptr) for name in ("linear", "gated", "quant_linear", "quant_gated", "quant_prompt",
-                                           "quant_prompt_gated", "dot", "silu", "norm", "rotary", "decode", "chunk",
+                                           "quant_prompt_gated", "dot", "dot_prompt", "silu", "norm", "rotary", "decode", "chunk",
                                            "silu_table", "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
                                               "head_dim", "intermediate", "block_size", "rotary_dim")]
@@ -203,7 +203,9 @@ class CpuDecoder:
         self.qk_norm = first.self_attn.q_norm is not None
         # prompt rows of kept-quantized layers take their own arithmetic (amx_quant.c): the engine then keys
         # cached blocks by which of their tokens were prompt tokens (kv_cache_manager.py)
-        kept = any(isinstance(pack, cpu_quant.QuantPanelWeight) for layer in model.layers
+        kept = any(isinstance(pack, cpu_quant.QuantPanelWeight) or (isinstance(pack, cpu_quant_dot.QuantDotWeight)
+                                                                      and pack.qtype in cpu_quant.DOT_PROMPT_TYPES)
+                   for layer in model.layers
                    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                                   layer.mlp.down_proj) for pack in pieces_of(linear.packed_weight))
         self.prompt_arithmetic = (kept and self.takes_prompt_kernels
@@ -251,7 +253,8 @@ class CpuDecoder:
             quant_gated=quant and address(quant, "quant_linear_silu_mul_bf16"),
             quant_prompt=address(quant, "quant_prompt_linear_bf16") if self.prompt_arithmetic else None,
             quant_prompt_gated=address(quant, "quant_prompt_linear_silu_mul_bf16") if self.prompt_arithmetic else None,
-            dot=dot and address(dot, "quant_dot_linear_bf16"), silu=address(ops, "silu_and_mul_bf16"),
+            dot=dot and address(dot, "quant_dot_linear_bf16"),
+            dot_prompt=address(quant, "dot_prompt_linear_bf16") if self.prompt_arithmetic else None, silu=address(ops, "silu_and_mul_bf16"),
             norm=address(ops, cpu_ops.bf16_norm_name()), rotary=address(ops, "rotary_bf16"),
             decode=address(attention, "paged_decode_attention"), chunk=address(attention, "paged_attention"),
             silu_table=self._tables[0].data_ptr(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(),

@@ -71,6 +71,8 @@ typedef struct {
     QuantPromptFn quant_prompt;
     QuantPromptGatedFn quant_prompt_gated;
     DotFn dot;   /* quant_dot.c's quant_dot_linear_bf16 */
+    /* amx_quant.c's dot_prompt_linear_bf16 for the prompt rows of quant_dot.c's Q5 layers; NULL: one arithmetic */
+    DotFn dot_prompt;
     SiluFn silu; /* cpu_ops.c's silu_and_mul_bf16, after a gate_up that is not a fused gated kernel */
     NormFn norm;
     RotaryFn rotary;
@@ -87,14 +89,20 @@ typedef struct {
 #define DECODER_ELEM bf16
 #include "decoder_step.h"
 
-/* rows [r0, r1) of a kept-quantized weight (gated where silu): prompt rows through the prompt arithmetic, others
- * through the one for every row */
+/* rows [r0, r1) of a kept-quantized weight of `kind` (gated where silu: cpu_quant.c's formats only): prompt rows
+ * through the prompt arithmetic where the weight has one, others through the one for every row */
 static int quant_rows(const Model *m, const Step *s, int prompt, const bf16 *x, long r0, long r1, long K,
-                      const void *w, int format, long N, const float *bias, bf16 *out, long out_stride,
+                      const void *w, long kind, long N, const float *bias, bf16 *out, long out_stride,
                       const bf16 *silu) {
     const bf16 *xr = x + r0 * K;
     bf16 *o = out + r0 * out_stride;
     const long M = r1 - r0;
+    if (kind >= KIND_DOT) {
+        const int type = (int)(kind - KIND_DOT);
+        const int done = prompt ? m->dot_prompt(xr, M, K, K, w, type, N, bias, o, out_stride, s->threads) : 1;
+        return done == 1 ? m->dot(xr, M, K, K, w, type, N, bias, o, out_stride, s->threads) : done;
+    }
+    const int format = (int)kind;
     if (prompt)
         return silu ? m->quant_prompt_gated(xr, M, K, K, w, format, N / 2, bias, o, out_stride, silu, s->threads)
                     : m->quant_prompt(xr, M, K, K, w, format, N, bias, o, out_stride, s->threads);
@@ -105,17 +113,18 @@ static int quant_rows(const Model *m, const Step *s, int prompt, const bf16 *x, 
 
 /* every row of a kept-quantized weight: a token's arithmetic depends on whether it is a prompt token, never on
  * which rows share its step (the runs split the rows, each row's result is its own) */
-static int kept_linear(const Model *m, const Step *s, const bf16 *x, long M, long K, const void *w, int format,
+static int kept_linear(const Model *m, const Step *s, const bf16 *x, long M, long K, const void *w, long kind,
                        long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu) {
+    const int roles = kind >= KIND_DOT ? m->dot_prompt != NULL : m->quant_prompt != NULL;
     long row = 0;
-    for (long r = 0; m->quant_prompt && r < s->num_prompt_runs; r++) {
+    for (long r = 0; roles && r < s->num_prompt_runs; r++) {
         const long first = s->prompt_runs[2 * r], end = s->prompt_runs[2 * r + 1];
-        if ((first > row && quant_rows(m, s, 0, x, row, first, K, w, format, N, bias, out, out_stride, silu)) ||
-            quant_rows(m, s, 1, x, first, end, K, w, format, N, bias, out, out_stride, silu))
+        if ((first > row && quant_rows(m, s, 0, x, row, first, K, w, kind, N, bias, out, out_stride, silu)) ||
+            quant_rows(m, s, 1, x, first, end, K, w, kind, N, bias, out, out_stride, silu))
             return -1;
         row = end;
     }
-    return row < M ? quant_rows(m, s, 0, x, row, M, K, w, format, N, bias, out, out_stride, silu) : 0;
+    return row < M ? quant_rows(m, s, 0, x, row, M, K, w, kind, N, bias, out, out_stride, silu) : 0;
 }
 
 /* a linear layer through the kernels its pieces need, each into its columns of out [M, sum rows] (row stride
@@ -128,10 +137,7 @@ static int linear(const Model *m, const Step *s, const bf16 *x, long M, long K, 
         const float *b = bias ? bias + at : NULL;
         if (kind < 0)
             m->linear(x, M, K, K, l->w[p], N, b, out + at, out_stride, s->threads);
-        else if (kind >= KIND_DOT ? m->dot(x, M, K, K, l->w[p], (int)(kind - KIND_DOT), N, b, out + at, out_stride,
-                                           s->threads)
-                                  : kept_linear(m, s, x, M, K, l->w[p], (int)kind, N, b, out + at, out_stride,
-                                                NULL))
+        else if (kept_linear(m, s, x, M, K, l->w[p], kind, N, b, out + at, out_stride, NULL))
             return -1;
     }
     return 0;
@@ -146,7 +152,7 @@ static int gated(const Model *m, const Step *s, const bf16 *x, long M, long K, c
         return 0;
     }
     if (l->pieces == 1 && kind < KIND_DOT)
-        return kept_linear(m, s, x, M, K, l->w[0], (int)kind, 2 * I, bias, out, I, m->silu_table);
+        return kept_linear(m, s, x, M, K, l->w[0], kind, 2 * I, bias, out, I, m->silu_table);
     return linear(m, s, x, M, K, l, bias, s->gate_up, 2 * I) || m->silu(s->gate_up, 2 * I, out, I, M, I, s->threads);
 }
 

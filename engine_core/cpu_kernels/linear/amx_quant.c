@@ -34,6 +34,7 @@
 #undef quant_linear_silu_mul_bf16
 
 #include "amx_panels.h"   /* amx_ready, TILE_ROWS (digit rows per tile A / C here), amx_columns */
+#include "gguf_q5_panel.h" /* quant_dot.c's Q5_0 / Q5_1 weights as bf16 panels */
 
 #define PASS_INPUTS 16    /* input rows per tile pass: 32 digit rows */
 #define INT_MR 4          /* input rows per register tile */
@@ -369,7 +370,7 @@ int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, con
  * rows the integer one, so its result still depends on nothing but itself (the prefix cache keys blocks by role). */
 int quant_prompt_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                              const float *bias, bf16 *out, long out_stride, int num_threads) {
-    return dequantized_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL,
+    return dequantized_run(x, M, K, x_stride, packed, format, packed_panel, N, bias, out, out_stride, NULL,
                            amx_permitted() ? amx_columns : columns, num_threads);
 }
 
@@ -377,6 +378,18 @@ int quant_prompt_linear_bf16(const bf16 *x, long M, long K, long x_stride, const
 int quant_prompt_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed,
                                       int format, long I, const float *bias, bf16 *out, long out_stride,
                                       const bf16 *silu, int num_threads) {
-    return dequantized_run(x, M, K, x_stride, packed, format, 2 * I, bias, out, out_stride, silu,
+    return dequantized_run(x, M, K, x_stride, packed, format, packed_panel, 2 * I, bias, out, out_stride, silu,
+                           amx_permitted() ? amx_columns : columns, num_threads);
+}
+
+/* The prompt rows of a GGUF Q5_0 or Q5_1 layer that quant_dot.c keeps (its layout: the file's rows), on AMX tiles
+ * with the dequantized model's weights, as quant_prompt_linear_bf16 runs this file's formats: a row's bits are
+ * amx_gemm.c's on the dequantized weights, whatever M. quant_dot.c's 8-bit rows stay the arithmetic of output
+ * rows. 1 (nothing done) for the other types: the K-quants' prompts keep quant_dot.c's int8 tiles (amx_k_tile.h),
+ * one arithmetic for every row. */
+int dot_prompt_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *rows, int type, long N,
+                           const float *bias, bf16 *out, long out_stride, int num_threads) {
+    if (!q5_type(type) || K % QBLOCK) return 1;
+    return dequantized_run(x, M, K, x_stride, rows, type, q5_dequantize_panel, N, bias, out, out_stride, NULL,
                            amx_permitted() ? amx_columns : columns, num_threads);
 }

@@ -448,17 +448,24 @@ static void dequantize_panel(const uint8_t *panel, long K, int format, bf16 *dst
  * gated groups (gate 32, up 32) */
 typedef void (*PanelColumns)(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N,
                              const float *bias, bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end);
+/* panel p of a weight kept in `format` -> its bf16 panel (N: the weight's columns) */
+typedef void (*PanelSource)(const uint8_t *weights, int format, long p, long K, long N, bf16 *dst);
 
-static void large_columns(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
-                          const float *bias, bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end,
-                          long slab, bf16 *buffer, PanelColumns bf16_columns) {
-    const long panel_bytes = K / QBLOCK * block_bytes(format);
+/* this file's packed panels as a PanelSource */
+static void packed_panel(const uint8_t *packed, int format, long p, long K, long N, bf16 *dst) {
+    (void)N;
+    dequantize_panel(packed + p * (K / QBLOCK * block_bytes(format)), K, format, dst);
+}
+
+static void large_columns(const bf16 *x, long M, long K, long x_stride, const uint8_t *weights, int format,
+                          PanelSource source, long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
+                          long p_begin, long p_end, long slab, bf16 *buffer, PanelColumns bf16_columns) {
     for (long s = p_begin; s < p_end; s += slab) {
         const long count = p_end - s < slab ? p_end - s : slab;
         for (long p = 0; p < count; p++) {
             /* gated: panels g0 u0 g1 u1 -> g0 g1 u0 u1 */
             const long at = silu ? (p / 4) * 4 + (p % 2) * 2 + (p % 4) / 2 : p;
-            dequantize_panel(packed + (s + p) * panel_bytes, K, format, buffer + at * K * LANES);
+            source(weights, format, s + p, K, N, buffer + at * K * LANES);
         }
         if (silu) {
             /* columns() takes gated groups of 32 gate + 32 up outputs: their bias follows the same order */
@@ -521,9 +528,9 @@ static void *scratch_or_fail(long bytes, int *failed) {
 
 /* every row through bf16 panels dequantized per slab (the dequantized model's weights), multiplied by
  * bf16_columns; each thread dequantizes its own columns */
-static int dequantized_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
-                           const float *bias, bf16 *out, long out_stride, const bf16 *silu, PanelColumns bf16_columns,
-                           int num_threads) {
+static int dequantized_run(const bf16 *x, long M, long K, long x_stride, const uint8_t *weights, int format,
+                           PanelSource source, long N, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
+                           PanelColumns bf16_columns, int num_threads) {
     const PanelSplit split = panel_split(M, N, K, silu != NULL, num_threads);
     long slab = SLAB_BYTES / (K * LANES * (long)sizeof(bf16)) / NR * NR;
     if (slab < NR) slab = NR;
@@ -534,8 +541,8 @@ static int dequantized_run(const bf16 *x, long M, long K, long x_stride, const u
         thread_panels(&split, &begin, &end);
         bf16 *buffer = scratch_or_fail(slab * K * LANES * sizeof(bf16), &failed);
         if (buffer)
-            large_columns(x, M, K, x_stride, packed, format, N, bias, out, out_stride, silu, begin, end, slab, buffer,
-                          bf16_columns);
+            large_columns(x, M, K, x_stride, weights, format, source, N, bias, out, out_stride, silu, begin, end, slab,
+                          buffer, bf16_columns);
     }
     return failed ? -1 : 0;
 }
@@ -545,7 +552,8 @@ static int quant_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
                      int num_threads) {
     const int large = M >= QUANT_LARGE_M;
     if (large && !every_row_alike)
-        return dequantized_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, silu, columns, num_threads);
+        return dequantized_run(x, M, K, x_stride, packed, format, packed_panel, N, bias, out, out_stride, silu, columns,
+                               num_threads);
     const PanelSplit split = panel_split(M, N, K, silu != NULL, num_threads);
     float *sums = malloc(sizeof(float) * M * (K / QBLOCK));
     if (!sums) return -1;
