@@ -147,3 +147,6 @@ def test_k_quant_prompt_rows_keep_the_one_arithmetic():
     weight, _ = quantized_weight("q4_k", 64, 512, seed=5)
     packed, x = cpu_quant_dot.QuantDotWeight(weight), bf16_randn(40, 512, seed=6)
     assert torch.equal(_as_prompt(packed, x, None), packed.matmul(x))
+    whole = packed.matmul(x)  # 40 rows: AMX int8 tiles (from 24 rows); fewer: quant_dot.c's register tiles
+    for rows in (1, 16, 23, 24, 27):
+        assert torch.equal(packed.matmul(x[:rows]), whole[:rows]), rows

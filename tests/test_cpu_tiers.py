@@ -139,7 +139,7 @@ def products():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_quant_dot_is_the_product_of_the_rounded_rows_the_same_on_every_tier(tier, qtype, n, k, dtype, products):
     weight, dequantized = _quantized(qtype, n, k, seed=n + k)
-    # 41 rows: the AMX tier's K-quant tiles (32 rows and more) and its few-rows tile alike
+    # 41 rows: the AMX tier's K-quant tiles (24 rows and more) and its few-rows tile alike
     x = torch.randn(41, k, generator=torch.Generator().manual_seed(k)).to(dtype)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
     with forced_tier(tier):
@@ -200,7 +200,7 @@ def test_quantized_rows_do_not_depend_on_the_batch_or_the_threads(tier, qtype, k
 
 @pytest.mark.parametrize("qtype", ["q4_0", "q5_0", "q8_0", "q4_k", "q6_k"])
 def test_quant_dot_rounds_rows_with_nan_inf_zeros_and_denormals_the_same_on_every_tier(qtype):
-    """The vectorized row rounding (and the AMX tier's tiles, from 32 rows) against the portable build's scalar
+    """The vectorized row rounding (and the AMX tier's tiles, from 24 rows) against the portable build's scalar
     loop on the inputs where a max, a division or a clamp could go another way."""
     n, k = 20, 512
     weight, _ = _quantized(qtype, n, k, seed=3)

@@ -16,7 +16,7 @@
  * AVX2: vpmaddubsw + vpmaddwd (unsigned 4- or 5-bit, or |q| of a signed type, times signed 8-bit: no int16
  * saturation is possible); AVX512-VNNI: vpdpbusd, the same integers, two blocks per 512-bit register; AVX512
  * without VNNI: vpmaddubsw + vpmaddwd on 512 bits. Portable C: the same integers in plain loops. The amx tier's
- * K-quant prefills (32 rows and more): AMX int8 tiles, amx_k_tile.h.
+ * K-quant steps of 24 rows and more: AMX int8 tiles, amx_k_tile.h.
  *
  * One arithmetic on every tier, so every tier gives the same bits: the integer sum of a block is taken
  * in 8 lanes of 4 inputs each (lane l: inputs 4l..4l+3), each lane converted to fp32 and added to that
