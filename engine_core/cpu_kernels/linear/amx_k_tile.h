@@ -21,7 +21,9 @@
 #define NVLLM_AMX_K_TILE_H
 #include "amx_tiles.h"
 
-#define AMX_MIN_ROWS 24 /* fewer rows: k_quant_tile.h's tile (measured on the AMX Xeon, Q4_K / Q6_K on Qwen2.5-Coder 0.5B and 1.5B shapes: the tiles 0.4-0.6x at 8 rows, 0.9-1.2x at 16, 1.3-2.4x at 24, 1.8-3.4x at 32) */
+/* fewer rows: k_quant_tile.h's tile. Measured on the AMX Xeon, Q4_K / Q6_K on Qwen2.5-Coder 0.5B and 1.5B shapes,
+ * the int8 tiles against it: 0.4-0.6x at 8 rows, 0.9-1.2x at 16, 1.3-2.4x at 24, 1.8-3.4x at 32 */
+#define AMX_MIN_ROWS 24
 #define AMX_CHUNK_BYTES (1L << 23) /* the rows' tile-B inputs that stay in L2 while a thread's columns pass over them */
 #define AMX_COLS 16       /* columns per tile A */
 #define AMX_TILE_ROWS 16  /* rows per tile B */
