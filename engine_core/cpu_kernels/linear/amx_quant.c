@@ -37,8 +37,8 @@
 #include "gguf_q5_panel.h" /* quant_dot.c's Q5_0 / Q5_1 weights as bf16 panels */
 
 #define PASS_INPUTS 16    /* input rows per tile pass: 32 digit rows */
-#define INT_MR 4          /* input rows per register tile */
-#define INT_NR 8          /* panels per register tile of one row (half for more rows) */
+#define INT_MR 8          /* input rows per register tile, at most */
+#define INT_NR 8          /* panels per register tile of one row; 2-4 rows take 4, 5-8 rows 2 */
 #ifndef AVX512_ROWS
 #define AVX512_ROWS 64 /* up to this many rows: register tiles (as fast as the tiles or faster below 128, measured); more: AMX */
 #endif
@@ -174,18 +174,27 @@ static inline __attribute__((always_inline)) void int_tile(const int16_t *ints, 
     case 64 + 1: INT_TILE(Q4, 4, 1); break;                                                                   \
     case 64 + 2: INT_TILE(Q4, 4, 2); break;                                                                   \
     case 64 + 3: INT_TILE(Q4, 4, 3); break;                                                                   \
-    default: INT_TILE(Q4, 4, 4); break;                                                                       \
+    case 64 + 4: INT_TILE(Q4, 4, 4); break;                                                                   \
+    case 80 + 1: INT_TILE(Q4, 5, 1); break;                                                                   \
+    case 80 + 2: INT_TILE(Q4, 5, 2); break;                                                                   \
+    case 96 + 1: INT_TILE(Q4, 6, 1); break;                                                                   \
+    case 96 + 2: INT_TILE(Q4, 6, 2); break;                                                                   \
+    case 112 + 1: INT_TILE(Q4, 7, 1); break;                                                                  \
+    case 112 + 2: INT_TILE(Q4, 7, 2); break;                                                                  \
+    case 128 + 1: INT_TILE(Q4, 8, 1); break;                                                                  \
+    default: INT_TILE(Q4, 8, 2); break;                                                                       \
     }
 
 /* panels [p_begin, p_end) for every row on register tiles: one row 8 panels at a time (more weight streams in
- * flight), up to 4 rows 4 */
+ * flight), up to 4 rows 4, up to 8 rows 2 (each weight vector unpacked once for 8 rows: 1.1-1.2x 4 x 4 tiles at
+ * 16-32 rows, measured) */
 static void register_columns(const int16_t *ints, long M, long K, const float *scales, const float *sums,
                              const int32_t *n_sums, const uint8_t *packed, int format, long N, const float *bias,
                              bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end) {
     const long blocks = K / QBLOCK, panel_bytes = blocks * block_bytes(format);
     for (long m = 0; m < M; m += INT_MR) {
         const long mr = M - m < INT_MR ? M - m : INT_MR;
-        const int width = mr == 1 ? INT_NR : INT_NR / 2;
+        const int width = mr == 1 ? INT_NR : mr <= 4 ? INT_NR / 2 : INT_NR / 4;
         for (long p = p_begin; p < p_end; p += width) {
             const int nr = p_end - p < width ? (int)(p_end - p) : width;
             const uint8_t *panels = packed + p * panel_bytes;
