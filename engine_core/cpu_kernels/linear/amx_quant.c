@@ -6,10 +6,11 @@
  * two digits n = 256 hi + lo (hi in [-128, 127], lo in [0, 255]), each exact in bf16. The weights are
  * cpu_quant.c's bf16 words: 128 + q for Q4 (q in [0, 15]), q for Q8, exact. A block's digit sums
  * sum_k hi_k w_k and sum_k lo_k w_k stay below 2^21 in magnitude: exact in fp32 whichever unit adds them and in
- * whatever order (vdpbf16ps pairs or a tile's steps). The block then folds into the column's fp32 total, in
- * fold_digits' fixed sequence:
- *     total += (d s) * (256 hi_sum + lo_sum)  [+ ((m - 128 d) s) * sum_k n_k for Q4],
- * blocks in order. The inputs lose at most a block's largest |x| / 65534 each (bf16 keeps |x| / 256), so the
+ * whatever order (vdpbf16ps pairs or a tile's steps); for Q4 each less 128 times its digits' sum (exact too) is
+ * sum_k hi_k q_k and sum_k lo_k q_k. The block's sum_k n_k q_k, rounded once to fp32, then folds into the column's
+ * fp32 total in fold_block_sum's fixed sequence:
+ *     total += (d s) * (256 hi_sum + lo_sum)  [+ m * (s sum_k n_k) for Q4],
+ * blocks in order, s sum_k n_k (the block's inputs as quantized, summed) rounded once per row and block. The inputs lose at most a block's largest |x| / 65534 each (bf16 keeps |x| / 256), so the
  * result is the exact product but for that and fp32's roundings.
  *
  * A row's result is therefore the same bits at every M, on either unit, in any tile and on any thread (batch
@@ -45,11 +46,12 @@
 
 /* ---- the inputs as digits ----------------------------------------------------------------------------------- */
 
-/* rows of x -> per row and block of 32 inputs a scale s, the integers n = round(x / s) and their sum (fp32 in
- * sums, int32 in n_sums), the integers either as two bf16 digits for the AMX tiles (digits [M][2][K]: row i's hi,
- * then its lo digits) or as int16 for the register tiles (ints [M][K]); the other pointer NULL */
-static void to_digits(const bf16 *x, long M, long K, long x_stride, bf16 *digits, int16_t *ints, float *scales,
-                      float *sums, int32_t *n_sums) {
+/* rows of x -> per row and block of 32 inputs a scale s, the integers n = round(x / s), their sum (int32 in
+ * n_sums) and s times it (sums), the integers either as two bf16 digits for the AMX tiles (digits [M][2][K]: row
+ * i's hi, then its lo digits; digit_offsets [M][blocks][2]: 128 times the block's hi and lo digits' sums) or as
+ * int16 for the register tiles (ints [M][K]); the other pointers NULL */
+static void to_digits(const bf16 *x, long M, long K, long x_stride, bf16 *digits, float *digit_offsets, int16_t *ints,
+                      float *scales, float *sums, int32_t *n_sums) {
     const long blocks = K / QBLOCK;
     for (long i = 0; i < M; i++)
         for (long b = 0; b < blocks; b++) {
@@ -63,6 +65,7 @@ static void to_digits(const bf16 *x, long M, long K, long x_stride, bf16 *digits
             const __m512i n[2] = {
                 _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inverse))), low), high),
                 _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inverse))), low), high)};
+            __m512i hi_sum = _mm512_setzero_si512(), lo_sum = _mm512_setzero_si512();
             for (int half = 0; half < 2; half++) {
                 if (ints) {
                     _mm256_storeu_si256((__m256i *)(ints + i * K + b * QBLOCK + 16 * half), _mm512_cvtepi32_epi16(n[half]));
@@ -70,31 +73,36 @@ static void to_digits(const bf16 *x, long M, long K, long x_stride, bf16 *digits
                 }
                 /* hi = n >> 8 in [-128, 127], lo = n & 255: n = 256 hi + lo */
                 bf16 *hi = digits + 2 * i * K + b * QBLOCK + 16 * half, *lo = hi + K;
-                _mm256_storeu_si256((__m256i *)hi, to_bf16(_mm512_cvtepi32_ps(_mm512_srai_epi32(n[half], 8))));
-                _mm256_storeu_si256((__m256i *)lo, to_bf16(_mm512_cvtepi32_ps(_mm512_and_si512(n[half], _mm512_set1_epi32(255)))));
+                const __m512i high_digits = _mm512_srai_epi32(n[half], 8);
+                const __m512i low_digits = _mm512_and_si512(n[half], _mm512_set1_epi32(255));
+                hi_sum = _mm512_add_epi32(hi_sum, high_digits);
+                lo_sum = _mm512_add_epi32(lo_sum, low_digits);
+                _mm256_storeu_si256((__m256i *)hi, to_bf16(_mm512_cvtepi32_ps(high_digits)));
+                _mm256_storeu_si256((__m256i *)lo, to_bf16(_mm512_cvtepi32_ps(low_digits)));
+            }
+            if (digits) {
+                digit_offsets[2 * (i * blocks + b)] = 128.0f * (float)_mm512_reduce_add_epi32(hi_sum);
+                digit_offsets[2 * (i * blocks + b) + 1] = 128.0f * (float)_mm512_reduce_add_epi32(lo_sum);
             }
             const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(n[0], n[1]));
             scales[i * blocks + b] = s;
-            sums[i * blocks + b] = (float)total;
+            sums[i * blocks + b] = s * (float)total; /* (float)total is exact: |total| < 2^21 */
             n_sums[i * blocks + b] = total;
         }
 }
 
-/* a block's scale d and (Q4) offset m - 128 d of a panel's 16 columns; head: the panel's block */
-static inline __attribute__((always_inline)) void block_scales(const uint8_t *head, int q4, __m512 *d,
-                                                               __m512 *offset) {
+/* a block's scale d and (Q4) offset m of a panel's 16 columns; head: the panel's block */
+static inline __attribute__((always_inline)) void block_scales(const uint8_t *head, int q4, __m512 *d, __m512 *m) {
     *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
-    *offset = q4 ? _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), *d,
-                                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32))))
-                 : _mm512_setzero_ps();
+    *m = q4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32))) : _mm512_setzero_ps();
 }
 
-/* one block's sum sum_k n_k w_k (fp32: the exact integer rounded once) into a row's running totals of 16 columns:
- * the one sequence both units' tiles call */
-static inline __attribute__((always_inline)) __m512 fold_block_sum(__m512 total, __m512 block, __m512 d,
-                                                                   __m512 offset, float s, float n_sum, int q4) {
+/* one block's sum sum_k n_k q_k (fp32: the exact integer rounded once) into a row's running totals of 16 columns,
+ * input_sum: s sum_k n_k; the one sequence both units' tiles call */
+static inline __attribute__((always_inline)) __m512 fold_block_sum(__m512 total, __m512 block, __m512 d, __m512 m,
+                                                                   float s, float input_sum, int q4) {
     total = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(s)), block, total);
-    if (q4) total = _mm512_fmadd_ps(_mm512_mul_ps(offset, _mm512_set1_ps(s)), _mm512_set1_ps(n_sum), total);
+    if (q4) total = _mm512_fmadd_ps(m, _mm512_set1_ps(input_sum), total);
     return total;
 }
 
@@ -102,9 +110,8 @@ static inline __attribute__((always_inline)) __m512 fold_block_sum(__m512 total,
 
 /* rows [0, mr) x panels [0, nr) over all of K from the packed blocks, in integers: a panel's words for an input
  * pair unpacked to int16 (q for Q4, u = q + 128 for Q8), and vpdpwssd adds pairs of products n w to int32 sums
- * (|sum| < 2^28: exact). A block's sum is then the tiles' exactly: sum_k n_k (128 + q_k) = sum_k n_k q_k + 128
- * sum_k n_k for Q4, sum_k n_k q_k = sum_k n_k u_k - 128 sum_k n_k for Q8, rounded once to fp32 as the tiles'
- * 256 hi + lo is. On this tier vdpbf16ps took 6-11 FMAs' time and vpdpwssd 3 (0.84-1.47, 0.43 and 0.14 ns,
+ * (|sum| < 2^28: exact). A block's sum is then the tiles' exactly: sum_k n_k q_k for Q4, sum_k n_k u_k - 128
+ * sum_k n_k for Q8, rounded once to fp32 as the tiles' 256 hi + lo is. On this tier vdpbf16ps took 6-11 FMAs' time and vpdpwssd 3 (0.84-1.47, 0.43 and 0.14 ns,
  * measured). ints: the rows' integers, [row][K]. */
 static inline __attribute__((always_inline)) void int_tile(const int16_t *ints, long K, const float *scales,
                                                            const float *sums, const int32_t *n_sums,
@@ -112,7 +119,7 @@ static inline __attribute__((always_inline)) void int_tile(const int16_t *ints, 
                                                            bf16 *out, long out_stride, long n0, long N,
                                                            const bf16 *silu, const int mr, const int nr) {
     const long blocks = K / QBLOCK, bb = q4 ? Q4_BLOCK_BYTES : Q8_BLOCK_BYTES, panel_bytes = blocks * bb;
-    const int header = q4 ? 64 : 32, shift = q4 ? 128 : -128;
+    const int header = q4 ? 64 : 32;
     __m512 total[INT_MR][INT_NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) total[i][j] = _mm512_setzero_ps();
@@ -138,11 +145,11 @@ static inline __attribute__((always_inline)) void int_tile(const int16_t *ints, 
             }
         }
         for (int j = 0; j < nr; j++) {
-            __m512 d, offset;
-            block_scales(panels + j * panel_bytes + b * bb, q4, &d, &offset);
+            __m512 d, m;
+            block_scales(panels + j * panel_bytes + b * bb, q4, &d, &m);
             for (int i = 0; i < mr; i++) {
-                const __m512i exact = _mm512_add_epi32(acc[i][j], _mm512_set1_epi32(shift * n_sums[i * blocks + b]));
-                total[i][j] = fold_block_sum(total[i][j], _mm512_cvtepi32_ps(exact), d, offset, scales[i * blocks + b],
+                const __m512i exact = q4 ? acc[i][j] : _mm512_sub_epi32(acc[i][j], _mm512_set1_epi32(128 * n_sums[i * blocks + b]));
+                total[i][j] = fold_block_sum(total[i][j], _mm512_cvtepi32_ps(exact), d, m, scales[i * blocks + b],
                                              sums[i * blocks + b], q4);
             }
         }
@@ -217,7 +224,7 @@ static void register_columns(const int16_t *ints, long M, long K, const float *s
  * The tiles configured by amx_configure_pass for the digit rows. */
 static void tile_pass(const bf16 *digits, long K, int rows, const __m512bh *w0, const __m512bh *w1,
                       const uint8_t *head0, const uint8_t *head1, long bb, const float *scales, const float *sums,
-                      int q4, float totals[PASS_INPUTS][2][LANES]) {
+                      const float *digit_offsets, int q4, float totals[PASS_INPUTS][2][LANES]) {
     float block[2][2][TILE_ROWS * LANES] __attribute__((aligned(64)));
     const long blocks = K / QBLOCK, stride = K * (long)sizeof(bf16);
     const int r1 = 2 * rows > TILE_ROWS ? 2 * rows - TILE_ROWS : 0;
@@ -250,12 +257,17 @@ static void tile_pass(const bf16 *digits, long K, int rows, const __m512bh *w0, 
             if (w1) _tile_stored(3, block[1][1], 64);
         }
         for (int j = 0; j < (w1 ? 2 : 1); j++) {
-            __m512 d, offset;
-            block_scales(heads[j] + b * bb, q4, &d, &offset);
+            __m512 d, m;
+            block_scales(heads[j] + b * bb, q4, &d, &m);
             for (int i = 0; i < rows; i++) { /* digit rows 2i (hi), 2i + 1 (lo) */
                 const float *c = block[i / (TILE_ROWS / 2)][j] + (2 * i % TILE_ROWS) * LANES;
-                const __m512 block_sum = _mm512_fmadd_ps(_mm512_set1_ps(256.0f), _mm512_load_ps(c), _mm512_load_ps(c + LANES));
-                t[i][j] = fold_block_sum(t[i][j], block_sum, d, offset, scales[i * blocks + b], sums[i * blocks + b], q4);
+                __m512 hi_sum = _mm512_load_ps(c), lo_sum = _mm512_load_ps(c + LANES);
+                if (q4) { /* the words are 128 + q: less 128 times the digits' sums, exactly */
+                    hi_sum = _mm512_sub_ps(hi_sum, _mm512_set1_ps(digit_offsets[2 * (i * blocks + b)]));
+                    lo_sum = _mm512_sub_ps(lo_sum, _mm512_set1_ps(digit_offsets[2 * (i * blocks + b) + 1]));
+                }
+                const __m512 block_sum = _mm512_fmadd_ps(_mm512_set1_ps(256.0f), hi_sum, lo_sum);
+                t[i][j] = fold_block_sum(t[i][j], block_sum, d, m, scales[i * blocks + b], sums[i * blocks + b], q4);
             }
         }
     }
@@ -268,7 +280,7 @@ static void tile_pass(const bf16 *digits, long K, int rows, const __m512bh *w0, 
 /* panels [p_begin, p_end) for every row on AMX tiles: a slab of panels unpacked at a time, input rows in chunks
  * whose digits stay in L2, 16 rows x a pair of panels (gated: a gate panel and its up panel) per pass */
 static void tile_columns(const bf16 *digits, long M, long K, const float *scales, const float *sums,
-                         const uint8_t *packed, int format, long N, const float *bias, bf16 *out, long out_stride,
+                         const float *digit_offsets, const uint8_t *packed, int format, long N, const float *bias, bf16 *out, long out_stride,
                          const bf16 *silu, long p_begin, long p_end, long slab, __m512bh *buffer) {
     float totals[PASS_INPUTS][2][LANES] __attribute__((aligned(64)));
     const long blocks = K / QBLOCK, bb = block_bytes(format), panel_bytes = blocks * bb;
@@ -291,7 +303,8 @@ static void tile_columns(const bf16 *digits, long M, long K, const float *scales
                     if (r0 * 32 + r1 != configured) amx_configure_pass(r0, r1), configured = r0 * 32 + r1;
                     tile_pass(digits + 2 * m * K, K, rows, buffer + p * slab_panel,
                               pair ? buffer + (p + 1) * slab_panel : NULL, head, pair ? head + panel_bytes : NULL, bb,
-                              scales + m * blocks, sums + m * blocks, format == FORMAT_Q4, totals);
+                              scales + m * blocks, sums + m * blocks, digit_offsets + 2 * m * blocks,
+                              format == FORMAT_Q4, totals);
                     for (int i = 0; i < rows; i++) {
                         bf16 *o = out + (m + i) * out_stride;
                         if (silu) {
@@ -317,8 +330,9 @@ static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     const long blocks = K / QBLOCK;
     const int tiles = M > AVX512_ROWS && amx_permitted();
     void *digits = malloc(sizeof(int16_t) * 2 * M * K); /* bf16 digits, or int16 integers */
-    float *scales = malloc(sizeof(float) * 3 * M * blocks), *sums = scales + M * blocks;
-    int32_t *n_sums = (int32_t *)(sums + M * blocks);
+    float *scales = malloc(sizeof(float) * 5 * M * blocks), *sums = scales + M * blocks;
+    float *digit_offsets = sums + M * blocks; /* [M][blocks][2] */
+    int32_t *n_sums = (int32_t *)(digit_offsets + 2 * M * blocks);
     if (!digits || !scales) {
         free(digits);
         free(scales);
@@ -334,8 +348,8 @@ static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
         extern int omp_get_thread_num(void), omp_get_num_threads(void);
         const long t = omp_get_thread_num(), n = omp_get_num_threads(), r0 = M * t / n, r1 = M * (t + 1) / n;
         to_digits(x + r0 * x_stride, r1 - r0, K, x_stride, tiles ? (bf16 *)digits + 2 * r0 * K : NULL,
-                  tiles ? NULL : (int16_t *)digits + r0 * K, scales + r0 * blocks, sums + r0 * blocks,
-                  n_sums + r0 * blocks);
+                  tiles ? digit_offsets + 2 * r0 * blocks : NULL, tiles ? NULL : (int16_t *)digits + r0 * K,
+                  scales + r0 * blocks, sums + r0 * blocks, n_sums + r0 * blocks);
 #pragma omp barrier
         long begin, end;
         thread_panels(&split, &begin, &end);
@@ -345,8 +359,8 @@ static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
         } else {
             __m512bh *buffer = scratch_or_fail(slab * unpacked_panel_bytes, &failed);
             if (buffer)
-                tile_columns(digits, M, K, scales, sums, packed, format, N, bias, out, out_stride, silu, begin, end,
-                             slab, buffer);
+                tile_columns(digits, M, K, scales, sums, digit_offsets, packed, format, N, bias, out, out_stride, silu,
+                             begin, end, slab, buffer);
         }
     }
     free(digits);
