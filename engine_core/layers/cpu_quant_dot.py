@@ -10,6 +10,7 @@ tier gives the same bits, and a row's result depends on that row alone. Where cp
 """
 
 import ctypes
+import functools
 
 import torch
 
@@ -57,7 +58,7 @@ class QuantDotWeight(GgufPackedWeight):
                 x2.data_ptr(), half, rows, self.in_features, x2.stride(0), self.panels.data_ptr(), self.type_id,
                 self.out_features, bias32, out.data_ptr(), half, self.out_features, torch.get_num_threads()))
 
-        prompt = cpu_quant.dot_prompt_library(self.qtype) if half else None
+        prompt = self._prompt_library if half else None
         if prompt is None:
             return every_row(x)
 
@@ -68,6 +69,12 @@ class QuantDotWeight(GgufPackedWeight):
 
         flat = x.reshape(-1, self.in_features)
         return by_role(flat, every_row, prompt_rows).view(*x.shape[:-1], self.out_features)
+
+    @functools.cached_property
+    def _prompt_library(self):
+        """amx_quant.c's library where it takes this weight's bfloat16 prompt rows, else None: asked once, as
+        QuantPanelWeight asks at construction."""
+        return cpu_quant.dot_prompt_library(self.qtype)
 
     def rows_of(self, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Columns `ids` of W dequantized [len(ids), K] (an embedding's rows): d q + m, gguf-py's values."""

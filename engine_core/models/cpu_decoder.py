@@ -62,8 +62,8 @@ class _Layer(ctypes.Structure):
 
 class _Model(ctypes.Structure):
     _fields_ = ([(name, _ptr) for name in ("linear", "gated", "quant_linear", "quant_gated", "quant_prompt",
-                                           "quant_prompt_gated", "dot", "dot_prompt", "silu", "norm", "rotary", "decode", "chunk",
-                                           "silu_table", "cos", "sin")]
+                                           "quant_prompt_gated", "dot", "dot_prompt", "silu", "norm", "rotary",
+                                           "decode", "chunk", "silu_table", "cos", "sin")]
                 + [(name, _long) for name in ("max_position", "num_layers", "hidden", "num_heads", "num_kv_heads",
                                               "head_dim", "intermediate", "block_size", "rotary_dim")]
                 + [(name, _float) for name in ("eps", "qk_eps", "scale")]
@@ -254,7 +254,8 @@ class CpuDecoder:
             quant_prompt=address(quant, "quant_prompt_linear_bf16") if self.prompt_arithmetic else None,
             quant_prompt_gated=address(quant, "quant_prompt_linear_silu_mul_bf16") if self.prompt_arithmetic else None,
             dot=dot and address(dot, "quant_dot_linear_bf16"),
-            dot_prompt=address(quant, "dot_prompt_linear_bf16") if self.prompt_arithmetic else None, silu=address(ops, "silu_and_mul_bf16"),
+            dot_prompt=address(quant, "dot_prompt_linear_bf16") if self.prompt_arithmetic else None,
+            silu=address(ops, "silu_and_mul_bf16"),
             norm=address(ops, cpu_ops.bf16_norm_name()), rotary=address(ops, "rotary_bf16"),
             decode=address(attention, "paged_decode_attention"), chunk=address(attention, "paged_attention"),
             silu_table=self._tables[0].data_ptr(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(),
