@@ -10,8 +10,9 @@
  * sum_k hi_k q_k and sum_k lo_k q_k. The block's sum_k n_k q_k, rounded once to fp32, then folds into the column's
  * fp32 total in fold_block_sum's fixed sequence:
  *     total += (d s) * (256 hi_sum + lo_sum)  [+ m * (s sum_k n_k) for Q4],
- * blocks in order, s sum_k n_k (the block's inputs as quantized, summed) rounded once per row and block. The inputs lose at most a block's largest |x| / 65534 each (bf16 keeps |x| / 256), so the
- * result is the exact product but for that and fp32's roundings.
+ * blocks in order, s sum_k n_k (the block's inputs as quantized, summed) rounded once per row and block. The
+ * inputs lose at most a block's largest |x| / 65534 each (bf16 keeps |x| / 256), so the result is the exact
+ * product but for that and fp32's roundings.
  *
  * A row's result is therefore the same bits at every M, on either unit, in any tile and on any thread (batch
  * invariant): up to AVX512_ROWS rows run register tiles that unpack the weights as they go (a decode step reads
@@ -111,8 +112,8 @@ static inline __attribute__((always_inline)) __m512 fold_block_sum(__m512 total,
 /* rows [0, mr) x panels [0, nr) over all of K from the packed blocks, in integers: a panel's words for an input
  * pair unpacked to int16 (q for Q4, u = q + 128 for Q8), and vpdpwssd adds pairs of products n w to int32 sums
  * (|sum| < 2^28: exact). A block's sum is then the tiles' exactly: sum_k n_k q_k for Q4, sum_k n_k u_k - 128
- * sum_k n_k for Q8, rounded once to fp32 as the tiles' 256 hi + lo is. On this tier vdpbf16ps took 6-11 FMAs' time and vpdpwssd 3 (0.84-1.47, 0.43 and 0.14 ns,
- * measured). ints: the rows' integers, [row][K]. */
+ * sum_k n_k for Q8, rounded once to fp32 as the tiles' 256 hi + lo is. On this tier vdpbf16ps took 6-11 FMAs'
+ * time and vpdpwssd 3 (0.84-1.47, 0.43 and 0.14 ns, measured). ints: the rows' integers, [row][K]. */
 static inline __attribute__((always_inline)) void int_tile(const int16_t *ints, long K, const float *scales,
                                                            const float *sums, const int32_t *n_sums,
                                                            const uint8_t *panels, const int q4, const float *bias,
@@ -148,7 +149,8 @@ static inline __attribute__((always_inline)) void int_tile(const int16_t *ints, 
             __m512 d, m;
             block_scales(panels + j * panel_bytes + b * bb, q4, &d, &m);
             for (int i = 0; i < mr; i++) {
-                const __m512i exact = q4 ? acc[i][j] : _mm512_sub_epi32(acc[i][j], _mm512_set1_epi32(128 * n_sums[i * blocks + b]));
+                const __m512i exact =
+                    q4 ? acc[i][j] : _mm512_sub_epi32(acc[i][j], _mm512_set1_epi32(128 * n_sums[i * blocks + b]));
                 total[i][j] = fold_block_sum(total[i][j], _mm512_cvtepi32_ps(exact), d, m, scales[i * blocks + b],
                                              sums[i * blocks + b], q4);
             }
@@ -280,8 +282,9 @@ static void tile_pass(const bf16 *digits, long K, int rows, const __m512bh *w0, 
 /* panels [p_begin, p_end) for every row on AMX tiles: a slab of panels unpacked at a time, input rows in chunks
  * whose digits stay in L2, 16 rows x a pair of panels (gated: a gate panel and its up panel) per pass */
 static void tile_columns(const bf16 *digits, long M, long K, const float *scales, const float *sums,
-                         const float *digit_offsets, const uint8_t *packed, int format, long N, const float *bias, bf16 *out, long out_stride,
-                         const bf16 *silu, long p_begin, long p_end, long slab, __m512bh *buffer) {
+                         const float *digit_offsets, const uint8_t *packed, int format, long N, const float *bias,
+                         bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end, long slab,
+                         __m512bh *buffer) {
     float totals[PASS_INPUTS][2][LANES] __attribute__((aligned(64)));
     const long blocks = K / QBLOCK, bb = block_bytes(format), panel_bytes = blocks * bb;
     const long slab_panel = blocks * unpacked_vectors(format);
