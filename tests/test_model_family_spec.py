@@ -1,5 +1,5 @@
-"""Model families as data (engine_core/families/): every config field is read, known harmless, or refused
-by name; what the spec reads (activation, MLP biases) gives transformers' tokens; the one-call C decoder
+"""Model families as data (engine_core/families/): a config field transformers' code for the architecture reads is
+read, known harmless, or refused by name, and one it never reads is ignored; what the spec reads (activation, MLP biases) gives transformers' tokens; the one-call C decoder
 refuses by name what it does not implement, and the modules then run."""
 
 import json
@@ -71,22 +71,35 @@ def test_a_value_nvllm_does_not_implement_is_refused_by_name(tmp_path, family, f
     assert refused.value.field == field and repr(refused.value.field) in str(refused.value)
 
 
-@pytest.mark.parametrize("field, value", [("final_logit_softcapping", 30.0), ("num_local_experts", 8),
-                                          ("query_pre_attn_scalar", 256)])
-def test_a_field_no_family_spec_knows_is_refused_by_name(tmp_path, field, value):
+@pytest.mark.parametrize("field, value", [("attention_chunk_size", 8192), ("is_causal", False),
+                                          ("sliding_window", 4096), ("partial_rotary_factor", 0.5),
+                                          ("layer_types", ["sliding_attention", "full_attention"])])
+def test_a_field_transformers_reads_and_nvllm_does_not_implement_is_refused_by_name(tmp_path, field, value):
+    # transformers' shared mask, cache and rotary code reads these for a Llama too
     config = saved_config(tmp_path, "llama") | {field: value}
     with pytest.raises(UnsupportedConfig, match=field):
         read_spec(config)
 
 
+@pytest.mark.parametrize("field, value", [("final_logit_softcapping", 30.0), ("num_local_experts", 8),
+                                          ("query_pre_attn_scalar", 256), ("unk_token_id", 0),
+                                          ("unsloth_version", "2025.3.8"), ("transformers.js_config", {"dtype": "q4"}),
+                                          ("rope_interleaved", True), ("sliding_window", None)])
+def test_a_field_transformers_never_reads_for_the_architecture_is_ignored(tmp_path, field, value, caplog):
+    # Gemma's soft caps, Mixtral's experts, fine-tuners' bookkeeping: transformers' Llama runs the same without them
+    plain = saved_config(tmp_path, "llama")
+    with caplog.at_level(logging.DEBUG, logger="engine_core.families.family"):
+        assert read_spec(plain | {field: value}) == read_spec(plain)
+    assert field in caplog.text or value is None  # an inert value of a field transformers reads: no line
+
+
 def test_sliding_window_fields_that_slide_nothing_are_accepted(tmp_path):
     # Qwen2.5 configs name a window with use_sliding_window false: every layer attends to all; DeepSeek's
-    # Qwen2 distills say use_mrope false
+    # Qwen2 distills say use_mrope, which transformers' Qwen2 never reads (Qwen2-VL's)
     config = saved_config(tmp_path, "qwen2", use_sliding_window=False, sliding_window=4096)
     spec = read_spec(config | {"use_mrope": False})
     assert spec.layer_windows == () and spec.window(0) is None and not spec.every_layer_slides
-    with pytest.raises(UnsupportedConfig, match="use_mrope"):
-        read_spec(saved_config(tmp_path, "qwen2") | {"use_mrope": True})
+    assert read_spec(config | {"use_mrope": True}) == spec
 
 
 @pytest.mark.parametrize("family, fields, windows", [
@@ -126,10 +139,10 @@ def test_an_unsupported_config_stops_the_engine_config_naming_the_field(tmp_path
     path = build_tiny_model(str(tmp_path / "m"), "llama", default_model_dir)
     with open(os.path.join(path, "config.json")) as f:
         config = json.load(f)
-    config["attn_logit_softcapping"] = 50.0
+    config["attention_chunk_size"] = 64
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
-    with pytest.raises(UnsupportedConfig, match="attn_logit_softcapping"):
+    with pytest.raises(UnsupportedConfig, match="attention_chunk_size"):
         resolve_engine_config(EngineArgs(model=path, dtype="float32", device="cpu"))
 
 

@@ -201,13 +201,13 @@ def test_phi3_refuses_by_name(folders, changes, field):
     assert refused.value.field == field
 
 
-def test_phi4_mini_fields_read_at_the_values_transformers_runs(folders):
+def test_phi4_mini_fields_transformers_phi3_never_reads_are_ignored(folders):
+    # Phi-4-mini's config.json names these for its own modeling code; transformers' Phi3ForCausalLM reads none of
+    # them (no biases, every layer alike), so neither does nvllm, at any value
     fields = dict(attention_bias=False, mlp_bias=False, lm_head_bias=False, full_attn_mod=1, interpolate_factor=1)
-    assert read_spec(_config(folders["phi3"], **fields)).family == "phi3"
-    with pytest.raises(UnsupportedConfig, match="full_attn_mod"):
-        read_spec(_config(folders["phi3"], **(fields | {"full_attn_mod": 2})))
-    with pytest.raises(UnsupportedConfig, match="attention_bias"):
-        read_spec(_config(folders["phi3"], attention_bias=True))
+    spec = read_spec(_config(folders["phi3"], **fields))
+    assert spec == read_spec(_config(folders["phi3"])) and not spec.qkv_bias and not spec.mlp_bias
+    assert read_spec(_config(folders["phi3"], **(fields | {"full_attn_mod": 2, "attention_bias": True}))) == spec
 
 
 def test_a_window_that_never_binds_and_older_rope_names_are_read(folders):

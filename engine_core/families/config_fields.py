@@ -33,3 +33,18 @@ TRAINING = frozenset({"initializer_range", "attention_dropout", "hidden_dropout"
 EMBEDDING = frozenset({"is_matryoshka", "matryoshka_dimensions"})
 
 NEVER_CHANGE_OUTPUTS = BOOKKEEPING | GENERATION_DEFAULTS | TRAINING | EMBEDDING
+
+# fields transformers' shared mask, cache and rotary code reads for every architecture (transformers_reads.py):
+# field -> (the value every family nvllm runs has, why another is refused); a family that reads one itself
+# (Phi-3's partial_rotary_factor, the sliding families' windows) reads it instead
+SHARED_FIXED = {
+    "is_causal": (True, "nvllm runs causal language models"),
+    "attention_chunk_size": (None, "chunked attention (Llama 4's) is not implemented"),
+    "kv_sharing_modes": (None, "layers sharing another layer's keys and values are not implemented"),
+    "number_of_conv_states": (None, "convolution states (hybrid models) are not implemented"),
+    "per_layer_config": (None, "per-layer configurations are not implemented"),
+    "partial_rotary_factor": (1.0, "this family rotates every dimension of a head"),
+    "layer_types": (None, "this family names no per-layer attention kinds; transformers' cache would slide or "
+                          "chunk the layers it names"),
+    "sliding_window": (None, "this family attends to every key; transformers' cache would keep only the window"),
+}

@@ -1,9 +1,13 @@
 """Family: one declarative record per model family, and how it reads a config.json into a ModelSpec.
 
 A family says what it fixes (Qwen2's q/k/v biases, Qwen3's q/k norms), which config fields it reads beyond
-the ones every family reads, and which it knows never to change the outputs (with why). Reading refuses the
-rest by name (spec.UnsupportedConfig).
+the ones every family reads, and which it knows never to change the outputs (with why). The rule for the rest:
+a field transformers' own code for the architecture never reads (transformers_reads.py, derived from its source)
+changes nothing and is ignored, with a debug line naming it; a field it reads that nvllm does not honour is
+refused by name (spec.UnsupportedConfig), as is a quantized checkpoint, by its method (quantization.py).
 """
+
+import logging
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -12,8 +16,11 @@ import msgspec
 
 from engine_core.families import config_fields
 from engine_core.families.moe_fields import moe_values
+from engine_core.families.quantization import refuse_quantized
 from engine_core.families.spec import ModelSpec, UnsupportedConfig, activation_of, rope_of
 from engine_core.families.windows import WINDOW_RULES
+
+logger = logging.getLogger(__name__)
 
 # fields every family reads (weights/model_folder.py fills the ones a config may leave out)
 COMMON_FIELDS = frozenset({
@@ -43,23 +50,40 @@ class Family:
     # field -> (the one value nvllm implements, why): read, and refused by name at any other value
     fixed: dict[str, tuple[Any, str]] = field(default_factory=dict)
     rope_aliases: dict[str, str] = field(default_factory=dict)  # older rope type names -> the type transformers runs
+    # the config fields transformers' code for this architecture reads (transformers_reads.py): the rest are ignored
+    transformers_reads: frozenset[str] = frozenset()
+
+    def handles(self, name: str) -> bool:
+        """Whether nvllm reads `name` for this family, or knows it never changes the outputs."""
+        return (name in COMMON_FIELDS or name in self.reads or name in self.ignores or name in self.fixed
+                or name in config_fields.NEVER_CHANGE_OUTPUTS)
+
+    def relevant(self, config: dict) -> dict:
+        """config without the fields transformers never reads for this architecture (a debug line names each);
+        the common fields stay, as weights/model_folder.py normalises them from any transformers version."""
+        kept = {}
+        for name, value in config.items():
+            if name in COMMON_FIELDS or name in self.transformers_reads:
+                kept[name] = value
+            else:
+                logger.debug("config.json field %r = %r: transformers' %s never reads it; ignored", name, value,
+                             self.architecture)
+        return kept
 
     def read(self, config: dict) -> ModelSpec:
-        for name in config:
-            if not (name in COMMON_FIELDS or name in self.reads or name in self.ignores or name in self.fixed
-                    or name in config_fields.NEVER_CHANGE_OUTPUTS):
-                raise UnsupportedConfig(name, config[name], f"not a field nvllm knows for {self.name} models, so it "
-                                        "cannot tell whether it changes the outputs")
-            if name in self.fixed and config[name] != self.fixed[name][0]:
-                raise UnsupportedConfig(name, config[name], self.fixed[name][1])
+        refuse_quantized(config)
+        config = self.relevant(config)
+        for name, value in config.items():
+            fixed = self.fixed.get(name) or (None if self.handles(name) else config_fields.SHARED_FIXED.get(name))
+            if fixed is not None and value != fixed[0]:
+                raise UnsupportedConfig(name, value, fixed[1])
+            if fixed is None and not self.handles(name):
+                raise UnsupportedConfig(name, value, f"transformers' {self.architecture} reads it and nvllm does not "
+                                        "implement it, so the outputs could differ")
         attention_bias = bool(config.get("attention_bias", False))
         qkv_bias = attention_bias if self.qkv_bias is None else self.qkv_bias
         if "qkv_bias" in self.reads:  # Qwen2-MoE's own switch (transformers 5 writes it; older configs lack it)
             qkv_bias = bool(config.get("qkv_bias", qkv_bias))
-        if config.get("rope_interleaved"):
-            raise UnsupportedConfig("rope_interleaved", True, "nvllm implements the rotate-half layout")
-        if config.get("use_mrope"):
-            raise UnsupportedConfig("use_mrope", True, "multimodal rotary sections are not implemented")
         spec = ModelSpec(
             family=self.name,
             architecture=self.architecture,

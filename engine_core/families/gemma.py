@@ -20,7 +20,11 @@ GEMMA_READS = frozenset({
 })
 GEMMA2_READS = GEMMA_READS
 # what Gemma3TextConfig writes beyond those
-GEMMA3_READS = GEMMA_READS | {"sliding_window_pattern", "_sliding_window_pattern", "rope_local_base_freq"}
+GEMMA3_READS = GEMMA_READS | {"sliding_window_pattern", "rope_local_base_freq"}
+# what transformers' modeling_gemma3 also reads, for the vision tower of its multimodal model, never the text model's
+GEMMA3_VISION = {name: "the vision tower's (modeling_gemma3 holds the multimodal model too); the text model never "
+                       "reads it" for name in ("image_size", "patch_size", "mm_tokens_per_image", "image_token_id",
+                                               "vision_config", "layer_norm_eps", "text_config")}
 LOCAL_THETA = 10000.0  # transformers' default rotary base of Gemma 3's sliding layers
 GLOBAL_THETA = 1000000.0
 GEMMA2_PATTERN = 2  # transformers' Gemma 2 default: layers alternate, sliding first
@@ -72,7 +76,7 @@ def _windows(config: dict, default_pattern: int) -> tuple[int | None, ...]:
     layers = config["num_hidden_layers"]
     kinds = config.get("layer_types")
     if kinds is None:
-        pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", default_pattern))
+        pattern = config.get("sliding_window_pattern", default_pattern)
         kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
     if len(kinds) != layers:
         raise UnsupportedConfig("layer_types", kinds, f"names {len(kinds)} layers of {layers}")

@@ -11,7 +11,7 @@ from engine_core.families.spec import UnsupportedConfig
 QWEN_MOE_FIELDS = frozenset({"num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob",
                              "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers"})
 SHARED_EXPERT_FIELDS = frozenset({"shared_expert_intermediate_size"})
-MIXTRAL_FIELDS = frozenset({"num_local_experts", "num_experts_per_tok", "sliding_window"})
+MIXTRAL_FIELDS = frozenset({"num_local_experts", "num_experts", "num_experts_per_tok", "sliding_window"})
 
 # the router's training terms: transformers adds them to the loss only, never to the logits
 ROUTER_TRAINING = {

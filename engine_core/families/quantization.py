@@ -1,0 +1,46 @@
+"""A checkpoint's quantization_config, answered by method: what its weights are, and what to run instead.
+
+transformers' loader reads quantization_config to pick the quantizer that unpacks the weights (modeling_utils, not
+an architecture's code), so it is never merely ignored: nvllm loads safetensors folders of plain float weights
+only, and keeps GGUF files quantized (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and the K-quants) through the GGUF importer.
+"""
+
+from typing import Any
+
+from engine_core.families.errors import UnsupportedConfig
+
+_GGUF = "a GGUF file of the same model (nvllm keeps its Q4/Q5/Q8 and K-quant blocks quantized)"
+_INSTEAD = f"use the model's unquantized (bf16 or fp16) release, or {_GGUF}"
+
+# quant_method -> what the weights are
+METHODS = {
+    "fp8": "FP8 (e4m3) weights with block scales",
+    "fbgemm_fp8": "FP8 weights with per-channel scales (fbgemm)",
+    "compressed-tensors": "weights packed by llm-compressor (compressed-tensors: int4/int8/FP8 schemes)",
+    "gptq": "GPTQ int2-8 weights packed in int32 with group scales",
+    "awq": "AWQ int4 weights packed in int32 with group scales",
+    "bitsandbytes": "bitsandbytes int8 / NF4 weights",
+    "hqq": "HQQ low-bit weights",
+    "aqlm": "AQLM additive codebook weights",
+    "eetq": "EETQ int8 weights",
+    "quanto": "optimum-quanto weights",
+    "torchao": "torchao-quantized weights",
+    "bitnet": "BitNet ternary weights",
+    "mxfp4": "MXFP4 weights (4-bit floats with shared exponents)",
+    "gguf": "GGUF blocks inside a safetensors folder",
+}
+
+
+def refuse_quantized(config: dict) -> None:
+    """UnsupportedConfig naming the checkpoint's quantization method, where config.json has a quantization_config."""
+    quantization = config.get("quantization_config")
+    if quantization is None:
+        return
+    method: Any = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    what = METHODS.get(str(method).lower(), f"weights quantized by {method!r}") if method else (
+        "quantized weights (no quant_method named)")
+    extra = ""
+    if method == "bitsandbytes" or method == "eetq":
+        extra = "; for int8 linears from an unquantized folder, `--quantization int8`"
+    raise UnsupportedConfig("quantization_config", method,
+                            f"{what} are not supported: {_INSTEAD}{extra}")
