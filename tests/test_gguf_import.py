@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine_core.families.catalog import FAMILIES, family_for_gguf
 from engine_core.weights import gguf_import, model_resolver
 from engine_core.weights.gguf_import import MARKER_FILE, QUANTIZED_FILE, import_gguf, unpermute_qk
 from engine_core.weights.loader import load_safetensors_weights
@@ -196,8 +197,9 @@ def _add_tiny_tokenizer(writer) -> int:
 
 def _write_gguf(path: str, arch: str, seed: int = 0, n_heads: int = 4, n_kv: int = 2, head_dim: int = 8,
                 hidden: int = 32, inter: int = 48, layers: int = 2, tied: bool = False, q8_q: bool = False,
-                sliding_window: int | None = None):
-    """A random model as llama.cpp would write it; returns the HF-layout float32 weights it should import to."""
+                sliding_window: int | None = None, extra_keys: tuple = ()):
+    """A random model as llama.cpp would write it; returns the HF-layout float32 weights it should import to.
+    extra_keys: (GGUFWriter method, key, value) of more metadata, e.g. ("add_bool", "llama.attention.causal", True)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -217,6 +219,8 @@ def _write_gguf(path: str, arch: str, seed: int = 0, n_heads: int = 4, n_kv: int
     writer.add_vocab_size(vocab)
     if sliding_window is not None:
         writer.add_sliding_window(sliding_window)
+    for method, key, value in extra_keys:
+        getattr(writer, method)(key, value)
 
     expected = {}
 
@@ -309,6 +313,44 @@ def test_a_llama_file_naming_a_sliding_window_imports_as_mistral(tmp_path):
     _write_gguf(qwen, "qwen3", sliding_window=8)
     with pytest.raises(ValueError, match="qwen3.attention.sliding_window"):
         import_gguf(qwen, str(tmp_path / "out-qwen"))
+
+
+def test_keys_llama_cpp_never_reads_are_ignored(tmp_path):
+    """The converter's descriptive keys, and keys llama.cpp's graph for the architecture never reads (Qwen2-MoE's
+    routing is fixed there whatever expert_weights_norm says), change nothing: the file imports."""
+    gguf_path = str(tmp_path / "tiny-extra.gguf")
+    extra = (("add_string", "general.author", "someone"), ("add_string", "general.license", "apache-2.0"),
+             ("add_bool", "llama.expert_weights_norm", True), ("add_uint32", "llama.made_up_length", 7),
+             ("add_bool", "llama.attention.causal", True), ("add_uint32", "split.count", 1))
+    expected = _write_gguf(gguf_path, "llama", seed=5, extra_keys=extra)
+    folder = import_gguf(gguf_path, str(tmp_path / "out"))
+    assert set(dict(load_safetensors_weights(folder))) == set(expected)
+
+
+@pytest.mark.parametrize("method, key, value", [
+    ("add_bool", "llama.attention.causal", False),  # a bidirectional model
+    ("add_uint32", "llama.rope.dimension_count", 4),  # half of each 8-dim head rotates
+    ("add_uint32", "llama.nextn_predict_layers", 1),
+    ("add_uint32", "split.count", 2),
+    ("add_float32", "llama.rope.scaling.alpha", 2.0),
+])
+def test_a_key_llama_cpp_reads_at_a_value_nvllm_does_not_run_is_refused_by_name(tmp_path, method, key, value):
+    gguf_path = str(tmp_path / "tiny-refused.gguf")
+    _write_gguf(gguf_path, "llama", seed=6, extra_keys=((method, key, value),))
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        import_gguf(gguf_path, str(tmp_path / "out"))
+
+
+def test_every_key_llama_cpp_reads_is_decided():
+    """Each key llama.cpp's loader reads for an architecture nvllm imports is honoured, harmless or held to the
+    value nvllm runs: a key added to LLAMA_CPP_READS without a decision fails here."""
+    from engine_core.weights import gguf_keys
+    for arch, keys in gguf_keys.LLAMA_CPP_READS.items():
+        assert family_for_gguf(arch) is not None, arch
+        undecided = {k for k in keys if k not in gguf_keys.HONOURED | set(gguf_keys.HARMLESS) | set(gguf_keys.INERT)}
+        assert not undecided, (arch, undecided)
+    imported = {f.gguf_architecture for f in FAMILIES if f.gguf_architecture}
+    assert imported == set(gguf_keys.LLAMA_CPP_READS)
 
 
 def test_synthetic_qwen3_is_not_permuted(tmp_path):

@@ -37,7 +37,9 @@ import torch
 from engine_core.families.catalog import FAMILIES, LLAMA, MISTRAL, family_for_gguf
 from engine_core.families.family import Family
 from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.families.gemma import GEMMA2_PATTERN, GEMMA3_PATTERN, LOCAL_THETA
 from engine_core.weights.gguf_gemma import GEMMA_BLOCK_NAMES, NORM_SHIFT, gemma_fields
+from engine_core.weights.gguf_keys import check_keys
 from engine_core.weights.loader import QUANTIZED_FILE
 from engine_core.weights.safetensors_stream import write_streamed
 
@@ -212,9 +214,9 @@ def _moe_config(meta: _Metadata, arch: str, family: Family, tensor_names: set[st
     experts = int(meta.get(f"{arch}.expert_count"))
     if family.moe == "mixtral":
         return config | {"num_local_experts": experts}
-    # llama.cpp renormalises Qwen3-MoE's top-k weights and not Qwen2-MoE's unless the file says otherwise
-    norm = meta.get(f"{arch}.expert_weights_norm", family.name == "qwen3_moe")
-    config |= {"num_experts": experts, "norm_topk_prob": bool(norm),
+    # llama.cpp's graphs renormalise Qwen3-MoE's top-k weights and never Qwen2-MoE's (expert_weights_norm is not
+    # read for either: gguf_keys.py)
+    config |= {"num_experts": experts, "norm_topk_prob": family.name == "qwen3_moe",
                "moe_intermediate_size": int(meta.get(f"{arch}.expert_feed_forward_length")),
                # a layer without a router keeps a dense MLP (llama.cpp's own files have none)
                "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names]}
@@ -263,6 +265,17 @@ def _longrope_scaling(meta: _Metadata, arch: str, factors: dict[str, list[float]
     if attention is not None:
         scaling["attention_factor"] = float(attention)
     return scaling
+
+
+def _facts(meta: _Metadata, arch: str, config: dict) -> dict:
+    """The values gguf_keys.check_keys holds the file's other keys to: what this import runs."""
+    head_dim = config["head_dim"]
+    return {"hidden": config["hidden_size"], "head_dim": head_dim,
+            # Phi-3 rotates the leading rope.dimension_count dims of each head (its config's partial_rotary_factor)
+            "rotary_dim": meta.get(f"{arch}.rope.dimension_count") if arch == "phi3" else head_dim,
+            "window_pattern": {"gemma2": GEMMA2_PATTERN, "gemma3": GEMMA3_PATTERN}.get(arch),
+            "local_theta": LOCAL_THETA if arch == "gemma3" else config.get("rope_theta"),
+            "final_softcap": config.get("final_logit_softcapping") or 0.0}
 
 
 def _eos_ids(meta: _Metadata) -> list[int]:
@@ -528,6 +541,7 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
     tensor_names = {t.name for t in reader.tensors}
     embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
     config = _build_config(meta, arch, family, tensor_names, int(embed.shape[-1]), torch.float32)
+    check_keys([key for key in reader.fields if not key.startswith("GGUF.")], meta.get, arch, _facts(meta, arch, config))
     factors = _rope_factors(reader)
     if factors:
         config["rope_scaling"] = _longrope_scaling(meta, arch, factors)
