@@ -1,6 +1,7 @@
 """Real checkpoints load: the config fields that matter are the ones transformers' own code for the architecture
 reads (derived from the installed transformers, kept in each family record), and published config.json files of
-every family are accepted with the spec they describe, or refused naming why (quantized ones by method)."""
+every family are accepted with the spec they describe, or refused naming why (quantized ones by method, but FP8
+weight blocks, which are dequantized at load)."""
 
 import json
 import os
@@ -83,10 +84,13 @@ ACCEPTED = {
     "dolphin3.0-r1-mistral-24b.json": dict(family="mistral", vocab_size=131074),
     "mixtral-8x7b-v0.1.json": dict(family="mixtral", num_experts=8, experts_per_token=2),
     "dolphin-2.5-mixtral-8x7b.json": dict(family="mixtral", vocab_size=32002),
+    # FP8 weight blocks: dequantized at load (tests/test_fp8_checkpoint.py)
+    "qwen3-32b-fp8.json": dict(family="qwen3", num_layers=64),
+    "qwen3-30b-a3b-fp8.json": dict(family="qwen3_moe", num_experts=128),
 }
 # file -> the method its quantization_config names
 QUANTIZED = {
-    "qwen3-32b-fp8.json": "fp8", "qwen3-30b-a3b-fp8.json": "fp8", "llama-2-13b-chat-gptq.json": "gptq",
+    "llama-2-13b-chat-gptq.json": "gptq",
     "genz-70b-gptq-3bit.json": "gptq", "llama-2-13b-computer-engineering-bnb4bit.json": "bitsandbytes",
     "llama-3.1-8b-computer-networks-bnb8bit.json": "bitsandbytes",
 }

@@ -1,5 +1,6 @@
-"""Read the weights of an HF folder lazily, one tensor at a time, from its *.safetensors files, and, in a GGUF
-import, the blocks of the tensors kept quantized (gguf_import.QUANTIZED_FILE) dequantized where asked for."""
+"""Read the weights of an HF folder lazily, one tensor at a time, from its *.safetensors files (an FP8 checkpoint's
+weights dequantized: fp8_blocks.py), and, in a GGUF import, the blocks of the tensors kept quantized
+(gguf_import.QUANTIZED_FILE) dequantized where asked for."""
 
 import json
 import os
@@ -7,6 +8,9 @@ from collections.abc import Iterator
 
 import torch
 from safetensors import safe_open
+
+from engine_core.families.quantization import fp8_block
+from engine_core.weights.fp8_blocks import SCALE_SUFFIX, Fp8Tally
 
 INDEX_FILE = "model.safetensors.index.json"
 # a GGUF import's kept tensors as they are (uint8 rows of blocks, HF names, un-permuted like the floats), in
@@ -31,18 +35,36 @@ def safetensors_files(folder: str) -> list[str]:
 
 def load_safetensors_weights(folder: str, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) for every tensor of the folder but those in `skip`, in file order, in the dtype it was
-    stored in; then the kept GGUF tensors the files lack (a GGUF import writes no float copy of them), dequantized
-    to float32 (gguf-py's values)."""
+    stored in (an FP8 checkpoint's weights dequantized to float32 with their block scales, the scales not yielded);
+    then the kept GGUF tensors the files lack (a GGUF import writes no float copy of them), dequantized to float32
+    (gguf-py's values)."""
     seen = set()
+    block = fp8_block(_config(folder))
+    fp8 = Fp8Tally(block) if block else None
     for path in safetensors_files(folder):
         with safe_open(path, framework="pt", device="cpu") as f:
+            names = set(f.keys())
             for name in f.keys():
                 seen.add(name)
-                if name not in skip:
-                    yield name, f.get_tensor(name)
+                if name in skip or (fp8 and name.endswith(SCALE_SUFFIX) and name.removesuffix(SCALE_SUFFIX) in names):
+                    continue
+                tensor = f.get_tensor(name)
+                if fp8 and tensor.dtype == torch.float8_e4m3fn:
+                    tensor = fp8.dequantized(name, tensor, f.get_tensor(name + SCALE_SUFFIX))
+                yield name, tensor
+    if fp8:
+        fp8.log()
     for name, (rows, qtype) in quantized_tensors(folder).items():
         if name not in seen and name not in skip:
             yield name, dequantized(rows(), qtype)
+
+
+def _config(folder: str) -> dict:
+    path = os.path.join(folder, "config.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def quantized_tensors(folder: str) -> dict[str, tuple]:
