@@ -1,6 +1,7 @@
 """Model families as data (engine_core/families/): a config field transformers' code for the architecture reads is
-read, known harmless, or refused by name, and one it never reads is ignored; what the spec reads (activation, MLP biases) gives transformers' tokens; the one-call C decoder
-refuses by name what it does not implement, and the modules then run."""
+read, known harmless, or refused by name, and one it never reads is ignored; what the spec reads (activation, MLP
+biases) gives transformers' tokens; the one-call C decoder refuses by name what it does not implement, and the
+modules then run."""
 
 import json
 import logging

@@ -95,7 +95,8 @@ def test_moe_fields_are_refused_by_name_where_they_make_no_sense(tmp_path):
         read_spec(config | {"attention_chunk_size": 64})
     # a Qwen3-MoE fine-tune's switches (what the family does anyway) and a loss term transformers' Qwen3-MoE never
     # reads: ignored
-    assert read_spec(config | {"router_z_loss_coef": 0.001, "qkv_bias": False, "use_qk_norm": True}) == read_spec(config)
+    fine_tune = {"router_z_loss_coef": 0.001, "qkv_bias": False, "use_qk_norm": True}
+    assert read_spec(config | fine_tune) == read_spec(config)
 
 
 def test_the_c_loop_refuses_experts_by_name(tmp_path):

@@ -46,7 +46,8 @@ QWEN3_MOE = Family(
 MIXTRAL = Family(
     name="mixtral", architecture="MixtralForCausalLM", model_type="mixtral", gguf_architecture="llama",
     gguf_qk_permuted=True, moe="mixtral", ignores=moe_fields.MIXTRAL_TRAINING, reads=moe_fields.MIXTRAL_FIELDS,
-    windows="every_layer", transformers_reads=READS["mixtral"])  # sliding_window (null: none) holds for every layer, as Mistral's
+    # sliding_window (null: none) holds for every layer, as Mistral's
+    windows="every_layer", transformers_reads=READS["mixtral"])
 
 # llama.cpp converts Mistral checkpoints to its llama architecture (q/k rows permuted as Llama's), so a GGUF file
 # reads as LLAMA; its layer_types would ask for Ministral's alternating layers, which MistralForCausalLM ignores
@@ -61,7 +62,8 @@ PHI3 = Family(
     gguf_qk_permuted=False, qkv_bias=False,
     reads=frozenset({"partial_rotary_factor", "original_max_position_embeddings", "sliding_window"}),
     ignores={"resid_pdrop": "dropout: training only", "embd_pdrop": "dropout: training only"},
-    transformers_reads=READS["phi3"], rope_aliases={"su": "longrope", "yarn": "longrope"},  # transformers' Phi3Config renames both
+    transformers_reads=READS["phi3"],
+    rope_aliases={"su": "longrope", "yarn": "longrope"},  # transformers' Phi3Config renames both
     windows="every_layer")  # sliding_window for every layer, as transformers' Phi3 (no use_sliding_window switch)
 
 FAMILIES = (LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3, PHI3, QWEN2_MOE, QWEN3_MOE, MIXTRAL, MISTRAL)

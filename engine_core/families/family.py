@@ -8,7 +8,6 @@ refused by name (spec.UnsupportedConfig), as is a quantized checkpoint, by its m
 """
 
 import logging
-
 from dataclasses import dataclass, field
 from typing import Any, Callable
 

@@ -54,10 +54,10 @@ def refuse_quantized(config: dict) -> None:
         return
     method: Any = quantization.get("quant_method") if isinstance(quantization, dict) else None
     if method == "fp8":
+        layout = {k: quantization.get(k) for k in ("fmt", "activation_scheme", "weight_block_size")}
         raise UnsupportedConfig("quantization_config", method, "FP8 weights are loaded (dequantized) with e4m3 "
-                                "weight blocks (weight_block_size) and dynamic activations only; this one has "
-                                f"{ {k: quantization.get(k) for k in ('fmt', 'activation_scheme', 'weight_block_size')} }"
-                                f": {_INSTEAD}")
+                                f"weight blocks (weight_block_size) and dynamic activations only; this one has {layout}: "
+                                f"{_INSTEAD}")
     what = METHODS.get(str(method).lower(), f"weights quantized by {method!r}") if method else (
         "quantized weights (no quant_method named)")
     extra = ""

@@ -541,7 +541,8 @@ def import_gguf(gguf_path: str, out_dir: str, dtype: torch.dtype | None = None) 
     tensor_names = {t.name for t in reader.tensors}
     embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
     config = _build_config(meta, arch, family, tensor_names, int(embed.shape[-1]), torch.float32)
-    check_keys([key for key in reader.fields if not key.startswith("GGUF.")], meta.get, arch, _facts(meta, arch, config))
+    keys = [key for key in reader.fields if not key.startswith("GGUF.")]  # GGUF.*: the header's own fields
+    check_keys(keys, meta.get, arch, _facts(meta, arch, config))
     factors = _rope_factors(reader)
     if factors:
         config["rope_scaling"] = _longrope_scaling(meta, arch, factors)
