@@ -4,57 +4,53 @@ from engine_core.families import moe_fields
 from engine_core.families.family import SLIDING_FIELDS, Family
 from engine_core.families.gemma import GEMMA2_READS, GEMMA3_READS, GEMMA3_VISION, gemma2_values, gemma3_values
 from engine_core.families.spec import ModelSpec
-from engine_core.families.transformers_reads import READS
 
 LLAMA = Family(
     name="llama", architecture="LlamaForCausalLM", model_type="llama", gguf_architecture="llama",
-    gguf_qk_permuted=True, reads=frozenset({"attention_bias", "mlp_bias"}), transformers_reads=READS["llama"],
+    gguf_qk_permuted=True, reads=frozenset({"attention_bias", "mlp_bias"}),
     ignores={"pretraining_tp": "transformers' Llama computes the same product unsliced"})
 
 QWEN2 = Family(
     name="qwen2", architecture="Qwen2ForCausalLM", model_type="qwen2", gguf_architecture="qwen2",
-    gguf_qk_permuted=False, qkv_bias=True, reads=SLIDING_FIELDS, windows="qwen", transformers_reads=READS["qwen2"])
+    gguf_qk_permuted=False, qkv_bias=True, reads=SLIDING_FIELDS, windows="qwen")
 
 QWEN3 = Family(
     name="qwen3", architecture="Qwen3ForCausalLM", model_type="qwen3", gguf_architecture="qwen3",
     gguf_qk_permuted=False, qk_norm=True, reads=frozenset({"attention_bias"}) | SLIDING_FIELDS,
-    windows="qwen", transformers_reads=READS["qwen3"])
+    windows="qwen")
 
 GEMMA2 = Family(
     name="gemma2", architecture="Gemma2ForCausalLM", model_type="gemma2", gguf_architecture="gemma2",
-    gguf_qk_permuted=False, qkv_bias=False, reads=GEMMA2_READS, own_values=gemma2_values,
-    transformers_reads=READS["gemma2"])
+    gguf_qk_permuted=False, qkv_bias=False, reads=GEMMA2_READS, own_values=gemma2_values)
 
 GEMMA3 = Family(
     name="gemma3", architecture="Gemma3ForCausalLM", model_type="gemma3_text", gguf_architecture="gemma3",
     gguf_qk_permuted=False, qkv_bias=False, qk_norm=True, reads=GEMMA3_READS, own_values=gemma3_values,
-    transformers_reads=READS["gemma3"], ignores=GEMMA3_VISION)
+    ignores=GEMMA3_VISION)
 
 QWEN2_MOE = Family(
     name="qwen2_moe", architecture="Qwen2MoeForCausalLM", model_type="qwen2_moe", gguf_architecture="qwen2moe",
     gguf_qk_permuted=False, qkv_bias=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
     reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | moe_fields.SHARED_EXPERT_FIELDS | {"qkv_bias"},
-    windows="qwen2_moe", transformers_reads=READS["qwen2_moe"])
+    windows="qwen2_moe")
 
 QWEN3_MOE = Family(
     name="qwen3_moe", architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", gguf_architecture="qwen3moe",
     gguf_qk_permuted=False, qk_norm=True, moe="qwen", ignores=moe_fields.ROUTER_TRAINING,
-    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | {"attention_bias"}, windows="qwen3_moe",
-    transformers_reads=READS["qwen3_moe"])
+    reads=SLIDING_FIELDS | moe_fields.QWEN_MOE_FIELDS | {"attention_bias"}, windows="qwen3_moe")
 
 # llama.cpp writes Mixtral as "llama" (experts in blk.N.ffn_*_exps): the GGUF importer tells them apart
 MIXTRAL = Family(
     name="mixtral", architecture="MixtralForCausalLM", model_type="mixtral", gguf_architecture="llama",
     gguf_qk_permuted=True, moe="mixtral", ignores=moe_fields.MIXTRAL_TRAINING, reads=moe_fields.MIXTRAL_FIELDS,
     # sliding_window (null: none) holds for every layer, as Mistral's
-    windows="every_layer", transformers_reads=READS["mixtral"])
+    windows="every_layer")
 
 # llama.cpp converts Mistral checkpoints to its llama architecture (q/k rows permuted as Llama's), so a GGUF file
 # reads as LLAMA; its layer_types would ask for Ministral's alternating layers, which MistralForCausalLM ignores
 MISTRAL = Family(
     name="mistral", architecture="MistralForCausalLM", model_type="mistral", gguf_architecture="llama",
-    gguf_qk_permuted=True, qkv_bias=False, reads=frozenset({"sliding_window"}), windows="every_layer",
-    transformers_reads=READS["mistral"])
+    gguf_qk_permuted=True, qkv_bias=False, reads=frozenset({"sliding_window"}), windows="every_layer")
 
 # Phi-3 and Phi-4-mini (partial_rotary_factor 0.75, tied embeddings): q/k/v and gate/up stored fused, LongRoPE
 PHI3 = Family(
@@ -62,7 +58,6 @@ PHI3 = Family(
     gguf_qk_permuted=False, qkv_bias=False,
     reads=frozenset({"partial_rotary_factor", "original_max_position_embeddings", "sliding_window"}),
     ignores={"resid_pdrop": "dropout: training only", "embd_pdrop": "dropout: training only"},
-    transformers_reads=READS["phi3"],
     rope_aliases={"su": "longrope", "yarn": "longrope"},  # transformers' Phi3Config renames both
     windows="every_layer")  # sliding_window for every layer, as transformers' Phi3 (no use_sliding_window switch)
 

@@ -17,6 +17,7 @@ from engine_core.families import config_fields
 from engine_core.families.moe_fields import moe_values
 from engine_core.families.quantization import refuse_quantized
 from engine_core.families.spec import ModelSpec, UnsupportedConfig, activation_of, rope_of
+from engine_core.families.transformers_reads import READS
 from engine_core.families.windows import WINDOW_RULES
 
 logger = logging.getLogger(__name__)
@@ -49,8 +50,12 @@ class Family:
     # field -> (the one value nvllm implements, why): read, and refused by name at any other value
     fixed: dict[str, tuple[Any, str]] = field(default_factory=dict)
     rope_aliases: dict[str, str] = field(default_factory=dict)  # older rope type names -> the type transformers runs
-    # the config fields transformers' code for this architecture reads (transformers_reads.py): the rest are ignored
-    transformers_reads: frozenset[str] = frozenset()
+
+    @property
+    def transformers_reads(self) -> frozenset[str]:
+        """The config fields transformers' code for this architecture reads (transformers_reads.py, by family
+        name): the rest are ignored."""
+        return READS[self.name]
 
     def handles(self, name: str) -> bool:
         """Whether nvllm reads `name` for this family, or knows it never changes the outputs."""

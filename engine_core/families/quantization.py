@@ -56,8 +56,8 @@ def refuse_quantized(config: dict) -> None:
     if method == "fp8":
         layout = {k: quantization.get(k) for k in ("fmt", "activation_scheme", "weight_block_size")}
         raise UnsupportedConfig("quantization_config", method, "FP8 weights are loaded (dequantized) with e4m3 "
-                                f"weight blocks (weight_block_size) and dynamic activations only; this one has {layout}: "
-                                f"{_INSTEAD}")
+                                "weight blocks (weight_block_size) and dynamic activations only; this one has "
+                                f"{layout}: {_INSTEAD}")
     what = METHODS.get(str(method).lower(), f"weights quantized by {method!r}") if method else (
         "quantized weights (no quant_method named)")
     extra = ""

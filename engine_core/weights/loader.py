@@ -43,7 +43,7 @@ def load_safetensors_weights(folder: str, skip: frozenset[str] = frozenset()) ->
     fp8 = Fp8Tally(block) if block else None
     for path in safetensors_files(folder):
         with safe_open(path, framework="pt", device="cpu") as f:
-            names = set(f.keys())
+            names = set(f.keys()) if fp8 else set()  # to pair each FP8 weight with its scales
             for name in f.keys():
                 seen.add(name)
                 if name in skip or (fp8 and name.endswith(SCALE_SUFFIX) and name.removesuffix(SCALE_SUFFIX) in names):
