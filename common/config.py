@@ -47,6 +47,14 @@ def _one_of(values) -> str:
 
 
 class EngineArgs(msgspec.Struct, kw_only=True):
+    """Everything that configures an engine: the model, its dtype and device, the KV cache, the scheduler's
+    budgets, tensor parallelism, LoRA, speculative decoding and the request limits.
+
+    Each field is the `nvllm serve` flag of the same name (`max_model_len` is `--max-model-len`), with the same
+    default and meaning; the [CLI reference](cli.md) lists them. `LLM(model, **fields)` takes them as keyword
+    arguments; `validate()` raises a ValueError naming the first bad field and its limit.
+    """
+
     model: str | None = None  # HF folder, GGUF file, or None for the embedded default model
     served_model_name: str | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16

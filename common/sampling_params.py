@@ -22,6 +22,33 @@ class RequestOutputKind(IntEnum):
 
 
 class SamplingParams(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """How one request samples and when it stops: vLLM's `SamplingParams`, field for field where they exist.
+
+    Attributes:
+        n: completions to generate for the prompt.
+        temperature: 0 is greedy (the same tokens as transformers' greedy search in float32).
+        top_p: nucleus sampling: keep the smallest set of tokens whose probabilities add up to top_p.
+        top_k: keep the k most probable tokens (0 or -1: no cut).
+        min_p: drop tokens less probable than min_p times the most probable one.
+        seed: a request with a seed samples the same tokens every time, whatever else runs beside it.
+        max_tokens: most tokens to generate (None: up to the model's context length).
+        min_tokens: tokens to generate before EOS or a stop token may end it.
+        stop: strings that end the output (not included unless include_stop_str_in_output).
+        stop_token_ids: token ids that end the output.
+        ignore_eos: keep generating past the end-of-sequence token.
+        include_stop_str_in_output: keep the stop string that ended the output.
+        repetition_penalty: above 1 discourages tokens already in the prompt or output.
+        presence_penalty: subtracted from the logit of every token already generated.
+        frequency_penalty: subtracted per occurrence of a token already generated.
+        logprobs: top-N logprobs per generated token (0: the sampled token's only).
+        prompt_logprobs: top-N logprobs per prompt token.
+        skip_special_tokens: leave special tokens out of the text.
+        output_kind: cumulative outputs, only what is new (streaming), or one final output.
+        structured_outputs: a JSON schema, regex, grammar or choice the output must follow.
+        allowed_token_ids: the only tokens the sampler may pick.
+        logit_bias: added to the logits of these token ids.
+    """
+
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0

@@ -28,12 +28,23 @@ PromptType = str | list[int] | dict  # dict: vLLM's {"prompt": text} or {"prompt
 
 
 class LLM:
-    """The core runs in a background process (`multiprocess=False` keeps it in this process,
-    for debugging); `LLM.connect(address)` uses a core that is already running."""
+    """A model loaded for offline use, shaped like vLLM's `LLM`.
+
+    The engine core runs in a child process (`multiprocess=False` keeps it in this process, for debugging);
+    `LLM.connect(address)` uses a core that is already running. Use it as a context manager, or call
+    `shutdown()`, to stop the child.
+
+    Args:
+        model: an HF model folder, a `.gguf` file, or None for the embedded default model
+            (SmolLM2-135M-Instruct).
+        multiprocess: run the engine core in a child process (the default) or in this one.
+        **engine_args: any `EngineArgs` field, e.g. `dtype="float32"`, `max_model_len=4096`,
+            `kv_cache_memory="2GiB"`, `enable_lora=True`; the same settings as `nvllm serve`'s flags.
+    """
 
     tracing = None  # a RequestTracing (frontend/request_tracing.py) when otlp_traces_endpoint is given
 
-    def __init__(self, model: str | None = None, multiprocess: bool = True, **engine_args):
+    def __init__(self, model: str | None = None, multiprocess: bool = True, **engine_args: object):
         self.engine_args = EngineArgs(model=model, **({"usage": "offline"} | engine_args))
         self.engine_args.validate()
         self.client = self._make_client(multiprocess)
@@ -64,14 +75,30 @@ class LLM:
         return InprocClient(self.engine_args)
 
     def get_tokenizer(self):
+        """The model's tokenizer (a transformers tokenizer)."""
         return self.tokenizer
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True,
                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
-        """lora_request: one adapter for every prompt, or a list with one (or None: the base model) per prompt;
-        a LoRA adapter the engine cannot apply is a ValueError naming it, before any prompt runs."""
+        """Generate a completion for each prompt, all prompts batched together.
+
+        Args:
+            prompts: a text, a list of token ids, `{"prompt": text}` or `{"prompt_token_ids": ids}`, or a list
+                of those.
+            sampling_params: one `SamplingParams` for every prompt or one per prompt (default: `SamplingParams()`).
+            use_tqdm: show a progress bar with prefill and decode rates.
+            lora_request: one adapter for every prompt, or a list with one (or None: the base model) per prompt;
+                a LoRA adapter the engine cannot apply is a ValueError naming it, before any prompt runs.
+
+        Returns:
+            One `RequestOutput` per prompt, in the prompts' order.
+
+        Raises:
+            ValueError: a sampling parameter out of range (the message names the field and its limit), or the
+                model is served for embeddings.
+        """
         if self.model_info.limits.runner == "pooling":
             raise ValueError(POOLING_SERVED)
         prompts = _prompt_list(prompts)
@@ -146,6 +173,9 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None,
              lora_request=None) -> list[RequestOutput]:
+        """Answer a conversation (a list of `{"role": ..., "content": ...}` messages) or a list of them, through
+        the model's chat template, as `generate` does for prompts (`RequestOutput.prompt` is the rendered
+        template). `chat_template` replaces the model's own template (Jinja text)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         # special tokens come from the template only: a message that spells one gets it as text
         rendered = [render_chat(self.tokenizer, c, add_generation_prompt, chat_template) for c in conversations]
@@ -204,9 +234,11 @@ class LLM:
         return self.client.get_stats()
 
     def reset_prefix_cache(self) -> bool:
+        """Drop every cached prompt block that no running request holds; False when some are still held."""
         return self.client.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        """Stop the engine core (its child process) and flush tracing."""
         self.client.shutdown()
         if self.tracing is not None:
             self.tracing.shutdown()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Logprob:
+    """A token's log probability, its rank among the vocabulary, and its text."""
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
@@ -13,6 +14,8 @@ class Logprob:
 
 @dataclass
 class CompletionOutput:
+    """One completion of a request (there are `n`): its text and tokens, why it finished, and logprobs when asked.
+    """
     index: int
     text: str
     token_ids: list[int]
@@ -29,6 +32,8 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
+    """What `LLM.generate` and `LLM.chat` return per prompt, shaped like vLLM's: the prompt, its token ids and its
+    completions (`outputs`); `num_cached_tokens` is how many prompt tokens came from the prefix cache."""
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]

@@ -26,7 +26,7 @@ UNIT = (r"(?:x(?![\w])|\s*(?:(?:output|prompt|total)\s+)?(?:tok/s|tokens/s|req/s
         r"|\s*(?:ms|GFLOP/s|GB/s|MB)(?![\w/])|\s*%)")
 # "1.40x", "356 output tok/s", "5.88-6.03 ms", "44%"; a range's both ends are figures
 FIGURE = re.compile(rf"(?<![\w.\-/]){NUMBER}(?:\s*[-–]\s*{NUMBER})?{UNIT}")
-ROW_LINK = re.compile(r"\]\(((?:\.\./)*(?:docs/)?performance/[\w-]+\.md)#([\w-]+)\)")
+ROW_LINK = re.compile(r"\]\(([\w./-]+\.md)#([\w-]+)\)")
 ANCHOR = re.compile(r'<a id="([\w-]+)"></a>')
 
 
@@ -47,8 +47,11 @@ def prose_pages() -> dict[str, str]:
 
 
 def rows(page: str) -> dict[str, str]:
-    """{anchor: the row's text} of one generated performance page."""
-    with open(os.path.join(DOCS, "performance", page)) as f:
+    """{anchor: the row's text} of one generated performance page (a path under docs/performance/)."""
+    path = os.path.join(DOCS, "performance", page)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
         return {m.group(1): line for line in f for m in ANCHOR.finditer(line)}
 
 
@@ -58,8 +61,7 @@ def quotes(text: str) -> list[tuple[str, str | None, str | None]]:
     for paragraph in re.split(r"\n\s*\n", strip_code(text)):
         for match in FIGURE.finditer(paragraph):
             link = ROW_LINK.search(paragraph, match.end())
-            found.append((match.group(), os.path.basename(link.group(1)) if link else None,
-                          link.group(2) if link else None))
+            found.append((match.group(), link.group(1) if link else None, link.group(2) if link else None))
     return found
 
 
@@ -85,10 +87,12 @@ def test_every_result_file_says_where_it_came_from_and_sits_by_machine_and_topic
 
 
 def unquoted(pages: dict[str, str]) -> list[str]:
-    """The figures of these pages that do not quote the row they link."""
+    """The figures of these pages that do not quote the row they link (links relative to the page)."""
     found = []
     for name, text in pages.items():
-        for figure, page, anchor in quotes(text):
+        for figure, link, anchor in quotes(text):
+            target = os.path.normpath(os.path.join(ROOT, os.path.dirname(name), link or ""))
+            page = os.path.relpath(target, os.path.join(DOCS, "performance")) if link else None
             if page is None:
                 found.append(f"{name}: {figure} (no link to a performance row after it)")
                 continue
@@ -114,7 +118,7 @@ def test_docs_words_for_history_do_not_appear():
 
 @pytest.mark.parametrize("text, expected", [
     ("decode at 0.98x vLLM ([row](performance/vs-vllm.md#a-b)), 356 output tok/s, 5.88-6.03 ms, lost 44%",
-     [("0.98x", "vs-vllm.md", "a-b"), ("356 output tok/s", None, None), ("5.88-6.03 ms", None, None),
+     [("0.98x", "performance/vs-vllm.md", "a-b"), ("356 output tok/s", None, None), ("5.88-6.03 ms", None, None),
       ("44%", None, None)]),
     ("`--max-num-batched-tokens 512` and 2 x intermediate, the bf16 kernels, W32, x86-64, 1/2 ms", []),
     ("```bash\nnvllm bench cpu   # 1.40x\n```\nnothing", []),
@@ -127,7 +131,8 @@ def test_a_figure_is_held_to_the_row_it_links():
     anchor, row = next(iter(rows("vs-vllm.md").items()))
     ratio = re.search(r"\d+\.\d\dx", row).group()
     wrong = f"{float(ratio[:-1]) + 0.01:.2f}x"
-    link = f"([the row](performance/vs-vllm.md#{anchor}))"
+    link = f"([the row](docs/performance/vs-vllm.md#{anchor}))"
     assert unquoted({"right.md": f"nvllm at {ratio} {link}"}) == []
     assert len(unquoted({"wrong.md": f"nvllm at {wrong} {link}"})) == 1
-    assert len(unquoted({"nowhere.md": f"nvllm at {ratio} ([the row](performance/vs-vllm.md#no-such-row))"})) == 1
+    assert len(unquoted({"nowhere.md": f"nvllm at {ratio} ([row](docs/performance/vs-vllm.md#no-such-row))"})) == 1
+    assert len(unquoted({"docs/serving/x.md": f"nvllm at {ratio} ([row](../performance/vs-vllm.md#{anchor}))"})) == 0

@@ -9,7 +9,11 @@ from frontend.bench.report.results import Result, model_name
 
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("the plots are drawn with matplotlib, which the docs extra installs: "
+                         "pip install -e '.[docs]'") from None
 
     matplotlib.use("svg")
     matplotlib.rcParams.update({"svg.hashsalt": "nvllm", "svg.fonttype": "none", "font.size": 9})
