@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from doc_pages import code_blocks, page, section
 from http_helpers import ROOT, SMALL_ENGINE, Proc, free_port, metric, pid_alive, wait_healthy
 
 pytestmark = pytest.mark.integration
@@ -612,21 +613,24 @@ def test_bench_serve_against_the_server(server, tmp_path):
         assert figures[key] > 0, key
 
 
-# ---- the README's examples ----------------------------------------------------------------------
+# ---- the docs' examples (docs/serving/) ---------------------------------------------------------
 
-def readme_serve_blocks(lang: str) -> list[str]:
-    with open(f"{ROOT}/README.md") as f:
-        text = f.read()
-    section = text.split("\n## Serve", 1)[1].split("\n## ", 1)[0]
-    return re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S)
+def docs_serve_blocks(lang: str) -> list[str]:
+    """The examples of docs/serving/index.md (sending requests, a refused one, scoring prompts) and the
+    traced requests of docs/serving/metrics-and-tracing.md."""
+    tracing = section(page("serving/metrics-and-tracing.md"), "Continue the caller's trace")
+    return code_blocks(page("serving/index.md"), lang) + code_blocks(tracing, lang)
 
 
-def test_readme_curl_examples(server):
+def test_docs_curl_examples(server):
     import subprocess
 
     port = server[0].rsplit(":", 1)[1]
-    blocks = [b for b in readme_serve_blocks("bash") if b.lstrip().startswith("curl")]
-    assert len(blocks) >= 3
+    requests = [b for b in code_blocks(section(page("serving/index.md"), "Send requests"), "bash")
+                if b.lstrip().startswith("curl")]
+    assert len(requests) >= 3 and any('"stream": true' in b for b in requests)
+    assert any('"max_tokens": -1' in b for b in requests)
+    blocks = [b for b in docs_serve_blocks("bash") if b.lstrip().startswith("curl")]
     for block in blocks:
         out = subprocess.run(["bash", "-c", block.replace("localhost:8000", f"localhost:{port}")],
                              capture_output=True, text=True, timeout=300)
@@ -638,13 +642,13 @@ def test_readme_curl_examples(server):
             assert json.loads(out.stdout)["error"]["param"] == "max_tokens"
 
 
-def test_readme_python_examples(server):
+def test_docs_python_examples(server):
     import subprocess
     import sys
 
     port = server[0].rsplit(":", 1)[1]
-    blocks = readme_serve_blocks("python")
-    assert len(blocks) >= 2
+    assert len(code_blocks(section(page("serving/index.md"), "Send requests"), "python")) >= 2
+    blocks = docs_serve_blocks("python")
     for block in blocks:
         out = subprocess.run([sys.executable, "-c", block.replace("localhost:8000", f"localhost:{port}")],
                              capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -652,15 +656,14 @@ def test_readme_python_examples(server):
         assert out.stdout.strip()
 
 
-def test_readme_responses_examples(server):
-    """README's Responses API section: its curl and openai client examples run as written."""
+def test_docs_responses_examples(server):
+    """docs/serving/responses.md: its curl and openai client examples run as written."""
     import subprocess
     import sys
 
     port = server[0].rsplit(":", 1)[1]
-    with open(f"{ROOT}/README.md") as f:
-        section = f.read().split("\n## Responses API", 1)[1].split("\n## ", 1)[0]
-    curl, python = (re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S) for lang in ("bash", "python"))
+    text = page("serving/responses.md")
+    curl, python = (code_blocks(text, lang) for lang in ("bash", "python"))
     assert curl and python
     for block in curl:
         out = subprocess.run(["bash", "-c", block.replace("localhost:8000", f"localhost:{port}")],

