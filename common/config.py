@@ -78,7 +78,7 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     # speculative decoding (common/speculative.py); a dict or JSON text is converted on construction
     speculative_config: SpeculativeConfig | None = None
     enforce_eager: bool = False
-    # a request's result depends on it alone (batch, budget, prefix cache, preemption): README Determinism
+    # a request's result depends on it alone (batch, budget, prefix cache, preemption): docs/features/determinism.md
     batch_invariant: bool = True
     # LoRA adapters (common/lora.py): requests may name one; max_loras of them resident at once, of rank at most
     # max_lora_rank; max_cpu_loras read adapters kept in memory (None: max_loras)

@@ -1,7 +1,7 @@
 """`nvllm bench llama-cpp`: rounds that alternate llama-bench and nvllm on one GGUF file, the medians and the
 ratios written with the command. llama.cpp is not built on CI machines (it takes 12-45 minutes on 2 cores), so
 a stand-in executable prints what llama-bench prints with `-o json` (the fields the bench reads) and records
-the arguments it was called with; README's figures come from the real llama-bench (the result files name it)."""
+the arguments it was called with; the docs' figures come from the real llama-bench (the result files name it)."""
 
 import json
 import os

@@ -616,10 +616,13 @@ def test_bench_serve_against_the_server(server, tmp_path):
 # ---- the docs' examples (docs/serving/) ---------------------------------------------------------
 
 def docs_serve_blocks(lang: str) -> list[str]:
-    """The examples of docs/serving/index.md (sending requests, a refused one, scoring prompts) and the
-    traced requests of docs/serving/metrics-and-tracing.md."""
+    """The requests README and the getting-started page show, the examples of docs/serving/index.md (sending
+    requests, a refused one, scoring prompts) and the traced requests of docs/serving/metrics-and-tracing.md."""
+    first = [b for name in ("README.md", "getting-started.md") for b in code_blocks(page(name), lang)
+             if b.lstrip().startswith("curl") or "from openai import" in b]
+    assert len(first) == 2, "README and getting-started each show one request"
     tracing = section(page("serving/metrics-and-tracing.md"), "Continue the caller's trace")
-    return code_blocks(page("serving/index.md"), lang) + code_blocks(tracing, lang)
+    return first + code_blocks(page("serving/index.md"), lang) + code_blocks(tracing, lang)
 
 
 def test_docs_curl_examples(server):

@@ -115,7 +115,7 @@ def test_a_k_quant_mix_stays_quantized_and_answers_as_the_dequantized_model(k_qu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_auto_keeps_every_type_a_kernel_takes(k_quant_gguf, dtype):
     """float32 and bf16 engines alike keep every type (kept layers decode faster than their dequantized copies on
-    every tier measured: README, "Real models")."""
+    every tier measured: docs/models/gguf.md)."""
     what, layers, _ = _first_token_logprobs(k_quant_gguf, "auto", dtype)
     assert what.count("layers") == 7, what
     assert layers["layers.0.mlp.gate_up_proj"] is cpu_quant_dot.QuantDotWeight

@@ -146,23 +146,37 @@ def test_bad_prompts(llm):
     assert stats.gauges.num_free_blocks == stats.gauges.num_total_blocks
 
 
-def test_readme_offline_example(default_model_dir):
-    """The README's offline example runs as written (the default model, its core in a child process)."""
-    import os
-    import re
+def test_docs_offline_example(default_model_dir):
+    """docs/offline.md's "Generate offline" example runs as written (the default model, its core in a child
+    process)."""
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "README.md")) as f:
-        section = f.read().split("\n## Offline inference", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    from doc_pages import ROOT, code_blocks, page, section
+
+    blocks = code_blocks(section(page("offline.md"), "Generate offline"), "python")
     assert len(blocks) == 1
-    out = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True, timeout=300, cwd=root)
+    out = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith("'The capital of France is' -> ") and lines[1].startswith("'Once upon a time' -> ")
     assert "4" in lines[-1]  # SmolLM2 knows 2 + 2
+
+
+def test_readme_and_getting_started_offline_example(default_model_dir):
+    """README's offline example, the same one as the getting-started page's, runs as written."""
+    import subprocess
+    import sys
+
+    from doc_pages import ROOT, code_blocks, page
+
+    blocks = [[b for b in code_blocks(page(name), "python") if "from frontend import LLM" in b]
+              for name in ("README.md", "getting-started.md")]
+    assert len(blocks[0]) == 1 and blocks[0] == blocks[1], "README and getting-started show the same example"
+    out = subprocess.run([sys.executable, "-c", blocks[0][0]], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("'The capital of France is' -> ") and lines[1].startswith("'Once upon a time' -> ")
 
 
 def test_bench_throughput_and_overhead_run_and_report(tiny_models, tmp_path):
@@ -192,7 +206,7 @@ def test_bench_throughput_and_overhead_run_and_report(tiny_models, tmp_path):
 @pytest.mark.parametrize("option, ratio", [("--compare-batch-invariant", "invariant_over_shape_tuned"),
                                            ("--compare-structured", "constrained_over_plain")])
 def test_bench_throughput_compare_options_report_paired_ratios(tiny_models, tmp_path, option, ratio):
-    """README's cost figures: `nvllm bench throughput --compare-batch-invariant N` / `--compare-structured N`."""
+    """The costs pages' commands: `nvllm bench throughput --compare-batch-invariant N` / `--compare-structured N`."""
     import json
 
     from frontend.cli.main import main

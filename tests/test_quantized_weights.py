@@ -19,7 +19,7 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Ex
            "Why is the sky blue?", "Name a famous painter.", "Tell me a joke."]
 # Where the kept-quantized run (exact weights d q + m; on the amx tier input rows as 16-bit integers per block,
 # amx_quant.c, or with NVLLM_CPU_QUANT_VNNI=1 rounded to 8 bits, quant_vnni.c) and the dequantized bf16 run (their bf16 roundings) part, each run
-# ranks the other's token among its TOP first, at most NEAR_TIE below its best. README states what was measured:
+# ranks the other's token among its TOP first, at most NEAR_TIE below its best. What was measured:
 # the largest gap 0.375 (six bf16 steps of a logit between 8 and 16) and on the AMX Xeon with attention on AMX tiles
 # 7 of 12 prompts identical through amx_quant.c (4 through cpu_quant.c, 3 through quant_vnni.c); on the Zen4 EPYC
 # gaps up to 0.125 and 6 identical

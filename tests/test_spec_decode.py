@@ -162,7 +162,8 @@ def test_bench_latency_times_real_prefills_never_prefix_cache_hits(loopy_models,
 
 
 def test_bench_latency_with_speculation_reports_both_engines(loopy_models, tmp_path):
-    """README: `nvllm bench latency --prompt copy-edit --speculative-config ...`, scaled down."""
+    """docs/features/speculative-decoding.md: `nvllm bench latency --prompt copy-edit --speculative-config ...`,
+    scaled down."""
     import json
     import subprocess
     import sys

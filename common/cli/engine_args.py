@@ -92,7 +92,7 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     g.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=d.batch_invariant,
                    help="kernels whose result for a request does not depend on the rest of the batch, the token "
-                        "budget, prefix-cache hits or preemption (README: Determinism); --no-batch-invariant "
+                        "budget, prefix-cache hits or preemption (docs: features/determinism); --no-batch-invariant "
                         "takes the shape-tuned kernels")
     lo = parser.add_argument_group("LoRA adapters")
     lo.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT folders) over the model")
@@ -119,7 +119,7 @@ def add_engine_args(parser: argparse.ArgumentParser, with_model: bool = True) ->
 
 def add_tracing_args(parser: argparse.ArgumentParser) -> None:
     """--otlp-traces-endpoint (vLLM's flag): the engine core's and the HTTP frontend's alike."""
-    parser.add_argument_group("tracing (README: Tracing (OpenTelemetry))").add_argument(
+    parser.add_argument_group("tracing (docs: serving/metrics-and-tracing)").add_argument(
         "--otlp-traces-endpoint", default=None, metavar="URL",
         help="send OpenTelemetry spans (one per request, with the engine core's as its child) to this OTLP "
              "collector, e.g. http://localhost:4317; the protocol is $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL (grpc, "

@@ -44,7 +44,7 @@ def json_string_list(text: str) -> list[str]:
 
 def add_cors_args(p: argparse.ArgumentParser) -> None:
     d = CORSOptions()
-    g = p.add_argument_group("cross-origin access from browser pages (README: CORS)")
+    g = p.add_argument_group("cross-origin access from browser pages (docs: deployment/security)")
     g.add_argument("--allowed-origins", type=json_string_list, default=d.allowed_origins,
                    help='origins whose pages may call the API, as a JSON list (\'["https://app.example.com"]\', '
                         "'[\"*\"]' for any); default: none, no cross-origin access")

@@ -26,7 +26,7 @@ class RealModel:
     context_length: int
     has_output_weight: bool  # False: the output projection is tied to token_embd
     runs: bool  # nvllm serves it (its GGUF import takes the architecture and these types)
-    status: str  # what README's table and `list` say
+    status: str  # what `nvllm bench models list` says
     complete: bool = True  # False: PyPI holds only the start of the file, and fetch refuses it
     complete_size: int = 0  # the size the header asks for, where PyPI's parts fall short of it
 

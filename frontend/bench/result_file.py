@@ -2,8 +2,8 @@
 
 A figure is only worth what is known about how it was made, so the file carries the command line, the
 commit it ran from, the date, and the CPU (model name, the instruction sets the kernels choose by, the
-CPUs this process may run on) beside the bench's own figures under "results". README's figures come from
-such files committed under benchmarks/results/ (tests/test_readme_figures.py holds README to them).
+CPUs this process may run on) beside the bench's own figures under "results". The docs' performance pages are
+rendered from such files committed under benchmarks/results/ (`nvllm bench report`).
 """
 
 import datetime
@@ -30,7 +30,7 @@ def cpu_info(cpuinfo_path: str = "/proc/cpuinfo") -> dict:
 
 
 def machine_label(model: str, flags: list[str], forced_tier: str | None = None) -> str:
-    """The short name README puts beside a figure: vendor line and the best instruction set tier, e.g.
+    """The short name the performance pages put beside a figure: vendor line and the best instruction set tier, e.g.
     'Intel Xeon with AMX', 'AMD EPYC with AVX512-BF16', 'AMD EPYC with AVX2 only'; with a forced kernel
     tier, 'Intel Xeon with AMX, kernels forced to avx2'."""
     if forced_tier:

@@ -55,7 +55,7 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                         "the connection closes (0: no limit)")
     g.add_argument("--metrics-require-key", action="store_true",
                    help="with an API key, /metrics needs it too")
-    lo = p.add_argument_group("LoRA adapters served by name (README: LoRA adapters)")
+    lo = p.add_argument_group("LoRA adapters served by name (docs: serving/lora)")
     lo.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH", type=_lora_module,
                     help="adapters a request picks by giving NAME as its model: NAME=PATH, or JSON "
                          '\'{"name": NAME, "path": PATH, "base_model_name": BASE}\' (needs --enable-lora on the core)')
@@ -65,7 +65,7 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                          "$VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     from frontend.api.cors import add_cors_args
     add_cors_args(p)
-    c = p.add_argument_group("chat outputs (README: Structured outputs and tools)")
+    c = p.add_argument_group("chat outputs (docs: serving/structured-outputs)")
     c.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "generic"],
                    help="format of the model's tool calls (default: chosen from the chat template)")
     c.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1", "none"],
