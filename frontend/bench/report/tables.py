@@ -28,13 +28,13 @@ def vs_vllm(result: Result) -> list[list[str]]:
             detail = f"mean TTFT {num(ttft['nvllm'])} ms against {num(ttft['vllm'])} ms"
         elif "nvllm_fraction_of_peak" in item:
             detail = f"{item['nvllm_fraction_of_peak'] * 100:.0f}% of the GEMM peak"
+        unit = units.get(workload, "tok/s")
         rows.append([anchored(f"{result.anchor}-{workload}", model_name(result)), workload,
-                     f"{item['nvllm']} {units.get(workload, 'tok/s')}", f"{item['vllm']} {units.get(workload, 'tok/s')}",
-                     ratio(item["ratio"]), detail])
+                     f"{item['nvllm']} {unit}", f"{item['vllm']} {unit}", ratio(item["ratio"]), detail])
     return rows
 
 
-VS_VLLM = ["model", "workload", "nvllm", "vLLM", "nvllm / vLLM", ""]
+VS_VLLM = ["model", "workload", "nvllm", "vLLM", "nvllm / vLLM", "notes"]
 
 
 def vs_llama_cpp(result: Result) -> list[list[str]]:
