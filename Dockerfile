@@ -4,7 +4,7 @@
 #   --target frontend  the HTTP frontend: no torch, no model files (the core sends the tokenizer)
 # It builds with the legacy builder or BuildKit on Docker Engine 20.10 and later, and offline: no `# syntax`
 # line (that would fetch a Dockerfile frontend from Docker Hub), any Python 3 base (BASE_IMAGE), pip's
-# index, find-links and CA certificates from build arguments. README.md, "Deploy", shows both builds.
+# index, find-links and CA certificates from build arguments. docs/deployment/compose.md shows both builds.
 # Run as root so that compose secrets (bind-mounted key files) are readable whoever owns them.
 
 # the official image by default; any Debian-like image with python3 and its venv module will do

@@ -1,4 +1,4 @@
-"""compose.yaml, compose.gpu.yaml, the Dockerfile and README's Deploy section agree with the CLI
+"""compose.yaml, compose.gpu.yaml, the Dockerfile and the Deployment pages of the docs agree with the CLI
 (no Docker engine here: every command is run through the real argument parser), and the
 frontend image's dependencies are enough to serve (no torch)."""
 
@@ -16,6 +16,7 @@ import yaml
 
 import docker_engine
 import wheelhouse
+from doc_pages import code_blocks, page
 from http_helpers import ROOT
 
 pytestmark = pytest.mark.integration
@@ -265,28 +266,34 @@ def test_frontend_serves_without_torch(default_model_dir, tmp_path):
     assert result["ids"] and "<|im_start|>" in result["chat"]
 
 
-# ---- README -------------------------------------------------------------------------------------
+# ---- the Deployment pages ----------------------------------------------------------------------
+
+# the pages whose commands deploy with the CLI and compose (kubernetes.md is left out: its kubectl lines apply the
+# manifests, which test_kubernetes.py validates)
+DEPLOY_PAGES = ("deployment/index.md", "deployment/compose.md", "deployment/gpu.md", "deployment/scaling.md",
+                "deployment/security.md")
+
 
 def deploy_commands() -> list[str]:
-    with open(os.path.join(ROOT, "README.md")) as f:
-        text = f.read()
-    assert "\n## Deploy\n" in text, "README has no Deploy section"
-    section = text.split("\n## Deploy\n", 1)[1].split("\n## ", 1)[0]
+    """Every command of the Deployment pages: each line of their bash blocks, and the commands quoted in their
+    prose."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            line = line.split(" #", 1)[0].strip()
-            if line and not line.startswith("#"):
-                commands.append(line)
-    prose = re.sub(r"```.*?```", "", section, flags=re.S)
-    for span in re.findall(r"`([^`]+)`", prose.replace("\n", " ")):  # commands quoted in the text
-        if re.match(r"(nvllm|docker|curl) |[A-Z_]+=\S* (nvllm|docker) ", span):
-            commands.append(span)
+    for name in DEPLOY_PAGES:
+        text = page(name)
+        for block in code_blocks(text, "bash"):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                line = line.split(" #", 1)[0].strip()
+                if line and not line.startswith("#"):
+                    commands.append(line)
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        for span in re.findall(r"`([^`]+)`", prose.replace("\n", " ")):  # commands quoted in the text
+            if re.match(r"(nvllm|docker|curl) |[A-Z_]+=\S* (nvllm|docker) ", span):
+                commands.append(span)
     return commands
 
 
-def test_readme_deploy_commands_are_ones_the_tests_check():
-    """Every command of README's Deploy section parses: `nvllm ...` through the CLI parser, `docker
+def test_deploy_page_commands_are_ones_the_tests_check():
+    """Every command of the Deployment pages parses: `nvllm ...` through the CLI parser, `docker
     compose ...` against the compose files and services; curl against the published port."""
     compose = load("compose.yaml")
     commands = deploy_commands()
@@ -343,6 +350,8 @@ def test_readme_deploy_commands_are_ones_the_tests_check():
                     if service == "frontend":  # each replica needs its own host port
                         lo, _, hi = interpolate(compose["services"]["frontend"]["ports"][0], env).split(":")[0].partition("-")
                         assert hi and int(hi) - int(lo) + 1 >= int(n), f"{line}: NVLLM_PORTS must span {n} ports"
+                elif word in ("-v", "--volumes"):
+                    assert rest[0] == "down", line
                 elif word.startswith("-") and rest[i - 1] != "--scale":
                     assert word in ("--build", "-d", "--detach", "--scale", "--wait"), line
             seen.add("docker compose " + rest[0])
@@ -358,7 +367,7 @@ def test_readme_deploy_commands_are_ones_the_tests_check():
             assert re.match(r"http://localhost:8000/", url), url
             seen.add("curl")
         else:
-            pytest.fail(f"README Deploy command that no test checks: {line}")
+            pytest.fail(f"a Deployment page command that no test checks: {line}")
     assert {"keys", "engine-core", "frontend", "docker compose up", "docker compose build", "curl", "mkdir",
             "debootstrap", "docker import", "pip download", "http.server"} <= seen
     assert imported and imported in built_from, "the offline build must start from the imported base"

@@ -3,7 +3,8 @@ base image where Docker Hub cannot be reached, packages from a wheelhouse on loo
 CURVE keys made by the frontend image, then what a user does: a chat completion through the openai client,
 the frontend image checked for torch and model files, the core restarted under a live frontend, the frontends
 scaled to two, and `down -v`. The engine comes from tests/docker_engine.py (started here where none answers);
-the test skips only where no engine can start. Timings go to the test's output (README: Deploy)."""
+the test skips only where no engine can start. Timings go to the test's output. The steps are those of
+docs/deployment/compose.md."""
 
 import json
 import os
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 MODEL = "SmolLM2-135M-Instruct"
 API_KEY = "compose-test-key"
-KEYS_OWNER = 1000  # the keys are made as this user, as README says (`docker run --user`), and must stay theirs
+KEYS_OWNER = 1000  # the keys are made as this user, as the compose page says (`docker run --user`), and stay theirs
 
 FRONTEND_CONTENTS = r"""
 import importlib.util, json, os

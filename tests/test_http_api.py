@@ -591,7 +591,7 @@ def test_speculative_decoding_metrics(server, client):
 
 
 def test_bench_serve_against_the_server(server, tmp_path):
-    """README: `nvllm bench serve ... --output-json`, scaled down."""
+    """docs/performance/running-benchmarks.md: `nvllm bench serve ... --output-json`, scaled down."""
     import subprocess
     import sys
 

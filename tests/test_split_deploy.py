@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from common.transport import DEAD_AFTER_SECONDS
+from doc_pages import code_blocks, page
 from http_helpers import NVLLM, ROOT, Proc, free_port, metric, wait_healthy, wait_until
 
 pytestmark = pytest.mark.integration
@@ -240,14 +241,13 @@ print(json.dumps({{name: sock in heard for name, sock in socks.items()}}))
 """
 
 
-def readme_command(prefix: str) -> list[str]:
-    """The command of README's Deploy section that starts with `prefix` (comments cut)."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        section = f.read().split("\n## Deploy\n", 1)[1].split("\n## ", 1)[0]
-    for line in section.splitlines():
-        if line.startswith(prefix):
-            return line.split(" #", 1)[0].split()
-    raise AssertionError(f"README's Deploy section has no command starting with {prefix!r}")
+def deploy_page_command(prefix: str) -> list[str]:
+    """The command of the deployment page (docs/deployment/index.md) that starts with `prefix` (comments cut)."""
+    for block in code_blocks(page("deployment/index.md"), "bash"):
+        for line in block.splitlines():
+            if line.startswith(prefix):
+                return line.split(" #", 1)[0].split()
+    raise AssertionError(f"docs/deployment/index.md has no command starting with {prefix!r}")
 
 
 def _compose():
@@ -271,16 +271,16 @@ def compose_argv(service: str, secrets_dir: str, key: str = "command") -> list[s
 
 
 def test_two_hosts_with_curve(two_hosts, keys, tmp_path):
-    """Each side in its own network namespace, CURVE on: the core as README starts it by hand, with
+    """Each side in its own network namespace, CURVE on: the core as the deployment page starts it by hand, with
     only the core host's key files; the frontend as compose.yaml starts it, with only its two key
     files, reaching the core as tcp://engine-core:5555 over the veth pair. The openai client gets
     completions; a frontend with an unauthorized key, a plain ZeroMQ peer and a peer with the wrong
     core key get nothing, and the core keeps serving the good frontend. Both compose healthchecks pass."""
     hosts = two_hosts
-    core_cmd = readme_command("nvllm engine-core --listen tcp://0.0.0.0")
+    core_cmd = deploy_page_command("nvllm engine-core --listen tcp://0.0.0.0")
     front_cmd = compose_argv("frontend", keys.dir)
     assert core_cmd[:2] == ["nvllm", "engine-core"] and front_cmd[:2] == ["nvllm", "frontend"]
-    core_host = tmp_path / "gpu-host"  # what README says to copy to the core's host, and nothing else
+    core_host = tmp_path / "gpu-host"  # what the deployment page says to copy to the core's host, and nothing else
     os.makedirs(core_host / "keys" / "authorized")
     for name in ("server.key_secret", "authorized/frontend.key"):
         shutil.copy(os.path.join(keys.dir, name), core_host / "keys" / name)

@@ -154,7 +154,7 @@ def test_tracing_off_imports_no_opentelemetry_sdk():
 
 
 def test_bench_overhead_compares_tracing_off_dead_and_live(tiny_models, tmp_path):
-    """README's cost figures: `nvllm bench overhead --compare-tracing ROUNDS`, on a tiny workload."""
+    """The costs page's figures: `nvllm bench overhead --compare-tracing ROUNDS`, on a tiny workload."""
     import json
 
     from frontend.cli.main import main

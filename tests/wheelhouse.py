@@ -1,5 +1,6 @@
 """A wheelhouse of everything the images install, served over HTTPS on loopback by a CA made for the test:
-what README's offline build does (PIP_NO_INDEX, PIP_FIND_LINKS), with PIP_CA_CERTS exercised for real."""
+what the offline build of docs/deployment/compose.md does (PIP_NO_INDEX, PIP_FIND_LINKS), with PIP_CA_CERTS
+exercised for real."""
 
 import functools
 import http.server
