@@ -136,3 +136,17 @@ def test_a_figure_is_held_to_the_row_it_links():
     assert len(unquoted({"wrong.md": f"nvllm at {wrong} {link}"})) == 1
     assert len(unquoted({"nowhere.md": f"nvllm at {ratio} ([row](docs/performance/vs-vllm.md#no-such-row))"})) == 1
     assert len(unquoted({"docs/serving/x.md": f"nvllm at {ratio} ([row](../performance/vs-vllm.md#{anchor}))"})) == 0
+
+
+def test_bench_report_writes_the_pages_and_check_finds_them_stale_or_current(tmp_path, capsys):
+    from frontend.cli.main import main
+
+    out = str(tmp_path / "performance")
+    assert main(["bench", "report", "--out", out, "--check"]) == 1  # nothing written yet: every page is stale
+    assert "is stale" in capsys.readouterr().err
+    assert main(["bench", "report", "--out", out]) == 0
+    assert os.path.exists(os.path.join(out, "vs-vllm.md")) and os.path.exists(os.path.join(out, "plots", "vs-vllm.svg"))
+    assert main(["bench", "report", "--out", out, "--check"]) == 0
+    with open(os.path.join(out, "costs.md"), "a") as f:
+        f.write("a typed figure: 9.99x\n")
+    assert main(["bench", "report", "--out", out, "--check"]) == 1
