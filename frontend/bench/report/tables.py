@@ -178,23 +178,18 @@ def overhead(result: Result) -> list[list[str]]:
 OVERHEAD = ["tracing", "concurrency", "tokens per request", "requests (median)", "against tracing off"]
 
 
+# the bench that wrote a result file -> (kind of table, its columns, its rows)
+TABLES = {"cpu": ("vs-vllm", VS_VLLM, vs_vllm), "llama-cpp": ("llama-cpp", VS_LLAMA_CPP, vs_llama_cpp),
+          "perplexity": ("perplexity", PERPLEXITY, perplexity), "latency": ("latency", LATENCY, latency),
+          "throughput": ("throughput", THROUGHPUT, throughput), "serve": ("serve", SERVE, serve),
+          "overhead": ("overhead", OVERHEAD, overhead)}
+
+
 def table_for(result: Result) -> tuple[str, list[str], list[list[str]]]:
     """(kind, columns, rows) of one result file."""
-    words = result.data["command"].split()
-    if result.bench == "cpu":
-        return "vs-vllm", VS_VLLM, vs_vllm(result)
-    if result.bench == "llama-cpp":
-        return "llama-cpp", VS_LLAMA_CPP, vs_llama_cpp(result)
-    if result.bench == "perplexity":
-        return "perplexity", PERPLEXITY, perplexity(result)
-    if result.bench == "latency":
-        return "latency", LATENCY, latency(result)
-    if result.bench == "throughput" and any(w in REFERENCE for w in words):
+    if result.bench == "throughput" and any(w in REFERENCE for w in result.data["command"].split()):
         return "compare", COMPARE, compare(result)
-    if result.bench == "throughput":
-        return "throughput", THROUGHPUT, throughput(result)
-    if result.bench == "serve":
-        return "serve", SERVE, serve(result)
-    if result.bench == "overhead":
-        return "overhead", OVERHEAD, overhead(result)
-    raise ValueError(f"{result.path}: no table for `nvllm bench {result.bench}`")
+    if result.bench not in TABLES:
+        raise ValueError(f"{result.path}: no table for `nvllm bench {result.bench}`")
+    kind, columns, rows = TABLES[result.bench]
+    return kind, columns, rows(result)
