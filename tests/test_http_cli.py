@@ -20,13 +20,9 @@ TINY_ENGINE = ["--dtype", "float32", "--kv-cache-memory", "32MiB", "--max-model-
 
 
 def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    found = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                found[name] = sub
-                found.update({f"{name} {k}": v for k, v in subparsers(sub).items()})
-    return found
+    from frontend.cli.reference import subcommands
+
+    return {name: sub for name, sub, _ in subcommands(parser)}
 
 
 def test_help_lists_every_flag_with_its_default(capsys):

@@ -4,15 +4,15 @@ into the docs at build time), so the documented flags are the flags the commands
 import argparse
 
 
-def subcommands(parser: argparse.ArgumentParser, prefix: str = "") -> list[tuple[str, argparse.ArgumentParser]]:
-    """('serve', parser), ('bench throughput', parser), ... depth first, in the order they were registered."""
+def subcommands(parser: argparse.ArgumentParser, prefix: str = "") -> list[tuple[str, argparse.ArgumentParser, str]]:
+    """('serve', parser, its help), ('bench throughput', ...), ... depth first, in the order they were registered."""
     found = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
             for name, sub in action.choices.items():
-                full = f"{prefix}{name}"
-                found.append((full, sub))
-                found.extend(subcommands(sub, f"{full} "))
+                found.append((f"{prefix}{name}", sub, helps.get(name, "")))
+                found.extend(subcommands(sub, f"{prefix}{name} "))
     return found
 
 
@@ -36,7 +36,7 @@ def _help(action: argparse.Action) -> str:
         return ""
     if action.choices and not isinstance(action, argparse._SubParsersAction):
         text += " (one of: " + ", ".join(f"`{c}`" for c in action.choices) + ")"
-    return _cell(text % {"default": action.default, "prog": ""} if "%(" in text else text)
+    return _cell(text)
 
 
 def _argument_rows(parser: argparse.ArgumentParser) -> list[str]:
@@ -78,18 +78,9 @@ def _section(name: str, parser: argparse.ArgumentParser, help_text: str) -> list
 
 def markdown(parser: argparse.ArgumentParser) -> str:
     """Every command and subcommand: its usage line and a table of its arguments with defaults and help."""
-    helps = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            helps.update({a.dest: a.help for a in action._choices_actions})
     lines = ["# CLI reference", "",
              "Every `nvllm` command and its flags, generated from the command's own argument parser "
              "(`nvllm COMMAND --help` prints the same).", ""]
-    for name, sub in subcommands(parser):
-        parent_helps = {}
-        for action in sub._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                parent_helps.update({f"{name} {a.dest}": a.help for a in action._choices_actions})
-        helps.update(parent_helps)
-        lines += _section(name, sub, helps.get(name) or "")
+    for name, sub, help_text in subcommands(parser):
+        lines += _section(name, sub, help_text)
     return "\n".join(lines)

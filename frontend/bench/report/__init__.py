@@ -26,8 +26,12 @@ def stale(out_dir: str = PAGES_DIR, results_dir: str = RESULTS_DIR) -> list[str]
     differ = []
     for name, text in rendered(results_dir).items():
         path = os.path.join(out_dir, name)
-        if not os.path.exists(path) or open(path).read() != text:
+        if not os.path.exists(path):
             differ.append(name)
+            continue
+        with open(path) as f:
+            if f.read() != text:
+                differ.append(name)
     return differ
 
 

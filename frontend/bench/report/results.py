@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import re
-import statistics
 
 from common.child_process import ROOT
 
@@ -79,10 +78,6 @@ def load(results_dir: str = RESULTS_DIR) -> list[Result]:
     return found
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def model_name(result: Result) -> str:
     """The model a run used, from its command line: a file's or folder's name, a random model's, or the
     default model."""
@@ -96,5 +91,4 @@ def model_name(result: Result) -> str:
             else files[0] if files else None)
     if path is None:
         return "SmolLM2-135M-Instruct Q4_1 (default)"
-    name = os.path.basename(path.rstrip("/")).removesuffix(".gguf")
-    return "SmolLM2-135M-Instruct bf16 folder" if "bf16" in name else name
+    return os.path.basename(path.rstrip("/")).removesuffix(".gguf")

@@ -1,7 +1,9 @@
 """One table per kind of bench: the columns each result file's figures fill, a row per file (or per
 workload, backend or variant in it). Every row starts with an anchor, so prose can cite the exact row."""
 
-from frontend.bench.report.results import Result, median, model_name, slug
+from statistics import median
+
+from frontend.bench.report.results import Result, model_name, slug
 
 
 def ratio(value: float) -> str:
