@@ -4,7 +4,7 @@ the frontends' core clients and by `nvllm engine-core --check`; the core's side 
 
 import msgspec
 
-from common import protocol as P
+from common import wire_messages as P
 
 HELLO_INTERVAL_SECONDS = 1.0  # how often HELLO is repeated while no READY has come
 

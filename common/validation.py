@@ -11,7 +11,7 @@ import math
 from common.errors import InvalidParameter, invalid
 from common.limits import RequestLimits
 from common.lora import MAX_LORA_NAME_CHARS, MAX_LORA_PATH_CHARS, LoRARequest
-from common.protocol import EngineCoreRequest
+from common.wire_messages import EngineCoreRequest
 from common.sampling_params import SamplingParams
 from common.structured_outputs import check_structured_outputs
 from common.tracing import TRACE_HEADERS

@@ -6,10 +6,10 @@ core request with `tokens_per_request` tokens (ids 100, 101, ...), one output ba
 import asyncio
 import os
 
-from common import protocol as P
+from common import wire_messages as P
 from common.limits import RequestLimits
-from common.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason, SchedulerStats
-from frontend.core_client import EngineDeadError
+from common.wire_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason, SchedulerStats
+from frontend.core_link.core_client import EngineDeadError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

@@ -77,7 +77,7 @@ def _speculating_target(llm, seed: int) -> list[int]:
 
 def _llm(model: str, dtype: str, max_num_batched_tokens: int, enable_prefix_caching: bool, kv_blocks: int | None = None,
          max_model_len: int = 256, **extra):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     kv = None
     if kv_blocks is not None:
         from engine_core.engine_config import ModelConfig

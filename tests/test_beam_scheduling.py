@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.beam_search_params import BeamSearchParams
-from common.protocol import FinishReason, Logprobs
+from common.wire_messages import FinishReason, Logprobs
 from common.sampling_params import SamplingParams
 from engine_core.sched.beam_group import BeamGroup
 from engine_core.sched.kv_cache_manager import KVCacheManager

@@ -13,9 +13,9 @@ import transformers
 
 from common.beam_search_params import BeamSearchParams
 from common.errors import InvalidParameter
-from common.protocol import FinishReason
+from common.wire_messages import FinishReason
 from common.sampling_params import SamplingParams
-from frontend.llm import LLM
+from frontend.offline.llm import LLM
 
 pytestmark = pytest.mark.integration
 

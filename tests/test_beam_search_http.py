@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common.beam_search_params import BeamSearchParams
-from frontend.llm import LLM
+from frontend.offline.llm import LLM
 from http_helpers import openai_client, start_serve
 
 pytestmark = pytest.mark.integration

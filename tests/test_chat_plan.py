@@ -1,14 +1,14 @@
-"""What a chat request becomes before rendering (frontend/api/chat_request.py) and how its output is read
-(frontend/api/chat_output.py), on the default model's tokenizer and template."""
+"""What a chat request becomes before rendering (frontend/endpoints/chat/plan.py) and how its output is read
+(frontend/endpoints/chat/output.py), on the default model's tokenizer and template."""
 
 import pytest
 
 from common.errors import InvalidParameter
 from common.structured_outputs import StructuredOutputsParams
-from frontend.api.chat_options import ChatOptions
-from frontend.api.chat_output import ChatOutputReader, finish_reason, read_whole
-from frontend.api.chat_request import plan_chat, with_constraint_after_reasoning
-from frontend.api.protocol import ChatCompletionRequest
+from frontend.endpoints.serving.chat_options import ChatOptions
+from frontend.endpoints.chat.output import ChatOutputReader, finish_reason, read_whole
+from frontend.endpoints.chat.plan import plan_chat, with_constraint_after_reasoning
+from frontend.endpoints.openai_schemas.shared_fields import ChatCompletionRequest
 
 pytestmark = pytest.mark.unit
 

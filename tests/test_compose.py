@@ -237,12 +237,12 @@ import json, sys
 for name in ("torch", "engine_core", "gguf", "safetensors", "xxhash"):
     sys.modules[name] = None  # as if not installed: importing it fails, find_spec finds nothing
 sys.path.insert(0, %(root)r)
-import common.curve, frontend.api.server, frontend.async_llm, frontend.engine_router
+import common.curve, frontend.http.server, frontend.async_engine.async_llm, frontend.async_engine.engine_router
 from common.sampling_params import SamplingParams
 from frontend.cli.main import build_parser, main
 from common.limits import RequestLimits
-from frontend.processor import Processor
-from frontend.tokenizer import tokenizer_from_files
+from frontend.request_path.processor import Processor
+from frontend.request_path.tokenizer import tokenizer_from_files
 
 ns = build_parser().parse_args(%(argv)r)
 assert ns.command == "frontend"

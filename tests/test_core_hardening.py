@@ -12,9 +12,9 @@ import msgspec
 import pytest
 import zmq
 
-from common import protocol as P
+from common import wire_messages as P
 from common.config import EngineArgs
-from common.protocol import EngineCoreRequest, FinishReason
+from common.wire_messages import EngineCoreRequest, FinishReason
 from common.sampling_params import SamplingParams
 from common.transport import private_ipc_address
 
@@ -30,7 +30,7 @@ def core_args(model: str, **kw) -> EngineArgs:
 
 @pytest.fixture(scope="module")
 def core(tiny_models):
-    from frontend.core_process import start_core_process, stop_core_process
+    from frontend.core_link.core_process import start_core_process, stop_core_process
 
     address = private_ipc_address()
     proc = start_core_process(core_args(tiny_models["llama"], max_n=8), address)
@@ -141,7 +141,7 @@ def test_hostile_requests_get_errors_naming_the_field(core):
 
 
 def test_core_sends_its_limits_in_ready(core):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     llm = LLM.connect(core[0])
     try:
@@ -300,7 +300,7 @@ def test_a_failed_rank_wakes_the_core_once_and_stays_failed():
 
 def test_frontend_writes_tokenizer_files_under_their_base_names(tmp_path, default_model_dir, monkeypatch):
     """A core that names tokenizer files `../x` or `/abs/x` cannot make the frontend write there."""
-    from frontend.tokenizer import tokenizer_from_files
+    from frontend.request_path.tokenizer import tokenizer_from_files
 
     files = {n: open(os.path.join(default_model_dir, n)).read() for n in ("tokenizer.json", "tokenizer_config.json")}
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))

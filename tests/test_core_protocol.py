@@ -1,17 +1,17 @@
-"""The client side of the core protocol as a state machine with no IO (frontend/core_protocol.py): frames in,
+"""The client side of the core protocol as a state machine with no IO (frontend/core_link/core_protocol.py): frames in,
 events and frames out, on a made-up clock; and both core clients drive that same machine."""
 
 import msgspec
 import pytest
 
-from common import protocol as P
+from common import wire_messages as P
 from common.handshake import HELLO_INTERVAL_SECONDS
 from common.limits import RequestLimits
 from common.sampling_params import SamplingParams
 from common.transport import DEAD_AFTER_SECONDS, HEARTBEAT_SECONDS
-from frontend.core_client_mp import AsyncMPClient, SyncMPClient
-from frontend.core_protocol import (CoreLost, CoreProtocol, CoreReady, HelloRejected, OutputsArrived, ReconnectNeeded,
-                                    UtilityAnswered)
+from frontend.core_link.core_client_mp import AsyncMPClient, SyncMPClient
+from frontend.core_link.core_protocol import (CoreLost, CoreProtocol, CoreReady, HelloRejected, OutputsArrived,
+                                              ReconnectNeeded, UtilityAnswered)
 
 pytestmark = pytest.mark.unit
 
@@ -140,7 +140,7 @@ def test_both_clients_drive_the_same_protocol_machine():
     sync_client._pending_outputs = None
     async_client = AsyncMPClient(None, address)
     try:
-        from frontend.core_client_mp import MPClientBase
+        from frontend.core_link.core_client_mp import MPClientBase
         MPClientBase.__init__(sync_client, None, address, asyncio_ctx=False, client_name="LLM")
         assert type(sync_client.protocol) is type(async_client.protocol) is CoreProtocol
         assert sync_client.protocol is not async_client.protocol

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import zmq
 
-from common import protocol as P
+from common import wire_messages as P
 from common.config import EngineArgs
 from common.sampling_params import RequestOutputKind, SamplingParams
 from common.transport import DEAD_AFTER_SECONDS, ENV_FRONTEND_SILENT, private_ipc_address
@@ -35,7 +35,7 @@ MANY = 100
 
 def _start_core(tiny_models, silent: float):
     """(address, Popen) of a core that runs one request at a time (so queued requests take seconds)."""
-    from frontend.core_process import start_core_process
+    from frontend.core_link.core_process import start_core_process
 
     address = private_ipc_address()
     args = EngineArgs(model=tiny_models["llama"], dtype="float32", kv_cache_memory="64MiB", max_model_len=512,
@@ -53,7 +53,7 @@ def _start_core(tiny_models, silent: float):
 
 @pytest.fixture(scope="module")
 def core(tiny_models):
-    from frontend.core_process import stop_core_process
+    from frontend.core_link.core_process import stop_core_process
 
     address, proc = _start_core(tiny_models, SILENT)
     yield address, proc
@@ -62,7 +62,7 @@ def core(tiny_models):
 
 @pytest.fixture(scope="module")
 def patient_core(tiny_models):
-    from frontend.core_process import stop_core_process
+    from frontend.core_link.core_process import stop_core_process
 
     address, proc = _start_core(tiny_models, PATIENT)
     yield address, proc
@@ -178,7 +178,7 @@ def test_session_table_binds_connection_and_key():
 def test_idle_frontend_hears_the_core_while_another_streams(core):
     """A streams for > DEAD_AFTER_SECONDS; B, an AsyncLLM with nothing to do, keeps hearing the core
     (heartbeats are per frontend) and is never declared dead."""
-    from frontend.async_llm import AsyncLLM
+    from frontend.async_engine.async_llm import AsyncLLM
 
     address, _ = core
     streamed: list[float] = []
@@ -363,7 +363,7 @@ def test_repeated_hello_within_a_session_keeps_its_requests_until_it_sent_work(p
 def test_sync_client_works_after_a_long_idle(core):
     """The offline LLM sends nothing between generate() calls: after longer than the core's limit it
     says HELLO again by itself and the next call just works."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     address, _ = core
     llm = LLM.connect(address)
@@ -388,7 +388,7 @@ def test_sync_client_quiet_with_requests_queued(request, case):
     """The sync client is quiet (it does not read) with requests queued in the core, then adds one.
     Quiet for less than the core's limit: its HELLO resumes the session and every request finishes.
     Longer: the core ended the session; the requests it lost end with an error, the new one runs."""
-    from frontend.core_client_mp import SyncMPClient
+    from frontend.core_link.core_client_mp import SyncMPClient
 
     which, quiet, queued, tokens = QUIET[case]
     address, _ = request.getfixturevalue(which)
@@ -423,7 +423,7 @@ def test_sync_client_quiet_with_requests_queued(request, case):
 def test_abort_waits_for_room_instead_of_being_dropped(kind):
     """A fake core answers HELLO, then stops reading until the client's send queue is full: an abort
     sent then still arrives once the core reads again (it used to be dropped on zmq.Again)."""
-    from frontend.core_client_mp import AsyncMPClient, SyncMPClient
+    from frontend.core_link.core_client_mp import AsyncMPClient, SyncMPClient
 
     address = private_ipc_address()
     ctx = zmq.Context.instance()

@@ -6,8 +6,8 @@ import asyncio
 import pytest
 from starlette.testclient import TestClient
 
-from frontend.api.app import build_app
-from frontend.api.cors import cors_options_from
+from frontend.http.app import build_app
+from frontend.http.cors import cors_options_from
 from frontend.cli.main import build_parser
 
 pytestmark = pytest.mark.unit

@@ -73,7 +73,7 @@ def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny
 def _check_c_loop(path, dtype, quantization, loop, kept_type, kept, seed, storage=None):
     """The C loop `loop` runs the model (its first layer's weights kept quantized as `kept_type` exactly where
     `kept`; their panels in `storage` where given), and the modules give its tokens and logprobs to the bit."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     # small steps: prompts are chunked, and chunks share steps with decodes
     llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="64MiB", max_model_len=512,
               max_num_batched_tokens=48, quantization=quantization)
@@ -135,7 +135,7 @@ def test_a_bf16_checkpoint_in_a_float32_engine_reads_bf16_panels_and_answers_as_
 
 
 def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     # the C loops are the batch-invariant path's, in bf16 (on every tier) and in float32
     for path, dtype, invariant in ((tiny_models["llama"], "bfloat16", False), (tiny_models["qwen3"], "float32", False)):
         llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="16MiB", max_model_len=256,

@@ -23,7 +23,7 @@ def no_avx512_bf16(monkeypatch):
 
 
 def _engine(model, **args):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     return LLM(model, multiprocess=False, dtype="bfloat16", max_model_len=256, kv_cache_memory="16MiB", **args)
 
 

@@ -4,10 +4,10 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from common.limits import RequestLimits
-from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from common.wire_messages import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from common.sampling_params import RequestOutputKind, SamplingParams
-from frontend.output_processor import OutputProcessor
-from frontend.processor import Processor
+from frontend.request_path.output_processor import OutputProcessor
+from frontend.request_path.processor import Processor
 
 pytestmark = pytest.mark.unit
 

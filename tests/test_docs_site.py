@@ -11,7 +11,7 @@ import pytest
 from doc_pages import ROOT
 from frontend.cli.main import build_parser
 from frontend.cli.reference import markdown, subcommands
-from frontend.llm import LLM
+from frontend.offline.llm import LLM
 
 # MkDocs' plugins print a notice about a future MkDocs 2 on every build; it is not the build's output
 QUIET = {"NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}

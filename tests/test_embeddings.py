@@ -13,7 +13,7 @@ import transformers
 
 from common.pooling_params import PoolingParams
 from conftest import build_tiny_model
-from frontend.llm import LLM
+from frontend.offline.llm import LLM
 
 pytestmark = pytest.mark.integration
 

@@ -49,6 +49,6 @@ def test_a_draft_model_gets_its_own_facts_and_the_targets_settings(tiny_models):
                                                     ("kv_cache_memory", 1.5, "int | str | null")])
 def test_an_argument_of_the_wrong_type_is_refused_by_name_before_any_process_starts(field, value, expected):
     """LLM(batch_invariant="False") used to start the core, which died decoding its config."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     with pytest.raises(ValueError, match=f"^{field}: Expected `{re.escape(expected)}`"):
         LLM(**{field: value})

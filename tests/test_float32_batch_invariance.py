@@ -35,7 +35,7 @@ def _answers(llm, prompts):
 
 
 def _engine(model, **args):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     return LLM(model, multiprocess=False, dtype="float32", **({"max_model_len": 256} | args))
 
 

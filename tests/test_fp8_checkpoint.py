@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from common.sampling_params import SamplingParams
 from engine_core.families.catalog import read_spec
 from engine_core.families.spec import UnsupportedConfig
-from frontend.llm import LLM
+from frontend.offline.llm import LLM
 
 pytestmark = pytest.mark.integration
 

@@ -8,15 +8,15 @@ import pytest
 
 from common.errors import InvalidParameter
 from common.limits import RequestLimits
-from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerGauges, SchedulerStats
+from common.wire_messages import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerGauges, SchedulerStats
 from common.sampling_params import RequestOutputKind, SamplingParams
 from fake_core import FakeCoreClient, ready_for
-from frontend.async_llm import AsyncLLM
-from frontend.core_client import EngineDeadError
-from frontend.engine_router import EngineRouter
-from frontend.output_processor import OutputProcessor
-from frontend.processor import Processor, model_fingerprint
-from frontend.tokenizer import tokenizer_from_files
+from frontend.async_engine.async_llm import AsyncLLM
+from frontend.core_link.core_client import EngineDeadError
+from frontend.async_engine.engine_router import EngineRouter
+from frontend.request_path.output_processor import OutputProcessor
+from frontend.request_path.processor import Processor, model_fingerprint
+from frontend.request_path.tokenizer import tokenizer_from_files
 
 pytestmark = pytest.mark.unit
 
@@ -275,7 +275,7 @@ def test_a_bug_mid_stream_is_an_error_event_logged_with_traceback_and_request_id
     import json
     import logging
 
-    from frontend.api.generation import sse_events
+    from frontend.endpoints.serving.prompts import sse_events
 
     async def events():
         yield "data: {}\n\n"

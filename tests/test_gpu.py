@@ -27,7 +27,7 @@ from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.torch_backend import write_kv_cache
 from attention_reference import reference_paged_attention
 from engine_core.worker.cuda_graph import (DecodeGraphRunner, graph_batch_sizes, is_decode_only, pad_decode_inputs,
-                                    pick_batch_size)
+                                           pick_batch_size)
 from engine_core.worker.model_runner import ModelRunner, dummy_step, profile_lengths
 from engine_core.sched.request import Request
 from engine_core.sample.sampler import Sampler
@@ -322,7 +322,7 @@ def _prompts(n, seed=0):
 
 
 def _generate(model, prompts, **engine):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     llm = LLM(model, dtype=engine.pop("dtype", "float32"), max_model_len=1024, max_num_seqs=32,
               gpu_memory_utilization=0.5, **engine)
     try:
@@ -444,7 +444,7 @@ def test_kv_cache_sized_from_gpu_memory_utilization(qwen3_shaped):
 @needs_cuda
 def test_engine_logs_capture_and_enforce_eager_skips_it(qwen3_shaped, caplog):
     pytest.importorskip("triton")
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     caplog.set_level(logging.INFO, logger="nvllm")
     for eager in (False, True):
         caplog.clear()

@@ -236,7 +236,7 @@ def test_chat_logprobs_n2_stop(client):
 
 def test_greedy_http_equals_llm_generate(client):
     from common.sampling_params import SamplingParams
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     prompts = ["Paris is the capital of", "import numpy as", "Water boils at"]
     http = [client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0).choices[0].text

@@ -26,7 +26,7 @@ def test_core_child_process_gets_it(monkeypatch, tmp_path):
     """A real engine core child, started as `nvllm serve` starts it: the environment the kernel gave it at
     exec (/proc/PID/environ, what glibc reads the tunable from) asks for huge pages."""
     from common.config import EngineArgs
-    from frontend import core_process
+    from frontend.core_link import core_process
 
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv("NVLLM_HUGEPAGE_MALLOC", raising=False)

@@ -74,7 +74,7 @@ def k_quant_gguf(tmp_path_factory) -> str:
 
 def _first_token_logprobs(path: str, quantization: str, dtype: str):
     """What the load made of the layers, and each prompt's first-token logprobs {token: logprob} (top 20)."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     llm = LLM(path, multiprocess=False, dtype=dtype, quantization=quantization, kv_cache_memory="16MiB",
               max_model_len=256, enable_prefix_caching=False)
@@ -124,7 +124,7 @@ def test_auto_keeps_every_type_a_kernel_takes(k_quant_gguf, dtype):
 def _c_loop_and_modules(path: str, dtype: str):
     """The C decoder loop the engine picked for the kept mix, and the greedy tokens and logprobs of chunked
     prompts (prefix-cache hits among them) with it and with the modules."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     llm = LLM(path, multiprocess=False, dtype=dtype, quantization="gguf", kv_cache_memory="16MiB",
               max_model_len=256, max_num_batched_tokens=16)

@@ -173,7 +173,7 @@ def compose_image(name: str, service: str) -> str:
 def check_layout(layout: str, docs: list[dict], tmp_path) -> None:
     """Every agreement between the objects of one rendered layout and the CLI (asserts or fails)."""
     from common import curve
-    from frontend.api.metrics import EngineStatsCollector
+    from frontend.endpoints.serving.metrics import EngineStatsCollector
 
     commands = nvllm_commands(docs)
     by_container = {}

@@ -12,7 +12,7 @@ import transformers
 
 from common.lora import LoRARequest
 from common.sampling_params import SamplingParams
-from frontend.llm import LLM
+from frontend.offline.llm import LLM
 from lora_adapters import make_adapter, peft_greedy, peft_logprobs
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from engine_core.sched.kv_cache_manager import KVCacheManager, salt_hash
 from engine_core.sched.request import Request
 from engine_core.sched.scheduler import Scheduler, SchedulerConfig
 from engine_core.worker.step_input import build_step_input
-from frontend.api.app import build_app
-from frontend.api.lora_adapters import LoRAAdapters
+from frontend.http.app import build_app
+from frontend.endpoints.serving.lora_adapters import LoRAAdapters
 
 pytestmark = pytest.mark.unit
 

@@ -142,7 +142,7 @@ def test_q8_0_experts_stay_quantized_one_tensor_per_expert(hf_models, tmp_path):
 def test_tp2_keeps_each_ranks_expert_shards_quantized(default_model_dir, tmp_path):
     """Q8_0 experts 64 wide over two ranks: each rank keeps its 32 rows of gate/up and its 32 inputs of down (one
     whole block) quantized, and the greedy tokens and logprobs equal the dequantized TP=2 engine's."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     from common.sampling_params import SamplingParams
 
     hf_folder = build_tiny_model(str(tmp_path / "hf"), "qwen3_moe", default_model_dir, vocab_size=VOCAB,

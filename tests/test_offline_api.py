@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def llm(tiny_models):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     engine = LLM(tiny_models["qwen2"], dtype="float32", kv_cache_memory="64MiB", max_model_len=256)
     yield engine
     engine.shutdown()

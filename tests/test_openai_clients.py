@@ -19,7 +19,7 @@ from openai.types.chat import (ChatCompletionAssistantMessageParam, ChatCompleti
                                ChatCompletionSystemMessageParam, ChatCompletionToolMessageParam,
                                ChatCompletionUserMessageParam)
 
-from frontend.api.protocol import ChatCompletionRequest, CompletionRequest
+from frontend.endpoints.openai_schemas.shared_fields import ChatCompletionRequest, CompletionRequest
 from http_helpers import openai_client, serving
 from schema_strategies import from_model
 

@@ -53,11 +53,11 @@ def test_the_tree_keeps_every_contract():
 
 
 @pytest.mark.parametrize("module, line, contract", [
-    ("frontend/outputs.py", "\n\ndef _lazy():\n    import torch\n    return torch\n",
+    ("frontend/request_path/outputs.py", "\n\ndef _lazy():\n    import torch\n    return torch\n",
      "frontend is not allowed to import torch"),
-    ("frontend/processor.py", "\nfrom engine_core.sched import scheduler\n",
+    ("frontend/request_path/processor.py", "\nfrom engine_core.sched import scheduler\n",
      "frontend is not allowed to import engine_core"),
-    ("common/limits.py", "\nimport frontend.outputs\n", "common is not allowed to import frontend"),
+    ("common/limits.py", "\nimport frontend.request_path.outputs\n", "common is not allowed to import frontend"),
     # engine_core's stages: the scheduler below the worker, the layers below the models, kernels at the bottom
     ("engine_core/sched/request.py", "\nfrom engine_core.worker import model_runner\n",
      "engine_core.sched is not allowed to import engine_core.worker"),
@@ -84,7 +84,7 @@ def test_every_import_is_declared(packages_only):
 @pytest.mark.parametrize("module, line, packages_only, finding", [
     ("tests/test_scheduler.py", "\nimport nvllm_undeclared_pkg\n", False,
      "DEP001 'nvllm_undeclared_pkg' imported but missing from the dependency definitions"),
-    ("frontend/outputs.py", "\n\ndef _lazy():\n    import nvllm_undeclared_pkg\n", False,
+    ("frontend/request_path/outputs.py", "\n\ndef _lazy():\n    import nvllm_undeclared_pkg\n", False,
      "DEP001 'nvllm_undeclared_pkg' imported but missing"),
     ("engine_core/platform/device.py", "\nimport scipy\n", True, "DEP004 'scipy' imported but declared as a dev dependency"),
 ])

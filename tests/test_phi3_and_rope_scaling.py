@@ -129,7 +129,7 @@ def test_partial_rotary_through_the_c_loop_on_each_tier(folders, cpu_tier):
 def test_the_bf16_c_loop_rotates_a_partial_head_as_the_modules_do(folders, cpu_tier):
     """bfloat16: the tier's C loop (cpu_decoder.c on AVX512-BF16, else the generic one) gives the modules' tokens
     and logprobs to the bit, over chunked prefills, prefix-cache hits and decodes."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     from test_cpu_decoder import _model, _prompts, _run
 
     with forced_tier(cpu_tier):

@@ -10,7 +10,7 @@ from msgspec.structs import replace
 from common.errors import InvalidParameter
 from common.limits import RequestLimits
 from common.pooling_params import PoolingParams, parse_pooler_config
-from common.protocol import EngineCoreRequest
+from common.wire_messages import EngineCoreRequest
 from common.sampling_params import SamplingParams
 from common.validation import check_request
 from engine_core.pooling.pooler import Pooler

@@ -13,11 +13,11 @@ import msgspec
 import pytest
 import zmq
 
-from common import protocol as P
+from common import wire_messages as P
 from common.config import EngineArgs
 from common.sampling_params import RequestOutputKind, SamplingParams
 from common.transport import DEAD_AFTER_SECONDS, private_ipc_address
-from frontend.core_client import EngineDeadError
+from frontend.core_link.core_client import EngineDeadError
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def core_args(model: str, **kw) -> EngineArgs:
 @pytest.fixture(scope="module")
 def core(tiny_models):
     """A standalone core process on a private ipc address."""
-    from frontend.core_process import start_core_process, stop_core_process
+    from frontend.core_link.core_process import start_core_process, stop_core_process
 
     address = private_ipc_address()
     proc = start_core_process(core_args(tiny_models["llama"]), address)
@@ -44,7 +44,7 @@ def core(tiny_models):
 def test_two_frontends_get_their_own_outputs(core, tiny_models):
     """Two LLM frontends on one core, generating at once, each gets exactly its own results,
     equal to the in-process engine's."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     address, _ = core
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -54,7 +54,7 @@ def test_two_frontends_get_their_own_outputs(core, tiny_models):
 
     script = (
         "import sys, json; sys.path.insert(0, %r)\n"
-        "from frontend.llm import LLM\nfrom common.sampling_params import SamplingParams\n"
+        "from frontend.offline.llm import LLM\nfrom common.sampling_params import SamplingParams\n"
         "llm = LLM.connect(%r)\n"
         "outs = llm.generate(json.loads(sys.argv[1]), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)\n"
         "print(json.dumps([o.outputs[0].token_ids for o in outs]))\nllm.shutdown()\n" % (ROOT, address))
@@ -70,7 +70,7 @@ def test_two_frontends_get_their_own_outputs(core, tiny_models):
 
 
 def test_multiprocess_llm_equals_inprocess(tiny_models):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     params = SamplingParams(temperature=0, max_tokens=10)
     results = []
@@ -91,7 +91,7 @@ def _raw_peer(address: str) -> zmq.Socket:
 def test_bad_frames_are_dropped(core, tiny_models):
     """Random bytes, truncated msgpack, wrong types, a string that is not UTF-8 and a pickle payload: the
     core drops each, runs nothing, and then serves a real request."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     address, proc = core
     peer = _raw_peer(address)
@@ -138,7 +138,7 @@ def test_bad_frames_are_dropped(core, tiny_models):
 
 
 def test_cancelled_stream_frees_blocks(core):
-    from frontend.async_llm import AsyncLLM
+    from frontend.async_engine.async_llm import AsyncLLM
 
     address, _ = core
 
@@ -168,7 +168,7 @@ def test_cancelled_stream_frees_blocks(core):
 
 
 def test_stream_yields_deltas_that_join_to_the_full_text(core):
-    from frontend.async_llm import AsyncLLM
+    from frontend.async_engine.async_llm import AsyncLLM
 
     address, _ = core
 
@@ -193,7 +193,7 @@ def test_stream_yields_deltas_that_join_to_the_full_text(core):
 def test_core_killed_mid_generation(tiny_models):
     """SIGKILL the core: in-flight requests fail within seconds (not at a long timeout), new ones fail fast
     while it is down, the client lives and starts a new core, which then serves."""
-    from frontend.async_llm import AsyncLLM
+    from frontend.async_engine.async_llm import AsyncLLM
 
     async def scenario():
         engine = await AsyncLLM.create(core_args(tiny_models["llama"]))
@@ -248,8 +248,8 @@ def test_no_pickle_in_the_services():
 def test_frontend_imports_no_torch(core):
     address, _ = core
     code = ("import sys; sys.path.insert(0, %r)\n"
-            "import frontend\nfrom frontend.llm import LLM\nfrom frontend.async_llm import AsyncLLM\n"
-            "from frontend.core_client_mp import SyncMPClient\n"
+            "import frontend\nfrom frontend.offline.llm import LLM\nfrom frontend.async_engine.async_llm import AsyncLLM\n"
+            "from frontend.core_link.core_client_mp import SyncMPClient\n"
             "llm = LLM.connect(%r)\n"
             "from common.sampling_params import SamplingParams\n"
             "llm.generate('hi', SamplingParams(max_tokens=2), use_tqdm=False)\n"

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from common.sampling_params import SamplingParams
-from frontend.llm import LLM
+from frontend.offline.llm import LLM
 
 pytestmark = pytest.mark.integration
 

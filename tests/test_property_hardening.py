@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.protocol import EngineCoreRequest, FinishReason
+from common.wire_messages import EngineCoreRequest, FinishReason
 from common.sampling_params import SamplingParams
 from http_helpers import metric, start_serve
 from test_core_hardening import Peer, core_args
@@ -64,7 +64,7 @@ def hostile_requests(draw, index: int = 0):
 @pytest.fixture(scope="module")
 def core(tiny_models):
     from common.transport import private_ipc_address
-    from frontend.core_process import start_core_process, stop_core_process
+    from frontend.core_link.core_process import start_core_process, stop_core_process
 
     address = private_ipc_address()
     proc = start_core_process(core_args(tiny_models["llama"], max_request_tokens=4096), address)

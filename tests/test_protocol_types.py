@@ -1,15 +1,15 @@
-"""Typed contracts on the wire (common/protocol.py): a utility call names a UtilityMethod, a failure is one
+"""Typed contracts on the wire (common/wire_messages.py): a utility call names a UtilityMethod, a failure is one
 tagged struct per meaning, a finish reason one FinishReason; anything else is a decode error, which the
 receiver logs and drops. The frontend's outputs keep vLLM's shape, each meaning mapped from its own type."""
 
 import msgspec
 import pytest
 
-from common import protocol as P
+from common import wire_messages as P
 from common.sampling_params import SamplingParams
-from frontend.output_processor import OutputProcessor
-from frontend.processor import Processor
-from frontend.tokenizer import tokenizer_from_files
+from frontend.request_path.output_processor import OutputProcessor
+from frontend.request_path.processor import Processor
+from frontend.request_path.tokenizer import tokenizer_from_files
 from fake_core import ready_for
 
 pytestmark = pytest.mark.unit

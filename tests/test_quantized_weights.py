@@ -33,7 +33,7 @@ def _runner(llm):
 
 
 def _chat(quantization: str, default_model_dir: str):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     llm = LLM(default_model_dir, multiprocess=False, quantization=quantization, enable_prefix_caching=False,
               kv_cache_memory="256MiB")
     try:
@@ -78,7 +78,7 @@ def identical_but_for_near_ties(kept, plain, near_tie: float) -> int:
 
 @needs_kernels
 def test_int8_per_channel_on_an_hf_folder(tiny_models):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     llm = LLM(tiny_models["qwen3"], multiprocess=False, quantization="int8", dtype="bfloat16",
               kv_cache_memory="16MiB", max_model_len=256)
     try:
@@ -97,7 +97,7 @@ def test_int8_per_channel_on_an_hf_folder(tiny_models):
     ("gguf", "bfloat16", "no GGUF tensors of the kept types"),
     ("int8", "float16", "run in float32 or bfloat16 on the CPU")])
 def test_what_cannot_run_says_why(tiny_models, quantization, dtype, why):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     with pytest.raises(Exception, match=why) as info:
         LLM(tiny_models["qwen3"], multiprocess=False, quantization=quantization, dtype=dtype,
             kv_cache_memory="16MiB", max_model_len=256)
@@ -105,7 +105,7 @@ def test_what_cannot_run_says_why(tiny_models, quantization, dtype, why):
 
 
 def test_auto_dequantizes_where_the_kernels_do_not_run(default_model_dir, monkeypatch):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     monkeypatch.setattr(cpu_quant, "load", lambda: None)  # as where no kernel builds (no C compiler)
     monkeypatch.setattr(cpu_quant_dot, "load", lambda: None)
     monkeypatch.setattr(cpu_quant_f32, "load", lambda: None)
@@ -117,7 +117,7 @@ def test_auto_dequantizes_where_the_kernels_do_not_run(default_model_dir, monkey
 
 
 def _float32_answers(default_model_dir: str, quantization: str):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     llm = LLM(default_model_dir, multiprocess=False, dtype="float32", kv_cache_memory="64MiB", max_model_len=256,
               quantization=quantization)
     try:

@@ -28,7 +28,7 @@ def real_model() -> str:
 
 
 def _generate(path: str, quantization: str):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     llm = LLM(path, multiprocess=False, dtype="float32", quantization=quantization, kv_cache_memory="512MiB",
               max_model_len=1024)

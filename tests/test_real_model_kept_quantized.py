@@ -40,7 +40,7 @@ def real_model() -> str:
 
 
 def _answers(path: str, quantization: str):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     llm = LLM(path, multiprocess=False, dtype="float32", quantization=quantization, kv_cache_memory="256MiB",
               max_model_len=512, enable_prefix_caching=False)

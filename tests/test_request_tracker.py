@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from common.errors import InvalidParameter
-from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from common.wire_messages import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from common.sampling_params import RequestOutputKind, SamplingParams
 from fake_core import FakeCoreClient, ready_for
-from frontend.async_llm import AsyncLLM
-from frontend.llm import LLM
-from frontend.request_tracker import RequestTracker, TrackedRequest
+from frontend.async_engine.async_llm import AsyncLLM
+from frontend.offline.llm import LLM
+from frontend.request_path.request_tracker import RequestTracker, TrackedRequest
 
 pytestmark = pytest.mark.unit
 

@@ -3,13 +3,13 @@ Responses fields, and the stream's events joining to the whole answer's items.""
 
 import pytest
 
-from frontend.api.chat_output import ChatText
-from frontend.api.errors import APIError
-from frontend.api.responses_output import ResponseEvents, reasoning_token_count, usage, whole_output
-from frontend.api.responses_objects import ResponseObject
-from frontend.api.responses_protocol import ResponsesRequest, TextConfig
-from frontend.api.responses_request import chat_messages, chat_request, responses_error
-from frontend.api.tool_protocol import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
+from frontend.endpoints.chat.output import ChatText
+from frontend.endpoints.serving.errors import APIError
+from frontend.endpoints.responses.output import ResponseEvents, reasoning_token_count, usage, whole_output
+from frontend.endpoints.responses.objects import ResponseObject
+from frontend.endpoints.responses.schemas import ResponsesRequest, TextConfig
+from frontend.endpoints.responses.request import chat_messages, chat_request, responses_error
+from frontend.endpoints.openai_schemas.tool_schemas import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
 
 pytestmark = pytest.mark.unit
 
@@ -113,9 +113,9 @@ def test_an_error_after_the_stream_began_is_an_error_event_naming_the_responses_
     import asyncio
     import json
 
-    from frontend.api.serving_chat import ChatRun
-    from frontend.api.serving_responses import _events
-    from frontend.outputs import CompletionOutput, RequestOutput
+    from frontend.endpoints.chat.handler import ChatRun
+    from frontend.endpoints.responses.handler import _events
+    from frontend.request_path.outputs import CompletionOutput, RequestOutput
 
     async def outputs():
         yield 0, RequestOutput("resp-1", None, [1, 2], [CompletionOutput(0, "Hi", [5])], False)

@@ -11,7 +11,7 @@ import transformers
 
 from common.sampling_params import SamplingParams
 from engine_core.bench.dense_folder import dense_folder
-from frontend.llm import LLM
+from frontend.offline.llm import LLM
 from common.lora import LoRARequest
 from lora_adapters import make_adapter, peft_greedy
 

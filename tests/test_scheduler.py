@@ -12,7 +12,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.protocol import FinishReason, Logprobs
+from common.wire_messages import FinishReason, Logprobs
 from common.sampling_params import SamplingParams
 from engine_core.sched.kv_cache_manager import KVCacheManager
 from engine_core.sched.request import Request, RequestStatus

@@ -36,7 +36,7 @@ def _copy_heavy_prompts(num: int, seed: int) -> list[list[int]]:
 
 
 def _run(model, prompts, params, **engine_args):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     llm = LLM(model, multiprocess=False, **engine_args)
     try:
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -81,7 +81,7 @@ def _logprobs(output) -> list[float]:
 
 
 def test_default_model_greedy_identical_with_ngram_speculation(default_model_dir):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     llm = LLM(multiprocess=False)
     tok = llm.get_tokenizer()
     text = ("def area(width, height):\n    return width * height\n\n"
@@ -101,7 +101,7 @@ def test_default_model_greedy_identical_with_ngram_speculation(default_model_dir
 
 
 def test_seeded_sampling_repeats_alone_and_in_a_batch(loopy_models):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     prompts = _copy_heavy_prompts(4, seed=2)
     seeded = SamplingParams(temperature=0.05, top_k=40, seed=11, max_tokens=30, ignore_eos=True)
     other = SamplingParams(temperature=1.0, max_tokens=25, ignore_eos=True)
@@ -137,7 +137,7 @@ def test_draft_model_greedy_identical_under_preemption(loopy_models, tiny_models
 
 def test_draft_model_errors_name_the_field(tiny_models, tmp_path):
     from conftest import build_tiny_model
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     small_vocab = build_tiny_model(str(tmp_path / "v"), "llama", tiny_models["llama"], vocab_size=1000)
     with pytest.raises(ValueError, match="speculative_config.model has a vocabulary of 1000 tokens"):
         LLM(tiny_models["llama"], multiprocess=False, dtype="float32",

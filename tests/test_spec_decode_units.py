@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 
 from common.config import EngineArgs
-from common.protocol import SchedulerStats, SchedulerTotals
+from common.wire_messages import SchedulerStats, SchedulerTotals
 from common.sampling_params import SamplingParams
 from common.speculative import SpeculativeConfig, parse_speculative_config
 from engine_core.sched.kv_cache_manager import KVCacheManager
@@ -262,7 +262,7 @@ def test_prometheus_counters_and_log_line(caplog):
     from prometheus_client import generate_latest
 
     from engine_core.proc.stats_log import ThroughputLog
-    from frontend.api.metrics import Metrics
+    from frontend.endpoints.serving.metrics import Metrics
     stats = SchedulerStats(totals=SchedulerTotals(spec_num_drafts=10, spec_num_draft_tokens=40,
                                                   spec_num_accepted_tokens=30, spec_accepted_per_position=[10, 9, 7, 4]))
     metrics = Metrics()

@@ -213,7 +213,7 @@ print(json.dumps({{"model": model, "text": out.choices[0].text, "tokens": out.us
 
 HOSTILE_PEERS = """
 import json, msgspec, zmq
-from common import curve, protocol as P
+from common import curve, wire_messages as P
 keys = curve.client_keys(keys_dir={keys!r}, env={{}})
 intruder = curve.client_keys(keys_dir={intruder!r}, env={{}})
 peers = {{
@@ -433,8 +433,8 @@ def test_frontend_survives_core_restarts(tiny_models, tmp_path):
 # ---- one frontend, two cores ----------------------------------------------------------------------
 
 def test_router_picks_least_loaded_core():
-    from common.protocol import SchedulerGauges, SchedulerStats
-    from frontend.engine_router import EngineRouter, sum_stats
+    from common.wire_messages import SchedulerGauges, SchedulerStats
+    from frontend.async_engine.engine_router import EngineRouter, sum_stats
 
     clients = [SimpleNamespace(dead_reason=None, address=f"tcp://h{i}:5555") for i in range(3)]
     router = EngineRouter(clients, None)
@@ -465,7 +465,7 @@ def test_router_picks_least_loaded_core():
 def test_one_frontend_two_cores(tiny_models, tmp_path):
     """`--engine A --engine B`: requests spread over both cores; kill one and every request after
     that still succeeds."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
     port = free_port()

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from common.protocol import SchedulerGauges, SchedulerStats, SchedulerTotals, StepCounts
+from common.wire_messages import SchedulerGauges, SchedulerStats, SchedulerTotals, StepCounts
 from engine_core.proc.stats_log import ThroughputLog
 
 pytestmark = pytest.mark.unit

@@ -37,7 +37,7 @@ BLOCK_BYTES = kv_block_bytes(*DEFAULT_MODEL_KV)  # the default model's, in the d
 
 @pytest.fixture(scope="module")
 def llm():
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     # a small KV cache and token budget: requests are preempted and prefilled in chunks
     engine = LLM(multiprocess=False, max_model_len=192, max_num_seqs=8, max_num_batched_tokens=32,
                  kv_cache_memory=14 * BLOCK_BYTES)
@@ -128,7 +128,7 @@ def test_a_bad_constraint_is_a_value_error_naming_the_field(llm):
 
 
 def test_speculative_decoding_keeps_the_grammar_and_the_greedy_tokens(llm):
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     params = [constrained("json", ORDER, temperature=0), constrained("json", ORDER, temperature=0.8, seed=9),
               SamplingParams(temperature=0, max_tokens=30)]
     prompts = ["Repeat: {\"customer\": {\"name\": \"Al\", \"vip\": true}", PROMPTS[1], PROMPTS[2]]

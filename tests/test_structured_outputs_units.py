@@ -19,7 +19,7 @@ from engine_core.sched.scheduler import Scheduler, SchedulerConfig
 from engine_core.structured_outputs.grammar_compiler import GrammarCompiler
 from engine_core.structured_outputs.request_grammar import RequestGrammar
 from engine_core.structured_outputs.token_masks import apply_masks, fill_masks
-from common.protocol import FinishReason
+from common.wire_messages import FinishReason
 
 pytestmark = pytest.mark.unit
 

@@ -125,7 +125,7 @@ _reference: dict[tuple, list] = {}
 
 def generate(model: str, prompts=PROMPTS, **kw) -> list[tuple[list[int], str]]:
     """(token ids, text) of each prompt's greedy completion."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     llm = LLM(model, **ENGINE, **kw)
     try:
@@ -176,7 +176,7 @@ def test_tp2_chunked_prefill_mixed_batches(models):
 def test_tp2_with_ngram_speculation_equals_tp1(models, tmp_path):
     """Proposed tokens travel in the step broadcast like any others; rank 0 verifies. The model has tied
     embeddings and larger weights, so its greedy output loops and the lookup finds proposals."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     model = build_tiny_model(str(tmp_path / "loopy"), "llama", models["default"], num_kv_heads=2, num_heads=4,
                              tie_word_embeddings=True, initializer_range=0.11)
     prompts = PROMPTS + [" ".join(["tensor parallel"] * 30)]
@@ -198,7 +198,7 @@ def test_tp2_keeps_each_ranks_shard_quantized(models, cpu_tier):
     384 inputs): each rank packs its shard, rank 0 holds about half the TP=1 bytes, and the float32 answers
     equal the dequantized TP=2 engine's to the bit."""
     from engine_core.worker.model_runner import weight_bytes
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
     answers, sizes = {}, {}
@@ -274,8 +274,8 @@ def _children(pid: int) -> list[int]:
 def test_killed_worker_stops_the_core(models, capfd, monkeypatch, when):
     """SIGKILL rank 1: in-flight requests end with an error, the frontend sees the engine dead, and
     the core process exits non-zero within seconds, its log naming the rank."""
-    from frontend.core_client import EngineDeadError
-    from frontend.llm import LLM
+    from frontend.core_link.core_client import EngineDeadError
+    from frontend.offline.llm import LLM
 
     # the core must notice the exit itself, not a silence: with this, silence would take 5 minutes
     monkeypatch.setenv(rdv.HEARTBEAT_TIMEOUT_ENV, "300")
@@ -355,7 +355,7 @@ def test_tp2_constrained_decoding_equals_tp1(models):
     import re
 
     from common.structured_outputs import StructuredOutputsParams
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     params = [SamplingParams(temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(
                   regex="[a-f]{3}-[0-9]{2,4}")),
               SamplingParams(temperature=0, max_tokens=12),
@@ -375,7 +375,7 @@ def test_tp2_constrained_decoding_equals_tp1(models):
 
 def test_tp2_prompt_logprobs_equal_tp1(models):
     """The scored rows go through the vocabulary-parallel head on both ranks, a slice at a time, in chunks."""
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     prompt = " ".join(["prompt logprobs under tensor parallelism"] * 12)
     params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2)
@@ -398,7 +398,7 @@ def test_tp2_prompt_logprobs_equal_tp1(models):
 def test_tp2_beam_search_equals_tp1(models):
     """Forked beams' copies of their parents' partial blocks run on every rank (each on its own KV heads)."""
     from common.beam_search_params import BeamSearchParams
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     params = BeamSearchParams(beam_width=4, max_tokens=20, length_penalty=0.5)
     beams = {}
@@ -421,7 +421,7 @@ def test_tp2_lora_equals_tp1(models, name, tmp_path):
     import transformers
 
     from common.lora import LoRARequest
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
     from lora_adapters import make_adapter
 
     base = transformers.AutoModelForCausalLM.from_pretrained(models[name], dtype=torch.float32).eval()

@@ -1,4 +1,4 @@
-"""Tool-call and reasoning parsing (frontend/tool_calls, frontend/reasoning.py): one-shot results, the
+"""Tool-call and reasoning parsing (frontend/output_parsers/tool_calls, frontend/output_parsers/reasoning.py): one-shot results, the
 streaming invariant (any split into deltas joins to the one-shot result), template detection, the
 generic format's prompt and history, and the llguidance grammars that force calls."""
 
@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from frontend.reasoning import (DeepSeekR1ReasoningParser, Qwen3ReasoningParser, prompt_opens_reasoning,
-                                reasoning_parser, reasoning_parser_for_template)
-from frontend.tool_calls import (ContentDelta, GenericToolParser, HermesToolParser, Llama3JsonToolParser,
-                                 ToolCallDelta, messages_for_template, render_tools_system_prompt,
-                                 template_takes_tools, tool_call_grammar, tool_parser, tool_parser_for_template,
-                                 with_tools_in_system_turn)
+from frontend.output_parsers.reasoning import (DeepSeekR1ReasoningParser, Qwen3ReasoningParser, prompt_opens_reasoning,
+                                               reasoning_parser, reasoning_parser_for_template)
+from frontend.output_parsers.tool_calls import (ContentDelta, GenericToolParser, HermesToolParser, Llama3JsonToolParser,
+                                                ToolCallDelta, messages_for_template, render_tools_system_prompt,
+                                                template_takes_tools, tool_call_grammar, tool_parser,
+                                                tool_parser_for_template, with_tools_in_system_turn)
 
 pytestmark = pytest.mark.unit
 

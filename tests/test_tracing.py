@@ -15,12 +15,12 @@ from conftest import kv_block_bytes
 from engine_core.families.catalog import read_spec
 from engine_core.weights.model_folder import read_hf_config
 from common.errors import InvalidParameter
-from common.protocol import EngineCoreRequest
+from common.wire_messages import EngineCoreRequest
 from common.sampling_params import SamplingParams
 from common.tracing import traces_protocol
 from common.validation import check_trace_headers
-from frontend.llm import LLM
-from frontend.request_tracing import CALLER_TRACE_HEADERS
+from frontend.offline.llm import LLM
+from frontend.request_path.request_tracing import CALLER_TRACE_HEADERS
 
 pytestmark = pytest.mark.integration
 
@@ -147,7 +147,7 @@ def test_protocol_variable(monkeypatch):
 def test_tracing_off_imports_no_opentelemetry_sdk():
     """Importing the services and the HTTP app with tracing off loads neither the SDK nor an exporter (FastAPI
     itself imports the OpenTelemetry API)."""
-    code = ("import sys, frontend.api.app, frontend.llm, frontend.async_llm, engine_core.proc.core; "
+    code = ("import sys, frontend.http.app, frontend.offline.llm, frontend.async_engine.async_llm, engine_core.proc.core; "
             "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,5 +1,5 @@
 """The engine core's own commands (`nvllm engine-core`, `nvllm worker`), registered into the `nvllm`
-parser by the frontend's seam (frontend/engine_seam.py). Importing these modules loads no torch: the
+parser by the frontend's seam (frontend/core_link/engine_seam.py). Importing these modules loads no torch: the
 model code is imported when a command runs."""
 
 from engine_core.cli.core_cmd import register_engine_core

@@ -8,7 +8,7 @@ import time
 import zmq
 
 from common import curve
-from common import protocol as P
+from common import wire_messages as P
 from common.cli.curve_args import core_keys
 from common.handshake import CoreRejected, hello_frames, read_answer
 from common.transport import limit_socket

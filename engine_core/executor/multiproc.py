@@ -32,7 +32,7 @@ import msgspec
 import torch
 import zmq
 
-from common.protocol import MALFORMED
+from common.wire_messages import MALFORMED
 from engine_core.executor import channel
 from engine_core.executor import rendezvous as rdv
 from engine_core.distributed.block_agreement import agree_on_num_blocks

@@ -13,8 +13,8 @@ from common.config import EngineArgs
 from common.errors import InvalidParameter
 from common.lora import LoRARequest
 from common.validation import check_lora_request
-from common.protocol import (PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready,
-                             StepCounts)
+from common.wire_messages import (PROTOCOL_VERSION, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, Ready,
+                                  StepCounts)
 from engine_core.platform.cpu_threads import ThreadPoolSizer
 from engine_core.engine_config import resolve_engine_config
 from engine_core.executor.fatal_errors import is_fatal

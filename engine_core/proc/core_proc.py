@@ -38,12 +38,12 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from common import protocol as P
+from common import wire_messages as P
 from common.config import EngineArgs
 from common.heap import freeze_startup_heap
 from common.curve import Authenticator, ServerKeys, apply_server
 from common.lora import LoRARequest
-from common.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from common.wire_messages import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from common.request_ids import scoped_id, unscoped_id
 from common.transport import (CORE_RCVHWM, CORE_SNDHWM, HEARTBEAT_SECONDS, MAX_REQUEST_FRAME_BYTES,
                               frontend_silent_seconds, is_loopback, limit_socket)

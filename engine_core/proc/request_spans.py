@@ -9,7 +9,7 @@ hands this class the step's scheduler output and outputs, and only while some tr
 
 import time
 
-from common.protocol import EngineCoreOutput, EngineCoreRequest
+from common.wire_messages import EngineCoreOutput, EngineCoreRequest
 from common.tracing import Tracing
 
 SERVICE_NAME = "nvllm-engine-core"

@@ -7,7 +7,7 @@ nothing, and the first window after an idle spell starts where its first step en
 import logging
 import time
 
-from common.protocol import SchedulerStats
+from common.wire_messages import SchedulerStats
 
 logger = logging.getLogger("nvllm")
 

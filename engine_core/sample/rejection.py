@@ -19,7 +19,7 @@ elsewhere in the batch.
 
 import torch
 
-from common.protocol import Logprobs
+from common.wire_messages import Logprobs
 from engine_core.sched.request import Request
 from engine_core.sample.row_argmax import row_argmax
 from engine_core.sample.sampler import Sampler, inverse_cdf, with_logprobs

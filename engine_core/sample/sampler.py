@@ -13,7 +13,7 @@ from collections import Counter
 
 import torch
 
-from common.protocol import Logprobs
+from common.wire_messages import Logprobs
 from engine_core.sample.row_argmax import row_argmax
 from engine_core.sched.request import Request
 from engine_core.structured_outputs.token_masks import apply_masks, fill_masks

@@ -17,7 +17,7 @@ So a beam's last partial block is always its own, and only full blocks are ever 
 import itertools
 
 from common.beam_search_params import BeamSearchParams
-from common.protocol import BeamHypothesis
+from common.wire_messages import BeamHypothesis
 from common.sampling_params import SamplingParams
 from engine_core.sched.beam_search import BeamSearch, Candidate
 from engine_core.sched.kv_cache_manager import KVCacheManager

@@ -17,7 +17,7 @@ No blocks, no model: the scheduler (beam_group.py) hands each step's top logprob
 import struct
 from dataclasses import dataclass
 
-from common.protocol import FinishReason
+from common.wire_messages import FinishReason
 
 _F32 = struct.Struct("f")
 

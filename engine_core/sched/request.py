@@ -4,7 +4,7 @@ from enum import IntEnum
 
 from common.lora import LoRARequest
 from common.pooling_params import PoolingParams
-from common.protocol import EngineCoreRequest, FinishReason
+from common.wire_messages import EngineCoreRequest, FinishReason
 from common.sampling_params import SamplingParams
 
 

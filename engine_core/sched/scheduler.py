@@ -34,8 +34,8 @@ import concurrent.futures
 from collections import deque
 from dataclasses import dataclass, field
 
-from common.protocol import (ConstraintFailed, EngineCoreOutput, EngineFailed, FinishReason, Logprobs,
-                             SchedulerGauges, SchedulerStats, SchedulerTotals, StepCounts)
+from common.wire_messages import (ConstraintFailed, EngineCoreOutput, EngineFailed, FinishReason, Logprobs,
+                                  SchedulerGauges, SchedulerStats, SchedulerTotals, StepCounts)
 from engine_core.sched.kv_cache_manager import KVCacheManager
 from engine_core.sched.request import Request, RequestStatus
 from engine_core.sched.speculator import Speculator

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from common.protocol import Logprobs
+from common.wire_messages import Logprobs
 from common.sampling_params import SamplingParams
 from engine_core.platform import batch_invariance
 from engine_core.attention import cpu_decode_kernel

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import msgspec
 
 from common.lora import LoRARequest
-from common.protocol import Logprobs
+from common.wire_messages import Logprobs
 
 from engine_core.sched.request import Request
 

@@ -63,7 +63,7 @@ async def _measure(engines_args: list, args) -> tuple[list[list[tuple[float, flo
     """Per engine, (ttft, s per token) of each timed request; the prompt's length; each core's stats after.
     With two engines both stay up and take the requests in turn, so a slow spell of a shared machine
     weighs on both alike."""
-    from frontend.async_llm import AsyncLLM
+    from frontend.async_engine.async_llm import AsyncLLM
 
     engines = []
     try:

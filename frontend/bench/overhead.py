@@ -15,11 +15,11 @@ from frontend.bench.result_file import write_result
 
 async def measure(args) -> dict:
     from common.heap import freeze_startup_heap
-    from frontend.async_llm import AsyncLLM
+    from frontend.async_engine.async_llm import AsyncLLM
     from common.cli.engine_args import engine_args_from
 
     engine = await AsyncLLM.create(engine_args_from(args))
-    freeze_startup_heap()  # as a server does once its engine is up (frontend/api/server.py)
+    freeze_startup_heap()  # as a server does once its engine is up (frontend/http/server.py)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
     counter = iter(range(args.num_requests))
 

@@ -51,7 +51,7 @@ def perplexity(nll: list[float]) -> tuple[float, float]:
 
 def run_nvllm(args, text: str) -> dict:
     from common.cli.engine_args import engine_args_from
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     engine = engine_args_from(args)
     engine.cpu_threads = args.threads

@@ -18,7 +18,7 @@ import time
 from common.lora import LoRARequest
 from common.sampling_params import SamplingParams
 from common.structured_outputs import StructuredOutputsParams
-from frontend import engine_seam
+from frontend.core_link import engine_seam
 from frontend.bench.structured import BENCH_SCHEMA, compile_times, constrained_indices
 from frontend.bench.result_file import write_result
 
@@ -33,7 +33,7 @@ def make_workload(args):
 
 def run_nvllm(args, prompts, out_lens, mode: str, label: str | None = None) -> dict:
     from common.cli.engine_args import engine_args_from
-    from frontend.llm import LLM
+    from frontend.offline.llm import LLM
 
     engine = engine_args_from(args)
     kwargs = {k: getattr(engine, k) for k in engine.__struct_fields__ if k not in ("model", "usage")}

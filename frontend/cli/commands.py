@@ -5,7 +5,7 @@ import argparse
 from common.cli.arg_types import add_log_level
 from common.cli.engine_args import add_engine_args
 from common.random_models import RANDOM_MODELS
-from frontend import engine_seam
+from frontend.core_link import engine_seam
 from frontend.bench import cpu_suite, latency, llama_cpp, models_cmd, perplexity, report
 from frontend.cli.keys_cmd import register_keys
 from frontend.cli.serve_cmd import register_bench_serve, register_frontend, register_serve

@@ -33,7 +33,7 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                    help="key clients must send as 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
                         "/detokenize (default: $NVLLM_API_KEY; neither set: no key needed)")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
-    from frontend.api.limits import HTTPLimits  # here, not at the top: only the HTTP commands need it
+    from frontend.endpoints.serving.limits import HTTPLimits  # here, not at the top: only the HTTP commands need it
     d = HTTPLimits()
     g.add_argument("--max-request-body-bytes", type=non_negative_int, default=d.max_request_body_bytes,
                    help="largest request body; a bigger one is a 413, refused from Content-Length before it is "
@@ -63,7 +63,7 @@ def _add_http_args(p: argparse.ArgumentParser) -> None:
                     default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
                     help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (default: "
                          "$VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
-    from frontend.api.cors import add_cors_args
+    from frontend.http.cors import add_cors_args
     add_cors_args(p)
     c = p.add_argument_group("chat outputs (docs: serving/structured-outputs)")
     c.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "generic"],
@@ -89,7 +89,7 @@ def _api_key(ns: argparse.Namespace) -> str | None:
 
 
 def _http_limits(ns: argparse.Namespace):
-    from frontend.api.limits import HTTPLimits
+    from frontend.endpoints.serving.limits import HTTPLimits
     return HTTPLimits(max_request_body_bytes=ns.max_request_body_bytes, max_prompt_chars=ns.max_prompt_chars,
                       max_queued_requests=ns.max_queued_requests, max_connections=ns.max_connections,
                       request_header_timeout=ns.request_header_timeout,
@@ -97,10 +97,10 @@ def _http_limits(ns: argparse.Namespace):
 
 
 def _serve_http(ns: argparse.Namespace, engine_factory, served_model_name: str | None) -> int:
-    from frontend.api.chat_options import ChatOptions
-    from frontend.api.cors import cors_options_from
-    from frontend.api.lora_adapters import LoRAAdapters
-    from frontend.api.server import run_server
+    from frontend.endpoints.serving.chat_options import ChatOptions
+    from frontend.http.cors import cors_options_from
+    from frontend.endpoints.serving.lora_adapters import LoRAAdapters
+    from frontend.http.server import run_server
     loras = LoRAAdapters(ns.lora_modules, ns.allow_runtime_lora_updating)  # ValueError: a malformed --lora-modules
     return run_server(engine_factory, host=ns.host, port=ns.port, api_key=_api_key(ns),
                       served_model_name=served_model_name, log_level=ns.log_level,
@@ -110,7 +110,7 @@ def _serve_http(ns: argparse.Namespace, engine_factory, served_model_name: str |
 
 
 def run_serve(ns: argparse.Namespace) -> int:
-    from frontend.async_llm import AsyncLLM
+    from frontend.async_engine.async_llm import AsyncLLM
 
     args = engine_args_from(ns)
     args.validate()
@@ -119,7 +119,7 @@ def run_serve(ns: argparse.Namespace) -> int:
 
 
 def run_frontend(ns: argparse.Namespace) -> int:
-    from frontend.async_llm import AsyncLLM
+    from frontend.async_engine.async_llm import AsyncLLM
     from frontend.cli.keys_cmd import frontend_socket_setup
 
     engines = getattr(ns, "engine", None) or [DEFAULT_CORE_ADDRESS]

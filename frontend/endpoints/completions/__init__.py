@@ -1,0 +1,1 @@
+"""POST /v1/completions: prompts as text or token ids, streamed or whole."""
