@@ -7,8 +7,9 @@ from common.errors import InvalidParameter
 from common.structured_outputs import StructuredOutputsParams
 from frontend.endpoints.serving.chat_options import ChatOptions
 from frontend.endpoints.chat.output import ChatOutputReader, finish_reason, read_whole
-from frontend.endpoints.chat.plan import plan_chat, with_constraint_after_reasoning
-from frontend.endpoints.openai_schemas.shared_fields import ChatCompletionRequest
+from frontend.endpoints.chat.constraint import with_constraint_after_reasoning
+from frontend.endpoints.chat.plan import plan_chat
+from frontend.endpoints.chat.schemas import ChatCompletionRequest
 
 pytestmark = pytest.mark.unit
 

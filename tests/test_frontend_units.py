@@ -275,7 +275,7 @@ def test_a_bug_mid_stream_is_an_error_event_logged_with_traceback_and_request_id
     import json
     import logging
 
-    from frontend.endpoints.serving.prompts import sse_events
+    from frontend.endpoints.serving.engine_run import sse_events
 
     async def events():
         yield "data: {}\n\n"

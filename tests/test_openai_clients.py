@@ -19,7 +19,8 @@ from openai.types.chat import (ChatCompletionAssistantMessageParam, ChatCompleti
                                ChatCompletionSystemMessageParam, ChatCompletionToolMessageParam,
                                ChatCompletionUserMessageParam)
 
-from frontend.endpoints.openai_schemas.shared_fields import ChatCompletionRequest, CompletionRequest
+from frontend.endpoints.chat.schemas import ChatCompletionRequest
+from frontend.endpoints.completions.schemas import CompletionRequest
 from http_helpers import openai_client, serving
 from schema_strategies import from_model
 

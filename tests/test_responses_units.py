@@ -113,7 +113,7 @@ def test_an_error_after_the_stream_began_is_an_error_event_naming_the_responses_
     import asyncio
     import json
 
-    from frontend.endpoints.chat.handler import ChatRun
+    from frontend.endpoints.chat.start import ChatRun
     from frontend.endpoints.responses.handler import _events
     from frontend.request_path.outputs import CompletionOutput, RequestOutput
 

@@ -30,12 +30,12 @@ from frontend.http.cors import CORSOptions
 from frontend.endpoints.serving.limits import HTTPLimits, LimitsMiddleware, key_error
 from frontend.endpoints.serving.lora_adapters import LoRAAdapters
 from frontend.endpoints.serving.metrics import CONTENT_TYPE
-from frontend.endpoints.openai_schemas.shared_fields import (ChatCompletionRequest, ChatCompletionResponse,
-                                                             CompletionRequest, CompletionResponse, DetokenizeRequest,
-                                                             DetokenizeResponse, ErrorResponse, HealthResponse,
-                                                             LoadLoRAAdapterRequest, ModelCard, ModelList,
-                                                             TokenizeRequest, TokenizeResponse,
-                                                             UnloadLoRAAdapterRequest, VersionResponse)
+from frontend.endpoints.chat.schemas import ChatCompletionRequest, ChatCompletionResponse
+from frontend.endpoints.completions.schemas import CompletionRequest, CompletionResponse
+from frontend.endpoints.openai_schemas.answer_fields import ErrorResponse
+from frontend.endpoints.tokenize.schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from frontend.http.schemas import (HealthResponse, LoadLoRAAdapterRequest, ModelCard, ModelList,
+                                   UnloadLoRAAdapterRequest, VersionResponse)
 from frontend.endpoints.responses.objects import ResponseObject
 from frontend.endpoints.responses.schemas import ResponsesRequest
 from frontend.endpoints.serving.state import ServerState

@@ -12,14 +12,12 @@ arguments match the functions' schemas. A reasoning model's constraint starts af
 import json
 from dataclasses import dataclass, field
 
-import msgspec
-
 from common.errors import InvalidParameter
 from common.structured_outputs import StructuredOutputsParams
 from frontend.request_path import chat_template
 from frontend.endpoints.serving.chat_options import ChatOptions
 from frontend.endpoints.openai_schemas.openai_fields import NO_THINKING_EFFORTS
-from frontend.output_parsers.reasoning import THINK_CLOSE, reasoning_parser_for_template
+from frontend.output_parsers.reasoning import reasoning_parser_for_template
 from frontend.output_parsers.tool_calls import (messages_for_template, template_takes_tools, tool_call_grammar,
                                                 tool_parser_for_template, with_tools_in_system_turn)
 
@@ -78,19 +76,6 @@ def plan_chat(body, tokenizer, options: ChatOptions) -> ChatPlan:
             raise InvalidParameter(choice_field, f"{choice_field}: {e}") from None
         plan.tool_constraint = StructuredOutputsParams(grammar=grammar)
     return plan
-
-
-def with_constraint_after_reasoning(constraint: StructuredOutputsParams | None, plan: ChatPlan, prompt: str,
-                                    tokenizer) -> StructuredOutputsParams | None:
-    """The constraint, made to start after the model's reasoning when it will reason first: a reasoning
-    format is on and the prompt has not closed the reasoning already (Qwen3 with thinking off). A
-    constraint that spells out the reasoning's end itself covers the reasoning too."""
-    if constraint is None or plan.reasoning_parser is None or prompt.rstrip().endswith(THINK_CLOSE):
-        return constraint
-    if THINK_CLOSE in (constraint.grammar or "") or THINK_CLOSE in (constraint.regex or ""):
-        return constraint
-    return msgspec.structs.replace(constraint,
-                                   starts_after_token_ids=tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
 
 
 def _apply_reasoning_effort(plan: ChatPlan, effort: str | None) -> None:

@@ -10,11 +10,16 @@ n choices of a prompt are its n best beams, best score first (one engine request
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from frontend.endpoints.serving import prompts as G
+from frontend.endpoints.serving.engine_run import (check_finished, collect, engine_error, generate, raise_request_error,
+                                                   sse_events)
+from frontend.endpoints.serving.prompts import check_sequences, process_prompts
+from frontend.endpoints.serving.request_params import new_request_id, sampling_params
+from frontend.endpoints.serving.request_totals import usage, vllm_prompt_logprobs
+from frontend.endpoints.serving.token_logprobs import decoded, top_entries
 from common.errors import InvalidParameter
 from frontend.endpoints.serving.errors import APIError, bad_request
-from frontend.endpoints.openai_schemas.shared_fields import (CompletionChoice, CompletionLogprobs, CompletionRequest,
-                                                             CompletionResponse, CompletionStreamResponse)
+from frontend.endpoints.completions.schemas import (CompletionChoice, CompletionLogprobs, CompletionRequest,
+                                                    CompletionResponse, CompletionStreamResponse)
 from frontend.endpoints.serving.state import ServerState
 from frontend.endpoints.serving.streams import ClientDisconnected, cancel_on_disconnect, sse
 from frontend.async_engine.async_llm import AsyncLLM
@@ -49,11 +54,11 @@ class LogprobsBuilder:
         out = CompletionLogprobs()
         for tid, entry in zip(token_ids, logprobs):
             if entry is None:
-                self._token(out, G.decoded(self.engine, tid, None), None, None)
+                self._token(out, decoded(self.engine, tid, None), None, None)
                 continue
             sampled = entry.get(tid)
-            top = {G.decoded(self.engine, t, lp): lp.logprob for t, lp in G.top_entries(entry, tid, self.num_top)}
-            token = G.decoded(self.engine, tid, sampled)
+            top = {decoded(self.engine, t, lp): lp.logprob for t, lp in top_entries(entry, tid, self.num_top)}
+            token = decoded(self.engine, tid, sampled)
             if sampled is not None:
                 top.setdefault(token, sampled.logprob)
             self._token(out, token, sampled.logprob if sampled is not None else None, top)
@@ -74,34 +79,34 @@ def _echo_text(engine: AsyncLLM, prompt: ProcessedRequest) -> str:
 async def create_completion(state: ServerState, body: CompletionRequest, raw: Request):
     engine = state.generating_engine()
     lora = state.check_model(body.model)
-    params, constraint_field = G.sampling_params(body)
+    params, constraint_field = sampling_params(body)
     try:
         beam_search = body.beam_search_params()
     except InvalidParameter as e:
         raise bad_request(e) from None
-    request_id = G.new_request_id("cmpl")
+    request_id = new_request_id("cmpl")
     raw_prompts = _prompts(body.prompt)
-    G.check_sequences(raw_prompts, params)
+    check_sequences(raw_prompts, params)
     ticket = state.admission.admit(len(raw_prompts) * params.n)  # 503 when overloaded, before any work
     try:
-        prompts = await G.process_prompts(state, engine, request_id, raw_prompts, params,
+        prompts = await process_prompts(state, engine, request_id, raw_prompts, params,
                                           cache_salt=body.cache_salt, constraint_field=constraint_field,
                                           beam_search=beam_search, lora_request=lora)
     except BaseException:
         ticket.release()
         raise
-    stream = G.generate(state, engine, prompts, ticket, constraint_field)
+    stream = generate(state, engine, prompts, ticket, constraint_field)
     if body.stream:
-        return StreamingResponse(G.sse_events(_stream(state, engine, body, request_id, prompts, stream,
+        return StreamingResponse(sse_events(_stream(state, engine, body, request_id, prompts, stream,
                                                       state.response_model(lora)), request_id),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
-        choices = await cancel_on_disconnect(raw, G.collect(stream, len(prompts), params.n))
+        choices = await cancel_on_disconnect(raw, collect(stream, len(prompts), params.n))
     except ClientDisconnected:
         return Response(status_code=499)  # nobody is listening; the engine requests are aborted
     except Exception as e:
-        raise G.engine_error(e) from e
-    G.check_finished(state, choices)
+        raise engine_error(e) from e
+    check_finished(state, choices)
     if body.scores_only:  # the one token the engine computed is not part of the answer
         for choice in choices:
             choice.text, choice.token_ids, choice.logprobs = "", [], []
@@ -118,12 +123,12 @@ async def create_completion(state: ServerState, body: CompletionRequest, raw: Re
                 getattr(logprobs, name).extend(getattr(gen, name))
         if body.echo:
             text = _echo_text(engine, prompt) + text
-        scored = G.vllm_prompt_logprobs(body.prompt_logprobs, choice.prompt_logprobs)
+        scored = vllm_prompt_logprobs(body.prompt_logprobs, choice.prompt_logprobs)
         result.append(CompletionChoice(index=choice.index, text=text, logprobs=logprobs, prompt_logprobs=scored,
                                        finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
     completion_tokens = sum(len(c.token_ids) for c in choices)
     return CompletionResponse(id=request_id, model=state.response_model(lora), choices=result,
-                              usage=G.usage(prompts, completion_tokens))
+                              usage=usage(prompts, completion_tokens))
 
 
 async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest, request_id: str, prompts, stream,
@@ -146,14 +151,14 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
                 builders[index] = LogprobsBuilder(engine, body.logprobs)
                 logprobs = builders[index].prompt(prompts[i].prompt_token_ids, scored)
             choices.append(CompletionChoice(index=index, text=_echo_text(engine, prompts[i]), logprobs=logprobs,
-                                            prompt_logprobs=G.vllm_prompt_logprobs(body.prompt_logprobs, scored)))
+                                            prompt_logprobs=vllm_prompt_logprobs(body.prompt_logprobs, scored)))
         return choices
 
     def generated(i: int, out) -> list[CompletionChoice]:
         nonlocal completion_tokens
         choices = []
         for c in out.outputs:
-            G.raise_request_error(c)
+            raise_request_error(c)
             index = i * n + c.index
             if body.scores_only:
                 c.text, c.token_ids, c.logprobs = "", [], []
@@ -164,7 +169,7 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
                 logprobs = builder.generated(c.token_ids, c.logprobs or [])
             scored = None  # without echo, vLLM's prompt_logprobs come with a choice's first chunk that has them
             if not body.echo and index not in scores_sent and out.prompt_logprobs is not None:
-                scored = G.vllm_prompt_logprobs(body.prompt_logprobs, out.prompt_logprobs)
+                scored = vllm_prompt_logprobs(body.prompt_logprobs, out.prompt_logprobs)
                 scores_sent.add(index)
             choices.append(CompletionChoice(index=index, text=c.text, logprobs=logprobs, prompt_logprobs=scored,
                                             finish_reason=c.finish_reason, stop_reason=c.stop_reason))
@@ -188,5 +193,5 @@ async def _stream(state: ServerState, engine: AsyncLLM, body: CompletionRequest,
         if choices:
             yield chunk(choices)
     if body.include_usage:
-        yield chunk([], G.usage(prompts, completion_tokens))
+        yield chunk([], usage(prompts, completion_tokens))
 

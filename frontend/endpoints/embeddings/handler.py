@@ -14,7 +14,8 @@ from common.errors import InvalidParameter
 from common.pooling_params import PoolingParams
 from common.request_ids import part_id
 from common.validation import NOT_POOLING
-from frontend.endpoints.serving import prompts as G
+from frontend.endpoints.serving.engine_run import engine_error
+from frontend.endpoints.serving.request_params import new_request_id
 from frontend.endpoints.serving import offload
 from frontend.endpoints.embeddings.schemas import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from frontend.endpoints.serving.errors import APIError, engine_unavailable
@@ -83,14 +84,14 @@ async def create_embedding(state: ServerState, body: EmbeddingRequest, raw: Requ
     start = time.perf_counter()
     ticket = state.admission.admit(len(inputs))  # 503 when overloaded, before any work
     try:
-        request_id = G.new_request_id("embd")
+        request_id = new_request_id("embd")
         requests = await _process(state, engine, request_id, inputs, PoolingParams(dimensions=body.dimensions), lora)
         try:
             outputs = await cancel_on_disconnect(raw, _run(engine, requests))
         except ClientDisconnected:
             return Response(status_code=499)  # nobody is listening; the engine requests are aborted
         except Exception as e:
-            raise G.engine_error(e) from e
+            raise engine_error(e) from e
     finally:
         ticket.release()
     for out in outputs:

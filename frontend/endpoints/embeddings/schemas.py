@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, PlainValidator
 
-from frontend.endpoints.openai_schemas.shared_fields import MAX_PROMPTS, MAX_TOKEN_IDS, TokenIdList, _prompt
+from frontend.endpoints.openai_schemas.prompt_fields import MAX_PROMPTS, MAX_TOKEN_IDS, TokenIdList, _prompt
 from frontend.endpoints.openai_schemas.body_types import StrictModel, Text
 
 EmbeddingInput = Annotated[str | list[int] | list[str] | list[list[int]],

@@ -9,7 +9,7 @@ models have no control for), `prompt_cache_key` / `prompt_cache_retention` / `pr
 prefix cache needs no key and keeps blocks until it needs the room), `safety_identifier`; on completions
 `best_of` equal to n. Refused with a 400 naming the field, because the answer would differ and cannot be
 given: audio output (`modalities` with "audio", `audio`), `web_search_options`, `moderation`, `suffix`,
-`best_of` above n. Fields OpenAI does not document stay refused (wire_types.StrictModel).
+`best_of` above n. Fields OpenAI does not document stay refused (body_types.StrictModel).
 """
 
 from typing import Annotated, Any, Literal

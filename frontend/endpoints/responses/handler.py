@@ -11,7 +11,7 @@ import time
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from frontend.endpoints.serving import prompts as G
+from frontend.endpoints.serving.engine_run import check_finished, collect, engine_error
 from frontend.endpoints.chat.output import ChatOutputReader, read_whole
 from frontend.endpoints.serving.errors import APIError
 from frontend.endpoints.responses.output import (ResponseEvents, finish_status, reasoning_token_count, usage,
@@ -19,7 +19,7 @@ from frontend.endpoints.responses.output import (ResponseEvents, finish_status, 
 from frontend.endpoints.responses.objects import ResponseObject
 from frontend.endpoints.responses.schemas import STATELESS, ResponsesRequest, TextConfig
 from frontend.endpoints.responses.request import chat_request, responses_error
-from frontend.endpoints.chat.handler import ChatRun, start_chat
+from frontend.endpoints.chat.start import ChatRun, start_chat
 from frontend.endpoints.serving.state import ServerState
 from frontend.endpoints.serving.streams import ClientDisconnected, cancel_on_disconnect
 
@@ -53,13 +53,13 @@ async def create_response(state: ServerState, body: ResponsesRequest, raw: Reque
                                  headers={"Cache-Control": "no-cache"})
     cached = []  # the prefix-cache hits the engine reports (its outputs carry them; the joined choice does not)
     try:
-        choice = (await cancel_on_disconnect(raw, G.collect(_noting_cache(run.stream, cached), 1, 1)))[0]
+        choice = (await cancel_on_disconnect(raw, collect(_noting_cache(run.stream, cached), 1, 1)))[0]
     except ClientDisconnected:
         return Response(status_code=499)  # nobody is listening; the engine request is aborted
     except Exception as e:
-        raise responses_error(G.engine_error(e)) from e
+        raise responses_error(engine_error(e)) from e
     try:
-        G.check_finished(state, [choice])
+        check_finished(state, [choice])
     except APIError as e:
         raise responses_error(e) from None
     read = read_whole(choice.text, *run.formats)
@@ -88,7 +88,7 @@ async def _events(state: ServerState, run: ChatRun, response: ResponseObject):
         async for _, out in run.stream:
             cached = max(cached, out.num_cached_tokens)
             for c in out.outputs:
-                G.check_finished(state, [c])  # a 400 about a field, or the engine's failure: an error event
+                check_finished(state, [c])  # a 400 about a field, or the engine's failure: an error event
                 token_ids += c.token_ids
                 finish = c.finish_reason or finish
                 read = reader.read(c.text, last=c.finish_reason is not None)
@@ -100,7 +100,7 @@ async def _events(state: ServerState, run: ChatRun, response: ResponseObject):
         for event in writer.finish(finish, used, int(time.time())):
             yield _sse(event)
     except Exception as e:  # the client has its 200 already: an error event ends the stream
-        error = responses_error(e if isinstance(e, APIError) else G.engine_error(e))
+        error = responses_error(e if isinstance(e, APIError) else engine_error(e))
         if error.status == 500:
             logger.exception("internal error streaming response %s", run.request_id)
         for event in writer.error(error.code or error.type, error.message, error.param):

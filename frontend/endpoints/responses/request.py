@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from frontend.endpoints.serving.errors import APIError, _validation_error
-from frontend.endpoints.openai_schemas.shared_fields import ChatCompletionRequest
+from frontend.endpoints.chat.schemas import ChatCompletionRequest
 from frontend.endpoints.responses.schemas import (VLLM_EXTENSIONS, FunctionCallItem, FunctionCallOutputItem,
                                                   MessageItem, ResponsesRequest, TextFormatJsonObject,
                                                   TextFormatJsonSchema)

@@ -5,7 +5,7 @@ function_call_output items, reasoning items), `instructions`, `max_output_tokens
 function `tools` with `tool_choice`, `text.format` (text, json_object, json_schema), `reasoning.effort`, `stream`.
 nvllm keeps no responses: `store: true`, `previous_response_id`, `conversation`, `background: true` and
 `item_reference` items are refused with a 400 that says so. A few of vLLM's sampling extensions are taken as
-the chat API takes them (same names, same limits). The response's body is in responses_objects.py.
+the chat API takes them (same names, same limits). The response's body is in objects.py.
 """
 
 from typing import Annotated, Any, Literal
@@ -16,7 +16,8 @@ from pydantic_core import PydanticCustomError
 from common.sampling_params import MAX_SCALE
 from frontend.endpoints.openai_schemas.messages import MAX_CONTENT_PARTS, part_refuser
 from frontend.endpoints.openai_schemas.openai_fields import REASONING_EFFORTS
-from frontend.endpoints.openai_schemas.shared_fields import MAX_MESSAGES, ChatCompletionRequest
+from frontend.endpoints.chat.schemas import ChatCompletionRequest
+from frontend.endpoints.openai_schemas.prompt_fields import MAX_MESSAGES
 from frontend.endpoints.openai_schemas.tool_schemas import MAX_TOOLS, FunctionDefinition
 from frontend.endpoints.openai_schemas.body_types import StrictModel, Text, at_most
 

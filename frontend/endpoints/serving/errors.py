@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.errors import InvalidParameter
-from frontend.endpoints.openai_schemas.shared_fields import ErrorInfo, ErrorResponse
+from frontend.endpoints.openai_schemas.answer_fields import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger("nvllm")
 

@@ -1,14 +1,14 @@
 """POST /tokenize and POST /detokenize with the served model's tokenizer (and chat template),
-capped like prompts (--max-prompt-chars; token lists in protocol.py), big ones off the event loop."""
+capped like prompts (--max-prompt-chars; token lists in schemas.py), big ones off the event loop."""
 
 from common.errors import InvalidParameter
 from common.validation import check_token_ids
 from frontend.endpoints.serving import offload
 from frontend.endpoints.chat.plan import plan_chat
 from frontend.endpoints.serving.errors import bad_request
-from frontend.endpoints.openai_schemas.shared_fields import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
-                                                             TokenizeCompletionRequest, TokenizeResponse)
-from frontend.endpoints.chat.handler import render_chat
+from frontend.endpoints.tokenize.schemas import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
+                                                 TokenizeCompletionRequest, TokenizeResponse)
+from frontend.endpoints.chat.render import render_chat
 from frontend.endpoints.serving.state import ServerState
 
 
