@@ -23,16 +23,16 @@ from common.beam_search_params import BeamSearchParams
 from common.config import EngineArgs
 from common.lora import LoRARequest
 from common.pooling_params import PoolingParams
-from common.wire_messages import SchedulerStats, UtilityMethod
 from common.sampling_params import SamplingParams
+from common.wire_messages import SchedulerStats, UtilityMethod
+from frontend.async_engine.engine_router import CoreLink, EngineRouter, sum_stats
 from frontend.core_link.core_client import EngineDeadError
 from frontend.core_link.core_client_mp import STARTUP_TIMEOUT_SECONDS, AsyncMPClient, lora_args
-from frontend.async_engine.engine_router import CoreLink, EngineRouter, sum_stats
 from frontend.request_path.output_processor import OutputProcessor
 from frontend.request_path.outputs import RequestOutput
 from frontend.request_path.processor import ProcessedRequest
-from frontend.request_path.request_tracker import RequestTracker, TrackedRequest
 from frontend.request_path.request_tracing import request_tracing_for
+from frontend.request_path.request_tracker import RequestTracker, TrackedRequest
 from frontend.request_path.served_model import ServedModel
 
 logger = logging.getLogger("nvllm")

@@ -45,9 +45,9 @@ from zmq.utils.monitor import recv_monitor_message
 from common import wire_messages as P
 from common.config import EngineArgs
 from common.lora import LoRARequest
-from common.wire_messages import EngineCoreOutputs, EngineCoreRequest
-from common.transport import DEAD_AFTER_SECONDS, limit_socket, new_identity, private_ipc_address
 from common.start_failure import read_start_failure, start_error
+from common.transport import DEAD_AFTER_SECONDS, limit_socket, new_identity, private_ipc_address
+from common.wire_messages import EngineCoreOutputs, EngineCoreRequest
 from frontend.core_link.core_client import EngineDeadError
 from frontend.core_link.core_process import start_core_process, stop_core_process
 from frontend.core_link.core_protocol import (CoreLost, CoreProtocol, CoreReady, HelloRejected, OutputsArrived,

@@ -17,29 +17,29 @@ from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from common.start_failure import EngineStartError
+from frontend.async_engine.async_llm import AsyncLLM
 from frontend.endpoints.chat import handler as chat_handler
+from frontend.endpoints.chat.schemas import ChatCompletionRequest, ChatCompletionResponse
 from frontend.endpoints.completions import handler as completions_handler
+from frontend.endpoints.completions.schemas import CompletionRequest, CompletionResponse
 from frontend.endpoints.embeddings import handler as embeddings_handler
-from frontend.endpoints.responses import handler as responses_handler
-from frontend.endpoints.tokenize import handler as tokenize_handler
 from frontend.endpoints.embeddings.schemas import EmbeddingRequest, EmbeddingResponse
-from frontend.endpoints.serving.errors import engine_unavailable, install_error_handlers
-from frontend.http.trace_context import TraceContextMiddleware
+from frontend.endpoints.openai_schemas.answer_fields import ErrorResponse
+from frontend.endpoints.responses import handler as responses_handler
+from frontend.endpoints.responses.objects import ResponseObject
+from frontend.endpoints.responses.schemas import ResponsesRequest
 from frontend.endpoints.serving.chat_options import ChatOptions
-from frontend.http.cors import CORSOptions
+from frontend.endpoints.serving.errors import engine_unavailable, install_error_handlers
 from frontend.endpoints.serving.limits import HTTPLimits, LimitsMiddleware, key_error
 from frontend.endpoints.serving.lora_adapters import LoRAAdapters
 from frontend.endpoints.serving.metrics import CONTENT_TYPE
-from frontend.endpoints.chat.schemas import ChatCompletionRequest, ChatCompletionResponse
-from frontend.endpoints.completions.schemas import CompletionRequest, CompletionResponse
-from frontend.endpoints.openai_schemas.answer_fields import ErrorResponse
+from frontend.endpoints.serving.state import ServerState
+from frontend.endpoints.tokenize import handler as tokenize_handler
 from frontend.endpoints.tokenize.schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from frontend.http.cors import CORSOptions
 from frontend.http.schemas import (HealthResponse, LoadLoRAAdapterRequest, ModelCard, ModelList,
                                    UnloadLoRAAdapterRequest, VersionResponse)
-from frontend.endpoints.responses.objects import ResponseObject
-from frontend.endpoints.responses.schemas import ResponsesRequest
-from frontend.endpoints.serving.state import ServerState
-from frontend.async_engine.async_llm import AsyncLLM
+from frontend.http.trace_context import TraceContextMiddleware
 
 logger = logging.getLogger("nvllm")
 

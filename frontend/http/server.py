@@ -10,10 +10,10 @@ from typing import Awaitable, Callable
 import uvicorn
 
 from common.heap import freeze_startup_heap
-from frontend.http.app import build_app
-from frontend.http.connections import protocol_class
 from frontend.endpoints.serving.chat_options import ChatOptions
 from frontend.endpoints.serving.limits import HTTPLimits
+from frontend.http.app import build_app
+from frontend.http.connections import protocol_class
 
 logger = logging.getLogger("nvllm")
 

@@ -17,8 +17,8 @@ from common.lora import LoRARequest
 from common.pooling_params import PoolingParams
 from common.sampling_params import RequestOutputKind, SamplingParams
 from common.validation import NOT_POOLING, POOLING_SERVED, check_lora_request
-from frontend.request_path.chat_template import render_chat
 from frontend.core_link.core_client import InprocClient
+from frontend.request_path.chat_template import render_chat
 from frontend.request_path.outputs import BeamSearchOutput, BeamSearchSequence, EmbeddingRequestOutput, RequestOutput
 from frontend.request_path.processor import ProcessedRequest
 from frontend.request_path.request_tracing import request_tracing_for

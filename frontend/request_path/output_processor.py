@@ -8,8 +8,8 @@ its TrackedRequest (frontend/request_path/request_tracker.py).
 
 import time
 
-from common.wire_messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, Logprobs
 from common.sampling_params import RequestOutputKind
+from common.wire_messages import EngineCoreOutputs, EngineCoreRequest, FinishReason, Logprobs
 from frontend.request_path.detokenizer import IncrementalDetokenizer
 from frontend.request_path.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob,
                                            RequestOutput)

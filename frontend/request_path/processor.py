@@ -17,10 +17,10 @@ from common.errors import InvalidParameter, invalid
 from common.limits import RequestLimits
 from common.lora import LoRARequest
 from common.pooling_params import PoolingParams
-from common.wire_messages import EngineCoreRequest, Ready
 from common.request_ids import sample_id
 from common.sampling_params import RequestOutputKind, SamplingParams
 from common.validation import check_request
+from common.wire_messages import EngineCoreRequest, Ready
 
 Prompt = str | list[int]
 

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 
 from common.errors import InvalidParameter
-from common.wire_messages import ConstraintFailed, Failure, FinishReason
 from common.sampling_params import SamplingParams
+from common.wire_messages import ConstraintFailed, Failure, FinishReason
 from frontend.request_path.detokenizer import IncrementalDetokenizer
 from frontend.request_path.outputs import Logprob
 

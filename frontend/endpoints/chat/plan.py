@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 from common.errors import InvalidParameter
 from common.structured_outputs import StructuredOutputsParams
-from frontend.request_path import chat_template
-from frontend.endpoints.serving.chat_options import ChatOptions
 from frontend.endpoints.openai_schemas.openai_fields import NO_THINKING_EFFORTS
+from frontend.endpoints.serving.chat_options import ChatOptions
 from frontend.output_parsers.reasoning import reasoning_parser_for_template
 from frontend.output_parsers.tool_calls import (messages_for_template, template_takes_tools, tool_call_grammar,
                                                 tool_parser_for_template, with_tools_in_system_turn)
+from frontend.request_path import chat_template
 
 
 @dataclass

@@ -10,19 +10,19 @@ n choices of a prompt are its n best beams, best score first (one engine request
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from common.errors import InvalidParameter
+from frontend.async_engine.async_llm import AsyncLLM
+from frontend.endpoints.completions.schemas import (CompletionChoice, CompletionLogprobs, CompletionRequest,
+                                                    CompletionResponse, CompletionStreamResponse)
 from frontend.endpoints.serving.engine_run import (check_finished, collect, engine_error, generate, raise_request_error,
                                                    sse_events)
+from frontend.endpoints.serving.errors import APIError, bad_request
 from frontend.endpoints.serving.prompts import check_sequences, process_prompts
 from frontend.endpoints.serving.request_params import new_request_id, sampling_params
 from frontend.endpoints.serving.request_totals import usage, vllm_prompt_logprobs
-from frontend.endpoints.serving.token_logprobs import decoded, top_entries
-from common.errors import InvalidParameter
-from frontend.endpoints.serving.errors import APIError, bad_request
-from frontend.endpoints.completions.schemas import (CompletionChoice, CompletionLogprobs, CompletionRequest,
-                                                    CompletionResponse, CompletionStreamResponse)
 from frontend.endpoints.serving.state import ServerState
 from frontend.endpoints.serving.streams import ClientDisconnected, cancel_on_disconnect, sse
-from frontend.async_engine.async_llm import AsyncLLM
+from frontend.endpoints.serving.token_logprobs import decoded, top_entries
 from frontend.request_path.outputs import Logprob
 from frontend.request_path.processor import ProcessedRequest
 

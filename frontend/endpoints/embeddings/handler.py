@@ -14,14 +14,14 @@ from common.errors import InvalidParameter
 from common.pooling_params import PoolingParams
 from common.request_ids import part_id
 from common.validation import NOT_POOLING
-from frontend.endpoints.serving.engine_run import engine_error
-from frontend.endpoints.serving.request_params import new_request_id
-from frontend.endpoints.serving import offload
+from frontend.async_engine.async_llm import AsyncLLM
 from frontend.endpoints.embeddings.schemas import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
+from frontend.endpoints.serving import offload
+from frontend.endpoints.serving.engine_run import engine_error
 from frontend.endpoints.serving.errors import APIError, engine_unavailable
+from frontend.endpoints.serving.request_params import new_request_id
 from frontend.endpoints.serving.state import ServerState
 from frontend.endpoints.serving.streams import ClientDisconnected, cancel_on_disconnect, merge
-from frontend.async_engine.async_llm import AsyncLLM
 from frontend.request_path.processor import ProcessedRequest
 
 

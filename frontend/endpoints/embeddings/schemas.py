@@ -4,8 +4,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, PlainValidator
 
-from frontend.endpoints.openai_schemas.prompt_fields import MAX_PROMPTS, MAX_TOKEN_IDS, TokenIdList, _prompt
 from frontend.endpoints.openai_schemas.body_types import StrictModel, Text
+from frontend.endpoints.openai_schemas.prompt_fields import MAX_PROMPTS, MAX_TOKEN_IDS, TokenIdList, _prompt
 
 EmbeddingInput = Annotated[str | list[int] | list[str] | list[list[int]],
                            PlainValidator(lambda value: _prompt(value, "input"),

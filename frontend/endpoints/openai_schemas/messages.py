@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field
 from pydantic_core import PydanticCustomError
 
-from frontend.endpoints.openai_schemas.tool_schemas import MAX_TOOLS, FunctionCall, ToolCall
 from frontend.endpoints.openai_schemas.body_types import StrictModel, Text, at_most, null_only
+from frontend.endpoints.openai_schemas.tool_schemas import MAX_TOOLS, FunctionCall, ToolCall
 
 MAX_CONTENT_PARTS = 256  # parts of one message's content
 

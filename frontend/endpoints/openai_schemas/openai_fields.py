@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
+from frontend.endpoints.openai_schemas.body_types import StrictModel, Text, at_most, null_only, shape_error
 from frontend.endpoints.openai_schemas.messages import MAX_CONTENT_PARTS, TextContentPart
 from frontend.endpoints.openai_schemas.tool_schemas import MAX_TOOLS, FunctionDefinition, NamedFunction
-from frontend.endpoints.openai_schemas.body_types import StrictModel, Text, at_most, null_only, shape_error
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")

@@ -11,15 +11,15 @@ import time
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from frontend.endpoints.serving.engine_run import check_finished, collect, engine_error
 from frontend.endpoints.chat.output import ChatOutputReader, read_whole
-from frontend.endpoints.serving.errors import APIError
+from frontend.endpoints.chat.start import ChatRun, start_chat
+from frontend.endpoints.responses.objects import ResponseObject
 from frontend.endpoints.responses.output import (ResponseEvents, finish_status, reasoning_token_count, usage,
                                                  whole_output)
-from frontend.endpoints.responses.objects import ResponseObject
-from frontend.endpoints.responses.schemas import STATELESS, ResponsesRequest, TextConfig
 from frontend.endpoints.responses.request import chat_request, responses_error
-from frontend.endpoints.chat.start import ChatRun, start_chat
+from frontend.endpoints.responses.schemas import STATELESS, ResponsesRequest, TextConfig
+from frontend.endpoints.serving.engine_run import check_finished, collect, engine_error
+from frontend.endpoints.serving.errors import APIError
 from frontend.endpoints.serving.state import ServerState
 from frontend.endpoints.serving.streams import ClientDisconnected, cancel_on_disconnect
 

@@ -12,11 +12,11 @@ import re
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from frontend.endpoints.serving.errors import APIError, _validation_error
 from frontend.endpoints.chat.schemas import ChatCompletionRequest
 from frontend.endpoints.responses.schemas import (VLLM_EXTENSIONS, FunctionCallItem, FunctionCallOutputItem,
                                                   MessageItem, ResponsesRequest, TextFormatJsonObject,
                                                   TextFormatJsonSchema)
+from frontend.endpoints.serving.errors import APIError, _validation_error
 
 # chat field -> the Responses field it came from (longest first: a prefix is renamed once)
 CHAT_TO_RESPONSES = [

@@ -14,12 +14,12 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
 from common.sampling_params import MAX_SCALE
+from frontend.endpoints.chat.schemas import ChatCompletionRequest
+from frontend.endpoints.openai_schemas.body_types import StrictModel, Text, at_most
 from frontend.endpoints.openai_schemas.messages import MAX_CONTENT_PARTS, part_refuser
 from frontend.endpoints.openai_schemas.openai_fields import REASONING_EFFORTS
-from frontend.endpoints.chat.schemas import ChatCompletionRequest
 from frontend.endpoints.openai_schemas.prompt_fields import MAX_MESSAGES
 from frontend.endpoints.openai_schemas.tool_schemas import MAX_TOOLS, FunctionDefinition
-from frontend.endpoints.openai_schemas.body_types import StrictModel, Text, at_most
 
 STATELESS = "nvllm's /v1/responses is stateless: it stores no responses"
 

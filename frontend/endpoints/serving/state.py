@@ -2,13 +2,13 @@
 
 from common.lora import LoRARequest
 from common.validation import POOLING_SERVED
+from frontend.async_engine.async_llm import AsyncLLM
 from frontend.endpoints.serving.admission import AdmissionGate
 from frontend.endpoints.serving.chat_options import ChatOptions
 from frontend.endpoints.serving.errors import APIError, engine_unavailable, model_not_found
 from frontend.endpoints.serving.limits import HTTPLimits
 from frontend.endpoints.serving.lora_adapters import LoRAAdapters
 from frontend.endpoints.serving.metrics import Metrics
-from frontend.async_engine.async_llm import AsyncLLM
 
 MAX_SEQUENCES_PER_REQUEST = 1024  # prompts x n in one HTTP request
 

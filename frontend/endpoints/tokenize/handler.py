@@ -3,13 +3,13 @@ capped like prompts (--max-prompt-chars; token lists in schemas.py), big ones of
 
 from common.errors import InvalidParameter
 from common.validation import check_token_ids
-from frontend.endpoints.serving import offload
 from frontend.endpoints.chat.plan import plan_chat
+from frontend.endpoints.chat.render import render_chat
+from frontend.endpoints.serving import offload
 from frontend.endpoints.serving.errors import bad_request
+from frontend.endpoints.serving.state import ServerState
 from frontend.endpoints.tokenize.schemas import (DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest,
                                                  TokenizeCompletionRequest, TokenizeResponse)
-from frontend.endpoints.chat.render import render_chat
-from frontend.endpoints.serving.state import ServerState
 
 
 async def tokenize(state: ServerState, body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
