@@ -30,13 +30,14 @@ from frontend.endpoints.responses.objects import ResponseObject
 from frontend.endpoints.responses.schemas import ResponsesRequest
 from frontend.endpoints.serving.chat_options import ChatOptions
 from frontend.endpoints.serving.errors import engine_unavailable, install_error_handlers
-from frontend.endpoints.serving.limits import HTTPLimits, LimitsMiddleware, key_error
+from frontend.endpoints.serving.limits import HTTPLimits
 from frontend.endpoints.serving.lora_adapters import LoRAAdapters
 from frontend.endpoints.serving.metrics import CONTENT_TYPE
 from frontend.endpoints.serving.state import ServerState
 from frontend.endpoints.tokenize import handler as tokenize_handler
 from frontend.endpoints.tokenize.schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from frontend.http.cors import CORSOptions
+from frontend.http.limits_middleware import LimitsMiddleware, key_error
 from frontend.http.schemas import (HealthResponse, LoadLoRAAdapterRequest, ModelCard, ModelList,
                                    UnloadLoRAAdapterRequest, VersionResponse)
 from frontend.http.trace_context import TraceContextMiddleware
