@@ -1,6 +1,6 @@
 """The caller's W3C trace context: an HTTP request's traceparent/tracestate headers become the parent of the
-request's span (frontend/request_path/request_tracing.py), which this middleware hands over through CALLER_TRACE_HEADERS for
-the request's task. With tracing off it reads no header."""
+request's span (frontend/request_path/request_tracing.py), which this middleware hands over through
+CALLER_TRACE_HEADERS for the request's task. With tracing off it reads no header."""
 
 from common.tracing import TRACE_HEADERS
 from frontend.request_path.request_tracing import CALLER_TRACE_HEADERS

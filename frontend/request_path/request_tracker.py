@@ -66,7 +66,8 @@ class TrackedRequest:
     first_token_time: float | None = None
     last_token_time: float | None = None
     beams: list | None = None  # a finished beam search: the core's BeamHypothesis list, best first
-    span: object = None  # tracing on: its open RequestSpan (frontend/request_path/request_tracing.py), ended when it leaves
+    # tracing on: its open RequestSpan (frontend/request_path/request_tracing.py), ended when it leaves
+    span: object = None
     time_in_queue: float | None = None  # traced: seconds it waited in the core's queue (the core says)
     pooling: bool = False  # an embedding request: no tokens, one vector at the end
     embedding: bytes = b""  # its vector once the core sent it (float32 little-endian)
