@@ -1,6 +1,6 @@
 """Tool-call and reasoning parsing (frontend/output_parsers/tool_calls, frontend/output_parsers/reasoning.py):
-one-shot results, the streaming invariant (any split into deltas joins to the one-shot result), template detection, the
-generic format's prompt and history, and the llguidance grammars that force calls."""
+one-shot results, the streaming invariant (any split into deltas joins to the one-shot result), template
+detection, the generic format's prompt and history, and the llguidance grammars that force calls."""
 
 import json
 import os
