@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from frontend.bench import model_fetch, real_models
-from frontend.bench.gguf_header import GGML_TYPES, read_header_of
+from bench.models import catalogue as real_models, fetch as model_fetch
+from bench.models.gguf_facts import GGML_TYPES, read_header_of
 from frontend.cli.main import main
 
 pytestmark = pytest.mark.unit

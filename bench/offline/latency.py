@@ -6,7 +6,7 @@ after one warm-up. Each request's prompt is drawn afresh (seeded), so its time t
 never a prefix-cache hit. Per request: time to first token, and ms per output token after it (the last token's
 time minus the first's, over the tokens between). Medians are printed with
 the weight-streaming bound of this model on this machine, measured in the same run
-(engine_core/bench/weight_stream.py, in a child: the frontend does not import torch), and how far above it
+(bench/torch_side/weight_stream.py, in a child: the frontend does not import torch), and how far above it
 the engine runs.
 
 `--prompt copy-edit` sends a fixed text instead, which the answer repeats with an edit (the case prompt
@@ -25,16 +25,16 @@ import time
 import msgspec
 
 from common.sampling_params import RequestOutputKind, SamplingParams
-from frontend.bench.result_file import write_result
+from bench.result_file import write_result
 
 
 def weight_stream_bound(args) -> dict | None:
     """The child's figures, or None on devices it does not measure (a GPU)."""
-    from frontend.bench.cpu_suite import _run_child
+    from bench.cpu.suite import _run_child
 
     if args.device == "cuda":
         return None
-    cmd = [sys.executable, "-m", "engine_core.bench.weight_stream", "--quantization", args.quantization, "--dtype",
+    cmd = [sys.executable, "-m", "bench.torch_side.weight_stream", "--quantization", args.quantization, "--dtype",
            args.dtype] + ([args.model] if args.model else [])
     return _run_child(cmd, dict(os.environ))
 

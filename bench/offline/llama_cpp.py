@@ -17,7 +17,7 @@ import shlex
 import statistics
 import subprocess
 
-from frontend.bench.result_file import write_result
+from bench.result_file import write_result
 
 
 def _llama_bench(args) -> dict:
@@ -35,8 +35,8 @@ def _llama_bench(args) -> dict:
 
 
 def _nvllm(engine_args, args, round_index: int) -> dict:
-    """nvllm's prefill and decode rates for this round (frontend/bench/latency.py's measurement)."""
-    from frontend.bench.latency import _measure
+    """nvllm's prefill and decode rates for this round (bench/offline/latency.py's measurement)."""
+    from bench.offline.latency import _measure
 
     latency_args = argparse.Namespace(prompt="random", input_len=args.input_len, output_len=args.output_len,
                                       num_iters=args.num_iters, bench_seed=1000 + round_index)

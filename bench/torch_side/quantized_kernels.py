@@ -1,6 +1,6 @@
 """nvllm's kept-quantized linear kernel against torch's weight-only quantized CPU matmuls, on a model's own
 layer shapes, in the dtype `--dtype auto` picks on the active CPU tier: the measurement behind the choice of
-kernel (`nvllm bench cpu` runs it; `python -m engine_core.bench.quantized_kernels [MODEL]` prints one JSON
+kernel (`nvllm bench cpu` runs it; `python -m bench.torch_side.quantized_kernels [MODEL]` prints one JSON
 line).
 
 Each kernel multiplies the same random Q4_1-shaped weights (4-bit integers in blocks of 32 with a scale and
@@ -18,7 +18,7 @@ import torch
 
 from engine_core.cpu_kernels import tiers
 from engine_core.engine_config import ModelConfig
-from engine_core.bench.gemm_peak import layer_shapes
+from bench.torch_side.gemm_peak import layer_shapes
 from engine_core.layers import cpu_packing, cpu_quant
 from engine_core.platform.device import pick_dtype
 from engine_core.weights.model_resolver import resolve_model

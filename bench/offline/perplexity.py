@@ -21,7 +21,7 @@ import textwrap
 import time
 
 from common.sampling_params import SamplingParams
-from frontend.bench.result_file import write_result
+from bench.result_file import write_result
 
 
 def default_text_file() -> str:

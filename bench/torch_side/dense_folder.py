@@ -1,4 +1,4 @@
-"""The HF folder vLLM gets for a model nvllm serves: `python -m engine_core.bench.dense_folder FOLDER` prints one
+"""The HF folder vLLM gets for a model nvllm serves: `python -m bench.torch_side.dense_folder FOLDER` prints one
 JSON line {"folder": ...}.
 
 A folder nvllm imported from a GGUF file (<cache>/models/..., its blocks in weights.quantized) is not one vLLM

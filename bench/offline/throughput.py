@@ -18,9 +18,8 @@ import time
 from common.lora import LoRARequest
 from common.sampling_params import SamplingParams
 from common.structured_outputs import StructuredOutputsParams
-from frontend import engine_seam
-from frontend.bench.structured import BENCH_SCHEMA, compile_times, constrained_indices
-from frontend.bench.result_file import write_result
+from bench.offline.structured import BENCH_SCHEMA, compile_times, constrained_indices
+from bench.result_file import write_result
 
 
 def make_workload(args):
@@ -66,13 +65,15 @@ def lora_requests(args, count: int) -> list:
     if not n:
         return []
     if getattr(args, "_lora_folders", None) is None:
-        args._lora_folders = engine_seam.random_lora_adapters(args.model, n, args.lora_rank)
+        from bench.torch_side.random_lora import random_lora_adapters
+        args._lora_folders = random_lora_adapters(args.model, n, args.lora_rank)
     adapters = [LoRARequest(f"bench-{i}", i + 1, path) for i, path in enumerate(args._lora_folders)]
     return [adapters[i % n] for i in range(count)]
 
 
 def run_hf(args, prompts, out_lens, dtype: str) -> dict:
-    elapsed = engine_seam.hf_generate_seconds(args.model, args.device, prompts, out_lens, dtype)
+    from bench.torch_side.hf_baseline import hf_generate_seconds
+    elapsed = hf_generate_seconds(args.model, args.device, prompts, out_lens, dtype)
     # the workload asked for sum(out_lens) tokens; one batch must run every row to the longest
     return _figures("hf", elapsed, prompts, sum(out_lens))
 
@@ -125,7 +126,8 @@ def run_throughput(args) -> int:
     if getattr(args, "random_model", None):
         if args.model:
             raise SystemExit("pass either a model or --random-model, not both")
-        args.model = engine_seam.random_model_folder(args.random_model)
+        from bench.torch_side.random_model import random_model_folder
+        args.model = random_model_folder(args.random_model)
     prompts, out_lens = make_workload(args)
     if getattr(args, "compare_batch_invariant", 0):
         return _compare_pairs(args, prompts, out_lens, args.compare_batch_invariant,

@@ -4,8 +4,8 @@ import os
 import sys
 
 from common.child_process import ROOT
-from frontend.bench.report import pages, plots
-from frontend.bench.report.results import RESULTS_DIR, load
+from bench.report import pages, plots
+from bench.report.results import RESULTS_DIR, load
 
 PAGES_DIR = os.path.join(ROOT, "docs", "performance")
 

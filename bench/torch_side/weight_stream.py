@@ -1,6 +1,6 @@
 """The weight-streaming bound of a decode step on this machine: the bytes a batch-1 decode step must
 read (every linear layer's weights, as the engine holds them: bf16 panels or quantized blocks) over the
-memory read bandwidth measured now. `python -m engine_core.bench.weight_stream [MODEL] [--quantization Q]
+memory read bandwidth measured now. `python -m bench.torch_side.weight_stream [MODEL] [--quantization Q]
 [--dtype D]` prints one JSON line (`nvllm bench latency` runs it in a child: the frontend does not
 import torch).
 

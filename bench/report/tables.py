@@ -3,7 +3,7 @@ workload, backend or variant in it). Every row starts with an anchor, so prose c
 
 from statistics import median
 
-from frontend.bench.report.results import Result, model_name, slug
+from bench.report.results import Result, model_name, slug
 
 
 def ratio(value: float) -> str:

@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from frontend.bench import serve as bench_serve
+from bench.serving import serve as bench_serve
 
 SERVED_NAME = "SmolLM2-135M-Instruct"
 
