@@ -1,5 +1,5 @@
 """Writes the default model as a bf16 HF folder (its dequantized weights rounded to bfloat16): the dense
-bf16 checkpoint that README's "bf16 storage" figures run, `python bench/torch_side/bf16_checkpoint.py OUT`."""
+bf16 checkpoint that README's "bf16 storage" figures run, `python -m bench.torch_side.bf16_checkpoint OUT`."""
 
 import os
 import shutil
