@@ -6,7 +6,7 @@ Every run is a fresh child process (bench/cpu/workloads.py) so no engine inherit
 state, started once the host is quiet again (the last engine's children may outlive it); runs alternate nvllm, vLLM, nvllm, ... so drifts of this shared machine hit both alike. The
 figure of an engine is the median of its runs. Before the runs it names the CPU tier the kernels run
 (NVLLM_CPU_ISA forces a lower one) and measures that tier's GEMM peak on the model's own layer shapes, in
-the dtype the tier runs (bench/torch_side/gemm_peak.py, in a child: the frontend does not import torch), and
+the dtype the tier runs (bench/torch_side/gemm_peak.py, in a child: this process stays torch-free), and
 prints the prefill rate as a fraction of it; and it measures the tier's kept-quantized kernel against torch's
 weight-only quantized matmuls on the same shapes (bench/torch_side/quantized_kernels.py). vLLM gets the
 model as an HF folder it can read: a folder nvllm imported from a GGUF file (the default model's) becomes the

@@ -6,7 +6,7 @@ after one warm-up. Each request's prompt is drawn afresh (seeded), so its time t
 never a prefix-cache hit. Per request: time to first token, and ms per output token after it (the last token's
 time minus the first's, over the tokens between). Medians are printed with
 the weight-streaming bound of this model on this machine, measured in the same run
-(bench/torch_side/weight_stream.py, in a child: the frontend does not import torch), and how far above it
+(bench/torch_side/weight_stream.py, in a child: this process stays torch-free), and how far above it
 the engine runs.
 
 `--prompt copy-edit` sends a fixed text instead, which the answer repeats with an edit (the case prompt

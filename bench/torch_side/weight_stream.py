@@ -1,8 +1,8 @@
 """The weight-streaming bound of a decode step on this machine: the bytes a batch-1 decode step must
 read (every linear layer's weights, as the engine holds them: bf16 panels or quantized blocks) over the
 memory read bandwidth measured now. `python -m bench.torch_side.weight_stream [MODEL] [--quantization Q]
-[--dtype D]` prints one JSON line (`nvllm bench latency` runs it in a child: the frontend does not
-import torch).
+[--dtype D]` prints one JSON line (`nvllm bench latency` runs it in a child, so that its own process
+stays torch-free).
 
 The bandwidth is the best of several float32 sums over 1 GiB (larger than any cache) on the engine's
 threads; a decode step cannot be faster than bytes / bandwidth, whatever its kernels do.

