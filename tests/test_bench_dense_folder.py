@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from engine_core.bench.dense_folder import dense_folder
+from bench.torch_side.dense_folder import dense_folder
 
 
 @pytest.mark.unit

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from frontend.bench.perplexity import FINAL, chunks_of, perplexity
+from bench.offline.perplexity import FINAL, chunks_of, perplexity
 
 pytestmark = pytest.mark.integration
 

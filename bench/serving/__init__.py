@@ -1,0 +1,1 @@
+"""The HTTP side of the benchmarks: `nvllm bench serve` against any OpenAI-compatible server."""
