@@ -4,7 +4,7 @@ some are preempted and recomputed, must still give transformers' `generate` toke
 import torch
 import transformers
 
-from tests.conftest import kv_block_bytes
+from tests.support.tiny_models import kv_block_bytes
 from engine_core.families.catalog import read_spec
 from engine_core.weights.model_folder import read_hf_config
 

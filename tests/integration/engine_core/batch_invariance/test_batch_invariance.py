@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.sampling_params import SamplingParams
-from tests.conftest import build_tiny_model, kv_block_bytes
+from tests.support.tiny_models import build_tiny_model, kv_block_bytes
 
 pytestmark = pytest.mark.integration
 

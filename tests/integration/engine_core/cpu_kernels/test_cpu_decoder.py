@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from engine_core.attention import cpu_decode_kernel
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 from tests.support.cpu_tier_helpers import forced_tier, tier_params

@@ -15,7 +15,7 @@ import torch
 
 from common.config import EngineArgs
 from common.sampling_params import SamplingParams
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
 from engine_core.executor import rendezvous as rdv
 from engine_core.distributed.parallel_state import HeadShard, partition_heads, split_evenly

@@ -13,7 +13,7 @@ import transformers
 
 from common.config import EngineArgs
 from common.random_models import RANDOM_MODELS
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from engine_core.engine_config import resolve_engine_config
 from engine_core.families.catalog import FAMILIES, family_for_gguf, read_spec
 from engine_core.families.spec import UnsupportedConfig

@@ -180,7 +180,7 @@ def test_default_model_with_an_adapter_matches_peft(default_model_dir, smollm2_t
                                                                                    "o_proj"])])
 def test_other_families_match_peft(arch, targets, default_model_dir, tmp_path):
     """Gemma 3's sandwich norms and a MoE model's attention (its experts take no adapter: refused by name)."""
-    from tests.conftest import build_tiny_model
+    from tests.support.tiny_models import build_tiny_model
 
     path = build_tiny_model(str(tmp_path / arch), arch, default_model_dir)
     base = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

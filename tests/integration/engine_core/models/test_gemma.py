@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from engine_core.families.catalog import read_spec
 from engine_core.families.spec import UnsupportedConfig
 from engine_core.weights.model_folder import read_hf_config

@@ -10,7 +10,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from engine_core.families.catalog import read_spec
 from engine_core.families.spec import UnsupportedConfig
 from engine_core.layers import moe

@@ -14,7 +14,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from common.config import EngineArgs
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
 from engine_core.engine_config import resolve_engine_config
 from engine_core.families.catalog import read_spec

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from common.config import EngineArgs
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from engine_core.engine_config import resolve_engine_config
 from engine_core.worker.model_runner import ModelRunner
 from tests.support.cpu_tier_helpers import forced_tier, tier_params

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from common.pooling_params import PoolingParams
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from frontend.llm import LLM
 
 pytestmark = pytest.mark.integration

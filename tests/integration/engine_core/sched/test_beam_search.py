@@ -119,7 +119,7 @@ def test_beams_batched_with_plain_requests_small_budget_and_preemption(tiny):
         alone = [llm.beam_search([p], params)[0] for p in (PROMPT, OTHER)]
         plain_alone = llm.generate([OTHER, PROMPT], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
                                    use_tqdm=False)
-    from tests.conftest import kv_block_bytes
+    from tests.support.tiny_models import kv_block_bytes
     from engine_core.families.catalog import read_spec
     from engine_core.weights.model_folder import read_hf_config
     spec = read_spec(read_hf_config(path))

@@ -9,7 +9,7 @@ from common.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.integration
 
-HEAD_DIM = {"llama": 16, "qwen3": 32}  # of the tiny models (tests/conftest.py)
+HEAD_DIM = {"llama": 16, "qwen3": 32}  # of the tiny models (tests/support/tiny_models.py)
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 
 
@@ -17,7 +17,7 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 def loopy_models(tmp_path_factory, default_model_dir):
     """Tiny random models with tied embeddings and weights a little larger than usual: their greedy
     output falls into loops often but not always, so n-gram proposals are both kept and rejected."""
-    from tests.conftest import build_tiny_model
+    from tests.support.tiny_models import build_tiny_model
     root = tmp_path_factory.mktemp("loopy")
     return {arch: build_tiny_model(str(root / arch), arch, default_model_dir, tie_word_embeddings=True,
                                    initializer_range=0.11) for arch in ("llama", "qwen3")}
@@ -136,7 +136,7 @@ def test_draft_model_greedy_identical_under_preemption(loopy_models, tiny_models
 
 
 def test_draft_model_errors_name_the_field(tiny_models, tmp_path):
-    from tests.conftest import build_tiny_model
+    from tests.support.tiny_models import build_tiny_model
     from frontend.llm import LLM
     small_vocab = build_tiny_model(str(tmp_path / "v"), "llama", tiny_models["llama"], vocab_size=1000)
     with pytest.raises(ValueError, match="speculative_config.model has a vocabulary of 1000 tokens"):

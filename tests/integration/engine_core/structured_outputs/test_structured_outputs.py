@@ -15,7 +15,7 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from common.structured_outputs import StructuredOutputsParams
-from tests.conftest import DEFAULT_MODEL_KV, kv_block_bytes
+from tests.support.tiny_models import DEFAULT_MODEL_KV, kv_block_bytes
 from tests.support.http_helpers import openai_client, serving
 
 pytestmark = pytest.mark.integration

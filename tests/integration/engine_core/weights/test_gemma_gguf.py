@@ -15,7 +15,7 @@ import transformers
 from safetensors.torch import load_file
 
 from common.config import EngineArgs
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from engine_core.engine_config import resolve_engine_config
 from engine_core.families.catalog import read_spec
 from engine_core.weights.gguf_gemma import gemma_fields

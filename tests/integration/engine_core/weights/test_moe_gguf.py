@@ -13,7 +13,7 @@ import transformers
 from safetensors.torch import load_file
 
 from common.config import EngineArgs
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from engine_core.engine_config import resolve_engine_config
 from engine_core.layers import cpu_packing
 from engine_core.models.moe_checkpoint import per_expert

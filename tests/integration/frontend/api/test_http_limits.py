@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from tests.support.http_helpers import metric, start_serve, wait_until
 
 pytestmark = pytest.mark.integration

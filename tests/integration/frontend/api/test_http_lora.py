@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from tests.support.http_helpers import openai_client, start_serve
 from tests.support.lora_adapters import make_adapter, peft_greedy
 

@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.conftest import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from tests.support.http_helpers import SMALL_ENGINE, start_serve
 
 pytestmark = pytest.mark.integration

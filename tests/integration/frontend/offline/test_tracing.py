@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import common.tracing
-from tests.conftest import kv_block_bytes
+from tests.support.tiny_models import kv_block_bytes
 from engine_core.families.catalog import read_spec
 from engine_core.weights.model_folder import read_hf_config
 from common.errors import InvalidParameter
