@@ -21,7 +21,7 @@ from engine_core.models.cpu_decoder import IMPLEMENTED_F32, spec_issue
 from engine_core.models.cpu_decoder_f32 import CpuDecoderF32
 from engine_core.weights.model_folder import read_hf_config
 from engine_core.worker.model_runner import ModelRunner
-from tests.integration.engine_core.models.test_model_vs_transformers import TOKENS, hf_logits, run_step
+from tests.support.paged_kv_logits import TOKENS, hf_logits, run_step
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from tests.support.tiny_models import build_tiny_model
 from engine_core.families.catalog import read_spec
 from engine_core.families.spec import UnsupportedConfig
 from engine_core.weights.model_folder import read_hf_config
-from tests.integration.engine_core.models.test_model_vs_transformers import ATOL, TOKENS, hf_logits, make_runner, run_step
+from tests.support.paged_kv_logits import ATOL, TOKENS, hf_logits, make_runner, run_step
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,8 @@ from engine_core.layers import moe
 from engine_core.models.cpu_decoder import spec_issue
 from engine_core.weights.model_folder import read_hf_config
 from tests.support.preemption_check import assert_greedy_under_preemption
-from tests.integration.engine_core.models.test_model_vs_transformers import TOKENS, hf_logits, make_runner, run_step
-# the logits comparisons of every dense family, collected here again to run on the MoE pairs below
-from tests.integration.engine_core.models.test_model_vs_transformers import (test_chunked_prefill, test_decode_after_prefill,  # noqa: F401
-                                        test_prefill, test_prefix_hit_and_mixed_batch)
+from tests.support.paged_kv_logits import (TOKENS, check_chunked_prefill, check_decode_after_prefill, check_prefill,
+                                           check_prefix_hit_and_mixed_batch, hf_logits, make_runner, run_step)
 
 pytestmark = pytest.mark.integration
 
@@ -160,6 +158,23 @@ def pair(request, moe_models):
     path = moe_models[request.param]
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return make_runner(path), hf
+
+
+# the logits comparisons of every family (test_model_vs_transformers.py's too), on this module's `pair`
+def test_prefill(pair):
+    check_prefill(pair)
+
+
+def test_decode_after_prefill(pair):
+    check_decode_after_prefill(pair)
+
+
+def test_chunked_prefill(pair):
+    check_chunked_prefill(pair)
+
+
+def test_prefix_hit_and_mixed_batch(pair):
+    check_prefix_hit_and_mixed_batch(pair)
 
 
 def test_a_tokens_logits_are_the_same_alone_and_in_a_batch(pair):

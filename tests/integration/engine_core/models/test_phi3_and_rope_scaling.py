@@ -24,10 +24,8 @@ from engine_core.layers.rotary import RotaryEmbedding
 from engine_core.weights.model_folder import read_hf_config
 from engine_core.worker.model_runner import ModelRunner
 from tests.support.preemption_check import assert_greedy_under_preemption
-from tests.integration.engine_core.models.test_model_vs_transformers import ATOL, BLOCK, TOKENS, hf_logits, run_step
-# the logits comparisons of every family, collected here again to run on this module's `pair`
-from tests.integration.engine_core.models.test_model_vs_transformers import (test_chunked_prefill, test_decode_after_prefill,  # noqa: F401
-                                        test_prefill, test_prefix_hit_and_mixed_batch)
+from tests.support.paged_kv_logits import (ATOL, BLOCK, TOKENS, check_chunked_prefill, check_decode_after_prefill,
+                                           check_prefill, check_prefix_hit_and_mixed_batch, hf_logits, run_step)
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +71,23 @@ def pair(request, folders):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     # LongRoPE within its original context: the short factors, as transformers' for these lengths
     return make_runner(path, ORIGINAL if request.param == "phi3-longrope" else None), hf
+
+
+# the logits comparisons of every family (test_model_vs_transformers.py's too), on this module's `pair`
+def test_prefill(pair):
+    check_prefill(pair)
+
+
+def test_decode_after_prefill(pair):
+    check_decode_after_prefill(pair)
+
+
+def test_chunked_prefill(pair):
+    check_chunked_prefill(pair)
+
+
+def test_prefix_hit_and_mixed_batch(pair):
+    check_prefix_hit_and_mixed_batch(pair)
 
 
 # ---- LongRoPE past the original context ---------------------------------------------------------------------

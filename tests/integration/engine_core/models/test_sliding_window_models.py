@@ -16,10 +16,9 @@ from engine_core.engine_config import resolve_engine_config
 from engine_core.worker.model_runner import ModelRunner
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
 from tests.support.preemption_check import assert_greedy_under_preemption
-from tests.integration.engine_core.models.test_model_vs_transformers import ATOL, TOKENS, hf_logits, make_runner, run_step
-# the logits comparisons of every family, collected here again to run on this module's `pair`
-from tests.integration.engine_core.models.test_model_vs_transformers import (test_chunked_prefill, test_decode_after_prefill,  # noqa: F401
-                                        test_prefill, test_prefix_hit_and_mixed_batch)
+from tests.support.paged_kv_logits import (ATOL, TOKENS, check_chunked_prefill, check_decode_after_prefill,
+                                           check_prefill, check_prefix_hit_and_mixed_batch, hf_logits, make_runner,
+                                           run_step)
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +46,23 @@ def pair(request, sliding_models, tier):
     path = sliding_models[request.param]
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
     return make_runner(path), hf
+
+
+# the logits comparisons of every family (test_model_vs_transformers.py's too), on this module's `pair`
+def test_prefill(pair):
+    check_prefill(pair)
+
+
+def test_decode_after_prefill(pair):
+    check_decode_after_prefill(pair)
+
+
+def test_chunked_prefill(pair):
+    check_chunked_prefill(pair)
+
+
+def test_prefix_hit_and_mixed_batch(pair):
+    check_prefix_hit_and_mixed_batch(pair)
 
 
 def test_the_spec_gives_each_layer_its_window(pair):

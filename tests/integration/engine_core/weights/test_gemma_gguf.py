@@ -24,7 +24,7 @@ from engine_core.weights.loader import quantized_tensors
 from engine_core.weights.model_folder import read_hf_config
 from engine_core.worker.model_runner import ModelRunner
 from tests.integration.engine_core.weights.test_gguf_import import _add_tiny_tokenizer, add_tensor
-from tests.integration.engine_core.models.test_model_vs_transformers import hf_logits, make_runner, run_step
+from tests.support.paged_kv_logits import hf_logits, make_runner, run_step
 
 pytestmark = pytest.mark.integration
 
