@@ -248,12 +248,12 @@ def _write_phi3_gguf(path: str, seed: int = 0) -> tuple[dict, dict]:
     Returns its HF (Phi3ForCausalLM) float32 state dict and config fields."""
     import gguf
     import numpy as np
-    from tests.integration.engine_core.weights.test_gguf_import import _add_tiny_tokenizer
+    from tests.support.gguf_writing import add_tiny_tokenizer
 
     heads, kv, head_dim, hidden, inter, layers, context = 4, 2, 16, 64, 48, 2, 128
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(path, "phi3")
-    vocab = _add_tiny_tokenizer(writer)
+    vocab = add_tiny_tokenizer(writer)
     writer.add_context_length(context)
     writer.add_rope_scaling_orig_ctx_len(ORIGINAL)
     writer.add_embedding_length(hidden)

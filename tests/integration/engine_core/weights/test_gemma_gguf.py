@@ -23,12 +23,12 @@ from engine_core.weights.gguf_import import import_gguf
 from engine_core.weights.loader import quantized_tensors
 from engine_core.weights.model_folder import read_hf_config
 from engine_core.worker.model_runner import ModelRunner
-from tests.integration.engine_core.weights.test_gguf_import import _add_tiny_tokenizer, add_tensor
+from tests.support.gguf_writing import add_tensor, add_tiny_tokenizer
 from tests.support.paged_kv_logits import hf_logits, make_runner, run_step
 
 pytestmark = pytest.mark.integration
 
-VOCAB = 261  # _add_tiny_tokenizer's
+VOCAB = 261  # add_tiny_tokenizer's
 LAYERS = 6  # one whole Gemma 3 sliding pattern (five sliding layers, then a global one); three Gemma 2 pairs
 WINDOW = 4  # smaller than the prompts: the sliding layers slide
 TOKENS = [5, 200, 17, 260, 31, 99, 3, 150, 42, 77, 8, 180, 64]
@@ -51,7 +51,7 @@ def write_gemma_gguf(hf_folder: str, path: str, q8: bool = False) -> None:
     arch = "gemma2" if config["model_type"] == "gemma2" else "gemma3"
     tensors = {k.removeprefix("model."): v.numpy() for k, v in load_file(f"{hf_folder}/model.safetensors").items()}
     writer = gguf.GGUFWriter(path, arch)
-    _add_tiny_tokenizer(writer)
+    add_tiny_tokenizer(writer)
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.support.gguf_weights import gguf_rows
-from tests.integration.engine_core.weights.test_gguf_import import _add_tiny_tokenizer
+from tests.support.gguf_writing import add_tiny_tokenizer
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ def _write(path: str, tokenizer: bool = True, layers: int = LAYERS) -> None:
     import gguf
 
     writer = gguf.GGUFWriter(path, "llama")
-    vocab = _add_tiny_tokenizer(writer) if tokenizer else 261
+    vocab = add_tiny_tokenizer(writer) if tokenizer else 261
     for key, value in (("block_count", layers), ("context_length", 256), ("embedding_length", HIDDEN),
                        ("feed_forward_length", INTER), ("head_count", 8), ("head_count_kv", 2)):
         getattr(writer, f"add_{key}")(value)

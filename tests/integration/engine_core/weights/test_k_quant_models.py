@@ -12,7 +12,7 @@ from tests.support.cpu_tier_helpers import forced_tier, tier_params
 from engine_core.layers import cpu_quant_dot
 from engine_core.layers.quant_pieces import PiecewiseQuantWeight
 from tests.support.gguf_weights import gguf_rows
-from tests.integration.engine_core.weights.test_gguf_import import _add_tiny_tokenizer
+from tests.support.gguf_writing import add_tiny_tokenizer
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +40,7 @@ def k_quant_gguf(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("kquant") / "tiny-q4_k_m.gguf")
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(path, "qwen2")
-    vocab = _add_tiny_tokenizer(writer)
+    vocab = add_tiny_tokenizer(writer)
     for key, value in (("block_count", LAYERS), ("context_length", 256), ("embedding_length", HIDDEN),
                        ("feed_forward_length", INTER), ("head_count", HEADS), ("head_count_kv", KV_HEADS)):
         getattr(writer, f"add_{key}")(value)

@@ -20,12 +20,12 @@ from engine_core.models.moe_checkpoint import per_expert
 from engine_core.weights.gguf_import import QUANTIZED_FILE, import_gguf
 from engine_core.weights.loader import quantized_tensors
 from engine_core.worker.model_runner import ModelRunner
-from tests.integration.engine_core.weights.test_gguf_import import _add_tiny_tokenizer, add_tensor, permute_qk
+from tests.support.gguf_writing import add_tensor, add_tiny_tokenizer, permute_qk
 from tests.support.paged_kv_logits import hf_logits, make_runner, run_step
 
 pytestmark = pytest.mark.integration
 
-VOCAB = 261  # _add_tiny_tokenizer's
+VOCAB = 261  # add_tiny_tokenizer's
 GGUF_ARCH = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
 TOKENS = [5, 200, 17, 260, 31, 99, 3, 150, 42, 77, 8, 180, 64]
 # HF name piece -> llama.cpp's, per layer
@@ -49,7 +49,7 @@ def write_moe_gguf(hf_folder: str, path: str, arch: str, q8_experts: bool = Fals
     tensors = {k.removeprefix("model."): v.numpy() for k, v in per_expert(checkpoint.items())}  # Mixtral's as Qwen's
     name = GGUF_ARCH[arch]
     writer = gguf.GGUFWriter(path, name)
-    _add_tiny_tokenizer(writer)
+    add_tiny_tokenizer(writer)
     layers, heads, kv = config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     writer.add_block_count(layers)

@@ -131,10 +131,10 @@ def test_serve_hf_folder_with_env_api_key_then_sigint(tiny_models, tmp_path):
 
 def test_serve_gguf_file_with_api_key_flag(tmp_path):
     """docs/serving: `nvllm serve ./model.Q4_1.gguf --api-key secret`, on a tiny synthetic GGUF; SIGTERM exits 0."""
-    from tests.integration.engine_core.weights.test_gguf_import import _write_gguf
+    from tests.support.gguf_writing import write_gguf
 
     gguf_path = str(tmp_path / "tiny.gguf")
-    _write_gguf(gguf_path, "llama")
+    write_gguf(gguf_path, "llama")
     # a cache of its own for the import; the kernels built so far are shared (a build of them all took a minute)
     kernels = os.path.join(cache_dir(), "kernels")
     os.makedirs(kernels, exist_ok=True)
