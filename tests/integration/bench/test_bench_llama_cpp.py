@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.integration.engine_core.models.test_smollm2_vs_transformers import GGUF_NAME, _wheel_dir
+from tests.support.smollm2_wheel import GGUF_NAME, wheel_dir
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ print(json.dumps([{"n_prompt": int(args["-p"]), "n_gen": 0, "avg_ts": 100.0},
 
 
 def test_rounds_alternate_the_two_engines_on_one_file(tmp_path):
-    gguf = os.path.join(_wheel_dir(), GGUF_NAME)  # the default model's file
+    gguf = os.path.join(wheel_dir(), GGUF_NAME)  # the default model's file
     stand_in = tmp_path / "llama-bench"
     stand_in.write_text(STAND_IN)
     stand_in.chmod(stand_in.stat().st_mode | stat.S_IEXEC)

@@ -9,7 +9,7 @@ import pytest
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
 from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_ops, cpu_quant_dot
-from tests.integration.engine_core.batch_invariance.test_float32_batch_invariance import PROMPTS, _answers
+from tests.support.greedy_answers import PROMPTS, greedy_answers
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(cpu_gemm_f32.load() is None, reason="no C compiler: the generic kernels are not built")]
@@ -34,14 +34,14 @@ def test_bf16_without_avx512_bf16_answers_the_same_whatever_runs_beside_it(tiny_
         assert runner.backend.name == "cpu_generic"
         packed = {type(m.packed_weight) for m in runner.model.modules() if hasattr(m, "packed_weight")}
         assert packed == {cpu_gemm_f32.GenericPanelWeight}
-        alone = [_answers(plain, [p])[0] for p in PROMPTS]
-        assert _answers(plain, PROMPTS) == alone
+        alone = [greedy_answers(plain, [p])[0] for p in PROMPTS]
+        assert greedy_answers(plain, PROMPTS) == alone
     finally:
         plain.shutdown()
     small_budget = _engine(tiny_models["llama"], enable_prefix_caching=True, max_num_batched_tokens=16)
     try:
-        assert _answers(small_budget, PROMPTS) == alone
-        assert _answers(small_budget, PROMPTS) == alone  # prefixes cached
+        assert greedy_answers(small_budget, PROMPTS) == alone
+        assert greedy_answers(small_budget, PROMPTS) == alone  # prefixes cached
     finally:
         small_budget.shutdown()
 
@@ -54,13 +54,13 @@ def test_bf16_kept_quantized_on_the_avx2_tier_answers_the_same_whatever_runs_bes
         try:
             packed = plain.client.core.executor.runner.model.layers[0].self_attn.qkv_proj.packed_weight
             assert isinstance(packed, cpu_quant_dot.QuantDotWeight)
-            alone = [_answers(plain, [p])[0] for p in PROMPTS]
-            assert _answers(plain, PROMPTS) == alone
+            alone = [greedy_answers(plain, [p])[0] for p in PROMPTS]
+            assert greedy_answers(plain, PROMPTS) == alone
         finally:
             plain.shutdown()
         small_budget = _engine(default_model_dir, enable_prefix_caching=True, max_num_batched_tokens=16)
         try:
-            assert _answers(small_budget, PROMPTS) == alone
-            assert _answers(small_budget, PROMPTS) == alone  # prefixes cached
+            assert greedy_answers(small_budget, PROMPTS) == alone
+            assert greedy_answers(small_budget, PROMPTS) == alone  # prefixes cached
         finally:
             small_budget.shutdown()

@@ -5,11 +5,11 @@ hits, decodes and mixed steps; and the module path wherever the C loop would not
 import pytest
 import torch
 
-from common.sampling_params import SamplingParams
 from tests.support.tiny_models import build_tiny_model
 from engine_core.attention import cpu_decode_kernel
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
+from tests.support.decoder_runs import greedy_run, random_prompts, runner_model
 from engine_core.layers import cpu_quant_f32
 from engine_core.models import cpu_decoder, cpu_decoder_f32
 
@@ -17,22 +17,6 @@ pytestmark = pytest.mark.integration
 needs_c_decoder = pytest.mark.skipif(
     None in (cpu_decoder.load(), cpu_gemm.load(), cpu_decode_kernel.load()) or not cpu_ops.norm_kernel_ok(),
     reason="needs AVX512-BF16 and a C compiler: the C decoder's kernels do not run on this CPU")
-
-
-def _model(llm):
-    return llm.client.core.executor.runner.model
-
-
-def _prompts(n: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 90, (n,), generator=g).tolist()
-    prompts = [torch.randint(200, 40000, (k,), generator=g).tolist() for k in lengths]
-    return prompts + [prompts[0] + prompts[1]]  # its first blocks come from the prefix cache
-
-
-def _run(llm, prompts):
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
-    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +62,16 @@ def _check_c_loop(path, dtype, quantization, loop, kept_type, kept, seed, storag
     llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="64MiB", max_model_len=512,
               max_num_batched_tokens=48, quantization=quantization)
     try:
-        model = _model(llm)
+        model = runner_model(llm)
         assert isinstance(model.cpu_decoder, loop)
         assert isinstance(model.layers[0].self_attn.qkv_proj.packed_weight, kept_type) == kept
         assert storage is None or {m.packed_weight.storage for m in model.modules()
                                    if getattr(m, "packed_weight", None) is not None} == {storage}
-        prompts = _prompts(6, seed=seed)
-        with_c = _run(llm, prompts)
+        prompts = random_prompts(6, seed=seed)
+        with_c = greedy_run(llm, prompts)
         llm.reset_prefix_cache()
         model.cpu_decoder = None
-        assert _run(llm, prompts) == with_c
+        assert greedy_run(llm, prompts) == with_c
         return with_c
     finally:
         llm.shutdown()
@@ -141,8 +125,8 @@ def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
         llm = LLM(path, multiprocess=False, dtype=dtype, kv_cache_memory="16MiB", max_model_len=256,
                   batch_invariant=invariant)
         try:
-            assert _model(llm).cpu_decoder is None
-            assert len(_run(llm, [[5, 6, 7]])[0][0]) == 12
+            assert runner_model(llm).cpu_decoder is None
+            assert len(greedy_run(llm, [[5, 6, 7]])[0][0]) == 12
         finally:
             llm.shutdown()
 

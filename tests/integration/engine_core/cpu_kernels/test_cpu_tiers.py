@@ -11,7 +11,7 @@ import torch
 from tests.support.cpu_tier_helpers import forced_tier, tier_params, tiers_here
 from engine_core.cpu_kernels import table, tiers
 from engine_core.layers import cpu_gemm_f32, cpu_quant_dot, cpu_quant_f32
-from tests.integration.engine_core.cpu_kernels.test_cpu_quant import _quantized
+from tests.support.gguf_weights import quantized_weight
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +138,7 @@ def products():
 @pytest.mark.parametrize("qtype,n,k", DOT_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_quant_dot_is_the_product_of_the_rounded_rows_the_same_on_every_tier(tier, qtype, n, k, dtype, products):
-    weight, dequantized = _quantized(qtype, n, k, seed=n + k)
+    weight, dequantized = quantized_weight(qtype, n, k, seed=n + k)
     # 41 rows: the AMX tier's K-quant tiles (24 rows and more) and its few-rows tile alike
     x = torch.randn(41, k, generator=torch.Generator().manual_seed(k)).to(dtype)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
@@ -166,7 +166,7 @@ def test_quant_dot_is_the_product_of_the_rounded_rows_the_same_on_every_tier(tie
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize("n,k", [(1, 32), (17, 96), (100, 576), (70, 1536)])
 def test_quant_f32_is_the_dense_kernel_on_the_dequantized_weights_to_the_bit(tier, qtype, n, k):
-    weight, dequantized = _quantized(qtype, n, k, seed=n + k)
+    weight, dequantized = quantized_weight(qtype, n, k, seed=n + k)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
     with forced_tier(tier):
         packed, dense = cpu_quant_f32.QuantF32Weight(weight), cpu_gemm_f32.GenericPanelWeight(dequantized)
@@ -183,7 +183,7 @@ def test_quant_f32_is_the_dense_kernel_on_the_dequantized_weights_to_the_bit(tie
                          ids=lambda v: v if isinstance(v, str) else v.kernel.rpartition("/")[2])
 def test_quantized_rows_do_not_depend_on_the_batch_or_the_threads(tier, qtype, kernel):
     n, k = 70, 512
-    weight, _ = _quantized(qtype, n, k, seed=4)
+    weight, _ = quantized_weight(qtype, n, k, seed=4)
     x = torch.randn(300, k, generator=torch.Generator().manual_seed(6))
     threads = torch.get_num_threads()
     with forced_tier(tier):
@@ -203,7 +203,7 @@ def test_quant_dot_rounds_rows_with_nan_inf_zeros_and_denormals_the_same_on_ever
     """The vectorized row rounding (and the AMX tier's tiles, from 24 rows) against the portable build's scalar
     loop on the inputs where a max, a division or a clamp could go another way."""
     n, k = 20, 512
-    weight, _ = _quantized(qtype, n, k, seed=3)
+    weight, _ = quantized_weight(qtype, n, k, seed=3)
     x = torch.randn(41, k, generator=torch.Generator().manual_seed(2))
     x[0, 5] = float("nan")
     x[1, 7] = float("inf")

@@ -145,20 +145,20 @@ def test_the_bf16_c_loop_rotates_a_partial_head_as_the_modules_do(folders, cpu_t
     """bfloat16: the tier's C loop (cpu_decoder.c on AVX512-BF16, else the generic one) gives the modules' tokens
     and logprobs to the bit, over chunked prefills, prefix-cache hits and decodes."""
     from frontend.llm import LLM
-    from tests.integration.engine_core.cpu_kernels.test_cpu_decoder import _model, _prompts, _run
+    from tests.support.decoder_runs import greedy_run, random_prompts, runner_model
 
     with forced_tier(cpu_tier):
         llm = LLM(folders["phi3-longrope"], multiprocess=False, dtype="bfloat16", kv_cache_memory="64MiB",
                   max_model_len=128, max_num_batched_tokens=32)
         try:
-            model = _model(llm)
+            model = runner_model(llm)
             if model.cpu_decoder is None:
                 pytest.skip("no bf16 C loop on this tier")
-            prompts = _prompts(3, seed=5)
-            with_c = _run(llm, prompts)
+            prompts = random_prompts(3, seed=5)
+            with_c = greedy_run(llm, prompts)
             llm.reset_prefix_cache()
             model.cpu_decoder = None
-            assert _run(llm, prompts) == with_c
+            assert greedy_run(llm, prompts) == with_c
         finally:
             llm.shutdown()
 

