@@ -203,7 +203,7 @@ def test_beam_search_under_an_adapter_matches_peft(family):
     from peft import PeftModel
 
     from common.beam_search_params import BeamSearchParams
-    from tests.integration.engine_core.sched.test_beam_search import assert_same_beams, transformers_beams
+    from tests.support.beams import assert_same_beams, transformers_beams
 
     path, base, _, wide = family
     tuned = PeftModel.from_pretrained(base, wide.lora_path)

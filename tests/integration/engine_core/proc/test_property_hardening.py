@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from common.protocol import EngineCoreRequest, FinishReason
 from common.sampling_params import SamplingParams
 from tests.support.http_helpers import metric, start_serve
-from tests.integration.engine_core.proc.test_core_hardening import Peer, core_args
+from tests.support.core_peer import Peer, core_args
 
 pytestmark = pytest.mark.integration
 

@@ -6,6 +6,7 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
+from tests.support.near_ties import identical_but_for_near_ties
 from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant, cpu_quant_dot, cpu_quant_f32
 
 pytestmark = pytest.mark.integration
@@ -57,23 +58,6 @@ def test_default_model_runs_from_its_quantized_blocks_and_agrees_but_for_near_ti
     kinds, plain, what = _chat("none", default_model_dir)
     assert kinds[:3] == (cpu_gemm.PanelWeight, cpu_gemm.GatedPanelWeight, cpu_gemm.PanelWeight) and what == "none"
     assert identical_but_for_near_ties(kept, plain, NEAR_TIE) >= MIN_IDENTICAL
-
-
-def identical_but_for_near_ties(kept, plain, near_tie: float) -> int:
-    """How many answers two runs give token for token; where one pair parts, each run ranks the other's token
-    among its top logprobs, at most `near_tie` below its best (asserted)."""
-    identical = 0
-    for a, b in zip(kept, plain):
-        first = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
-        if first is None:
-            identical += 1
-            continue
-        for out, other in ((a, b), (b, a)):
-            top = out.logprobs[first]
-            best = max(lp.logprob for lp in top.values())
-            chosen = other.token_ids[first]
-            assert chosen in top and best - top[chosen].logprob <= near_tie, (first, sorted(top.items()))
-    return identical
 
 
 @needs_kernels

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from common.sampling_params import SamplingParams
-from tests.integration.engine_core.weights.test_quantized_weights import identical_but_for_near_ties
-from tests.integration.engine_core.weights.test_real_model_kept_quantized import NEAR_TIE, cached_real_model
+from tests.support.near_ties import identical_but_for_near_ties
+from tests.support.real_models import NEAR_TIE, cached_real_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

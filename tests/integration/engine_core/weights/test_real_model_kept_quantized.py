@@ -10,7 +10,8 @@ import os
 import pytest
 
 from common.sampling_params import SamplingParams
-from tests.integration.engine_core.weights.test_quantized_weights import identical_but_for_near_ties
+from tests.support.near_ties import identical_but_for_near_ties
+from tests.support.real_models import NEAR_TIE, cached_real_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -18,20 +19,6 @@ NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 PROMPTS = ["Write a Python function that reverses a string.", "What does HTTP 404 mean?",
            "Explain a hash map in one sentence.", "Write a SQL query that counts the rows of a table named users.",
            "What is the time complexity of binary search?", "Name three sorting algorithms."]
-NEAR_TIE = 0.5  # logprob gap where kept and dequantized may pick differently (8-bit activation rounding)
-
-
-def cached_real_model(name: str) -> str:
-    """The path of the catalogue's model `name` in the cache; skips, saying how to fetch it, where it is not."""
-    from frontend.bench.model_fetch import default_dest, is_cached, model_path
-    from frontend.bench.real_models import find
-
-    model = find(name)
-    path = model_path(model, default_dest())
-    if not is_cached(model, default_dest()):
-        pytest.skip(f"{name} is not cached at {path}: `nvllm bench models fetch {name}` fetches it "
-                    f"({model.size // 1_000_000} MB)")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.support.http_helpers import openai_client, serving
-from tests.integration.frontend.api.test_tool_calling import ADD, SCHEMAS, WEATHER, qwen_like_model
+from tests.support.tool_models import ADD, SCHEMAS, WEATHER, qwen_like_model
 
 pytestmark = pytest.mark.integration
 
