@@ -1,7 +1,7 @@
 """Which config.json fields transformers' own code reads for an architecture, derived from its source.
 
 A field matters to a model's outputs only where transformers' code for that architecture reads it, so this is
-what engine_core/families/transformers_reads.py records per family (tests/test_config_reads.py re-derives it
+what engine_core/families/transformers_reads.py records per family (tests/unit/engine_core/families/test_config_reads.py re-derives it
 from the installed transformers). Read means, in the source's syntax tree:
 - a field the configuration class declares (its annotations, its bases' included, not a ClassVar), and a
   `self.X`, `getattr(self, "X")` or `kwargs.get("X")` / `kwargs.pop("X")` read in its module (legacy names it
@@ -13,7 +13,7 @@ Private names (a leading underscore) and the configuration class's methods are n
 loader) is not read: what it reads is loading bookkeeping but quantization_config, which says what the weights are
 and which engine_core/families/quantization.py answers by method.
 
-Run `python tests/transformers_reads.py` to print the data module for the installed transformers.
+Run `python tests/support/transformers_reads.py` to print the data module for the installed transformers.
 """
 
 import ast

@@ -2,7 +2,7 @@
 base image where Docker Hub cannot be reached, packages from a wheelhouse on loopback), the services up with
 CURVE keys made by the frontend image, then what a user does: a chat completion through the openai client,
 the frontend image checked for torch and model files, the core restarted under a live frontend, the frontends
-scaled to two, and `down -v`. The engine comes from tests/docker_engine.py (started here where none answers);
+scaled to two, and `down -v`. The engine comes from tests/support/docker_engine.py (started here where none answers);
 the test skips only where no engine can start. Timings go to the test's output. The steps are those of
 docs/deployment/compose.md."""
 

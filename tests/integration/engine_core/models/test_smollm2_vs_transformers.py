@@ -38,7 +38,7 @@ def hf_model(smollm2_transformers):
 def llm(default_model_dir):
     from frontend.llm import LLM
     # the dequantized weights, as transformers holds them (quantization auto keeps the GGUF blocks and gives the
-    # same bits in float32: tests/test_quantized_weights.py)
+    # same bits in float32: tests/integration/engine_core/weights/test_quantized_weights.py)
     engine = LLM(None, dtype="float32", quantization="none", max_model_len=1024, kv_cache_memory="256MiB")
     yield engine
     engine.shutdown()

@@ -26,7 +26,7 @@ REAL_CONFIGS = os.path.join(DATA, "real_configs")
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_the_recorded_reads_cover_what_the_installed_transformers_reads(family):
     """Fails when a transformers release reads a field the record lacks (nvllm would ignore it, and transformers
-    would not): regenerate engine_core/families/transformers_reads.py with `python tests/transformers_reads.py`
+    would not): regenerate engine_core/families/transformers_reads.py with `python tests/support/transformers_reads.py`
     and decide each new field in the family record."""
     assert family.transformers_reads == READS[family.name]
     # a new bookkeeping field (never changing the outputs) may go unrecorded: nvllm would ignore it either way
@@ -88,7 +88,7 @@ ACCEPTED = {
     "dolphin3.0-r1-mistral-24b.json": dict(family="mistral", vocab_size=131074),
     "mixtral-8x7b-v0.1.json": dict(family="mixtral", num_experts=8, experts_per_token=2),
     "dolphin-2.5-mixtral-8x7b.json": dict(family="mixtral", vocab_size=32002),
-    # FP8 weight blocks: dequantized at load (tests/test_fp8_checkpoint.py)
+    # FP8 weight blocks: dequantized at load (tests/integration/engine_core/weights/test_fp8_checkpoint.py)
     "qwen3-32b-fp8.json": dict(family="qwen3", num_layers=64),
     "qwen3-30b-a3b-fp8.json": dict(family="qwen3_moe", num_experts=128),
 }

@@ -1,5 +1,5 @@
 """Unit tests of the frontend's request path with no process and no socket: Processor, OutputProcessor,
-EngineRouter and AsyncLLM on fake core clients (tests/fake_core.py)."""
+EngineRouter and AsyncLLM on fake core clients (tests/support/fake_core.py)."""
 
 import asyncio
 

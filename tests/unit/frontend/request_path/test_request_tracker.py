@@ -1,6 +1,6 @@
 """One record per request: the RequestTracker holds each request's samples, core, stream and output state,
 and AsyncLLM, its router, the OutputProcessor and the offline LLM all read that one record (no process,
-no socket: tests/fake_core.py stands in for the core)."""
+no socket: tests/support/fake_core.py stands in for the core)."""
 
 import asyncio
 
