@@ -1,5 +1,6 @@
 """The HF folder `nvllm bench cpu` hands vLLM: a GGUF import becomes the file's weights dequantized by
-transformers, in bf16, that transformers (and so vLLM) reads back; any other folder is passed as it is."""
+transformers, in bf16, that transformers (and so vLLM) reads back (any other folder is passed as it is:
+tests/unit/bench/test_bench_dense_folder.py)."""
 
 import json
 import os
@@ -9,14 +10,9 @@ import torch
 
 from engine_core.bench.dense_folder import dense_folder
 
-
-@pytest.mark.unit
-def test_an_hf_folder_is_passed_as_it_is(tmp_path):
-    (tmp_path / "config.json").write_text("{}")
-    assert dense_folder(str(tmp_path)) == str(tmp_path)
+pytestmark = pytest.mark.integration
 
 
-@pytest.mark.integration
 def test_a_gguf_import_becomes_its_weights_dequantized_in_bf16(tmp_path, smollm2_transformers):
     import importlib.util
 
