@@ -1,8 +1,8 @@
 """Which config.json fields transformers' own code reads for an architecture, derived from its source.
 
 A field matters to a model's outputs only where transformers' code for that architecture reads it, so this is
-what engine_core/families/transformers_reads.py records per family (tests/unit/engine_core/families/test_config_reads.py re-derives it
-from the installed transformers). Read means, in the source's syntax tree:
+what engine_core/families/transformers_reads.py records per family (tests/unit/engine_core/families/
+test_config_reads.py re-derives it from the installed transformers). Read means, in the source's syntax tree:
 - a field the configuration class declares (its annotations, its bases' included, not a ClassVar), and a
   `self.X`, `getattr(self, "X")` or `kwargs.get("X")` / `kwargs.pop("X")` read in its module (legacy names it
   converts) that is not one of the class's own constants; both names of each alias in its attribute_map;

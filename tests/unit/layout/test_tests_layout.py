@@ -66,7 +66,8 @@ def _markers(path: str, root: str = ROOT) -> set[str]:
     with open(os.path.join(root, path)) as f:
         tree = ast.parse(f.read(), path)
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
             marks = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
             names = set()
             for mark in marks:

@@ -11,8 +11,9 @@ import torch
 from engine_core.cpu_kernels import table
 from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant, cpu_quant_dot
 from engine_core.layers.forward_context import forward_context
-from tests.support.exact_sum_checks import (FORMATS, ROWS, assert_embedding_rows_dequantized, assert_gated_is_plain_then_silu,
-                              assert_rows_alike, assert_threads_and_strides_alike, bf16_randn)
+from tests.support.exact_sum_checks import (FORMATS, ROWS, assert_embedding_rows_dequantized,
+                                            assert_gated_is_plain_then_silu, assert_rows_alike,
+                                            assert_threads_and_strides_alike, bf16_randn)
 from tests.support.gguf_weights import quantized_weight
 
 pytestmark = [pytest.mark.integration,

@@ -137,7 +137,7 @@ def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
 @pytest.mark.parametrize("tier,arch", [
     *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("avx2")
       for arch in ("default", "default-dense", "qwen2", "qwen3", "llama", "mistral")],
-    # portable runs the kept GGUF blocks in tests/integration/engine_core/weights/test_k_quant_models.py's tiny file (SmolLM2 took over a minute)
+    # portable runs the kept GGUF blocks in weights/test_k_quant_models.py's tiny file (SmolLM2 took over a minute)
     *[pytest.param(p.values[0], "qwen3", marks=p.marks, id=f"{p.values[0]}-qwen3") for p in tier_params("portable")]])
 def test_the_generic_bf16_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_model_dir, tiny_models,
                                                                   qwen2_head32, mistral_head32):

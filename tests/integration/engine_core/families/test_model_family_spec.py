@@ -129,7 +129,7 @@ def test_a_mistral_config_with_layer_types_is_refused(tmp_path):
 
 def test_the_gguf_importer_names_come_from_the_families():
     # llama.cpp writes Mixtral as a llama with experts: the importer tells it apart by its expert count; a Mistral
-    # file says llama too, and reads as the Llama family (tests/integration/engine_core/weights/test_gguf_import.py: a window key makes it Mistral)
+    # file says llama too, and reads as the Llama family (weights/test_gguf_import.py: a window key makes it Mistral)
     imported = [f for f in FAMILIES if f.gguf_architecture is not None and f.name != "mistral"]
     assert [family_for_gguf(f.gguf_architecture, f.moe is not None) for f in imported] == imported
     assert family_for_gguf("llama").name == "llama" and family_for_gguf("llama", False).name == "llama"

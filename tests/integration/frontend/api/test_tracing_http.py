@@ -1,7 +1,7 @@
 """Tracing as served: `nvllm serve --otlp-traces-endpoint` on a tiny model exports over OTLP/HTTP
-(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf) to a real receiver process (tests/support/otlp_receiver.py). A request
-sent through the openai client with a caller's traceparent gives the frontend span (the caller's span its parent)
-and the engine core's child span; once the receiver is gone, requests are still served and the server says so
+(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf) to a real receiver process (tests/support/otlp_receiver.py). A
+request sent through the openai client with a caller's traceparent gives the frontend span (the caller's span its
+parent) and the engine core's child span; once the receiver is gone, requests are still served and the server says so
 once in its log."""
 
 import os
