@@ -1,9 +1,10 @@
 """The config.json fields transformers' own code reads for each family's architecture: derived from its source
-by tests/transformers_reads.py (the configuration class's fields and the legacy names it converts, the modeling
+by tests/support/transformers_reads.py (the configuration class's fields and the legacy names it converts, the modeling
 module's `config.X` reads, and those of the shared rotary, mask and cache code), never written by hand.
 
 A field outside a family's set changes nothing transformers computes for that architecture, so nvllm ignores it
-(family.py); a field inside it is honoured, or refused by name. tests/test_config_reads.py re-derives the sets
+(family.py); a field inside it is honoured, or refused by name. tests/unit/engine_core/families/test_config_reads.py
+re-derives the sets
 from the installed transformers and fails when it reads a field these do not list.
 """
 

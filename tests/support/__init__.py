@@ -1,0 +1,1 @@
+"""What several test modules share (a test module never imports another): references, builders, clients, paths."""
