@@ -113,7 +113,7 @@ class SandwichDecoderLayer(DecoderLayer):
 
 
 class DecoderForCausalLM(nn.Module):
-    cpu_decoder = None  # a CpuDecoder (cpu_decoder.py) runs the layers from C where the model runner sets one
+    decoder_loop = None  # a CpuDecoder (decoder_loop.py) runs the layers from C where the model runner sets one
 
     def __init__(self, spec: ModelSpec):
         super().__init__()

@@ -1,4 +1,4 @@
-"""The CPU paged attention kernels (cpu_decode.c): built once, loaded through ctypes.
+"""The CPU paged attention kernels (paged_avx512_bf16.c): built once, loaded through ctypes.
 
 paged_decode_attention serves one query token per sequence; paged_attention any number per sequence
 (prefill chunks, chunks after cached blocks, decodes), reading keys and values in place. Both take
@@ -19,7 +19,7 @@ from engine_core.cpu_kernels.amx_grant import amx_granted
 
 def load():
     """The kernel library, or None where it cannot be had (logged once): amx_attention.c on the amx tier
-    (cpu_decode.c's functions, the chunk kernel's products on AMX tiles), else cpu_decode.c.
+    (paged_avx512_bf16.c's functions, the chunk kernel's products on AMX tiles), else paged_avx512_bf16.c.
     NVLLM_CPU_DECODE_KERNEL=0 turns both off."""
     if not table.runs_here("cpu_decode"):
         return None
@@ -29,11 +29,11 @@ def load():
 @table.loader("amx_attention")
 def _amx_library(library):
     """amx_attention.c, or None where the OS refuses the tiles (logged)."""
-    return _declare(library) if amx_granted(library, "attention runs cpu_decode.c's AVX512-BF16 kernels") else None
+    return _declare(library) if amx_granted(library, "attention runs paged_avx512_bf16.c's AVX512-BF16 kernels") else None
 
 
 def _declare(library):
-    """The ctypes signatures of cpu_decode.c's functions (amx_attention.c has the same)."""
+    """The ctypes signatures of paged_avx512_bf16.c's functions (amx_attention.c has the same)."""
     fn = library.paged_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,

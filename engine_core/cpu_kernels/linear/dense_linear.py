@@ -1,4 +1,4 @@
-"""nvllm's own bfloat16 linear kernel for AVX512-BF16 CPUs (cpu_gemm.c), through ctypes.
+"""nvllm's own bfloat16 linear kernel for AVX512-BF16 CPUs (dense_bf16_dot.c), through ctypes.
 
 Against oneDNN's packed bf16 linear on the default model's shapes (2 Zen4 cores, no AMX): 1.5-1.7x
 faster at 1-8 rows (decode steps, where the weights stream from memory), 1.07-1.3x at 16-64, the
@@ -7,7 +7,7 @@ on how many rows the step has.
 
 On the amx tier the same panels run on AMX tiles (amx_gemm.c: TDPBF16PS, one fixed order per row at every
 row count), a drop-in library with this one's functions; a process the OS refuses the tile state keeps
-cpu_gemm.c, with the reason in the log. CPUs with AMX keep oneDNN with --no-batch-invariant.
+dense_bf16_dot.c, with the reason in the log. CPUs with AMX keep oneDNN with --no-batch-invariant.
 NVLLM_CPU_GEMM=onednn picks oneDNN everywhere.
 """
 
@@ -19,7 +19,7 @@ from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table, tiers
 from engine_core.cpu_kernels.amx_grant import amx_granted
 
-LANES = 16  # output columns per packed panel (cpu_gemm.c)
+LANES = 16  # output columns per packed panel (dense_bf16_dot.c)
 
 
 
@@ -34,12 +34,12 @@ def load():
 
 @table.loader("amx_gemm")
 def _amx_library(library):
-    """amx_gemm.c: cpu_gemm.c's functions on AMX tiles, or None where the tiles are refused."""
-    return _declare(library) if amx_granted(library, "bf16 linear layers run cpu_gemm.c's AVX512-BF16 panels") else None
+    """amx_gemm.c: dense_bf16_dot.c's functions on AMX tiles, or None where the tiles are refused."""
+    return _declare(library) if amx_granted(library, "bf16 linear layers run dense_bf16_dot.c's AVX512-BF16 panels") else None
 
 
 def _declare(library):
-    """The ctypes signatures of cpu_gemm.c's functions (amx_gemm.c has the same)."""
+    """The ctypes signatures of dense_bf16_dot.c's functions (amx_gemm.c has the same)."""
     ptr, long = ctypes.c_void_p, ctypes.c_long
     library.pack_weight_bf16.argtypes = [ptr, long, long, long, ptr]
     library.pack_weight_bf16.restype = None
@@ -59,7 +59,7 @@ class PanelWeight:
     """A [N, K] bf16 weight (K even) packed into 16-column panels."""
 
     _bias_order: torch.Tensor | None = None  # the output column of each packed column, where they differ
-    kernel = "linear/cpu_gemm.c"  # the source it runs (cpu_kernels/), for the load log
+    kernel = "linear/dense_bf16_dot.c"  # the source it runs (cpu_kernels/), for the load log
 
     def __init__(self, weight: torch.Tensor):
         library = load()
@@ -104,7 +104,7 @@ class PanelWeight:
 class GatedPanelWeight(PanelWeight):
     """A gate/up weight [2I, K] (gate rows, then up rows) packed so that one call returns
     silu(x @ gate^T) * (x @ up^T), [..., I]: the [.., 2I] matmul output is never stored, and the
-    result equals the unfused linear followed by silu_and_mul bit for bit (cpu_gemm.c)."""
+    result equals the unfused linear followed by silu_and_mul bit for bit (dense_bf16_dot.c)."""
 
     def __init__(self, weight: torch.Tensor, silu_table: torch.Tensor):
         assert weight.shape[0] % (4 * LANES) == 0

@@ -1,6 +1,6 @@
-"""nvllm's fixed-order linear kernel for any x86-64 CPU (cpu_gemm_f32.c), through ctypes.
+"""nvllm's fixed-order linear kernel for any x86-64 CPU (dense_fixed_order.c), through ctypes.
 
-The batch-invariant linear layers where the AVX512-BF16 kernel (cpu_gemm.py) does not apply: every
+The batch-invariant linear layers where the AVX512-BF16 kernel (dense_linear.py) does not apply: every
 float32 linear layer, and bfloat16 ones on CPUs without AVX512-BF16. Each output is one fp32 sum over
 k = 0, 1, 2, ... in order (fused multiply-adds), so a row's result does not depend on how many rows
 the step has, which tile or thread computed it (oneDNN / MKL choose their blocking, and so their sum
@@ -21,9 +21,9 @@ import os
 import torch
 
 from engine_core.cpu_kernels import table
-from engine_core.layers import cpu_gemm
+from engine_core.cpu_kernels.linear import dense_linear
 
-LANES = 16  # output columns per packed panel (cpu_gemm_f32.c)
+LANES = 16  # output columns per packed panel (dense_fixed_order.c)
 BF16_STORAGE_ENV = "NVLLM_CPU_BF16_STORAGE"
 
 
@@ -59,7 +59,7 @@ class GenericPanelWeight:
 
     Invariant: matmul's row i depends only on x's row i (and the weight and bias)."""
 
-    kernel = "linear/cpu_gemm_f32.c"
+    kernel = "linear/dense_fixed_order.c"
 
     def __init__(self, weight: torch.Tensor):
         library = load()
@@ -91,5 +91,5 @@ class GenericPanelWeight:
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] @ W^T (+ bias, added in fp32 after the sum) -> [..., N], in the weight's dtype."""
         bias32 = None if bias is None else self.float_bias(bias)
-        return cpu_gemm.run_panel_kernel(self._kernel, self.panels, self.in_features, self.dtype, x, bias32,
+        return dense_linear.run_panel_kernel(self._kernel, self.panels, self.in_features, self.dtype, x, bias32,
                                          self.out_features)

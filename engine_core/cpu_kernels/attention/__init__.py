@@ -1,0 +1,1 @@
+"""attention kernels: the C sources and their ctypes bindings."""

@@ -1,0 +1,1 @@
+"""decoder kernels: the C sources and their ctypes bindings."""

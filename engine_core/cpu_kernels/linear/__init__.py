@@ -1,0 +1,1 @@
+"""linear kernels: the C sources and their ctypes bindings."""

@@ -1,0 +1,1 @@
+"""ops kernels: the C sources and their ctypes bindings."""
