@@ -11,11 +11,11 @@ from engine_core.cpu_kernels.attention import paged_avx512_bf16
 from engine_core.cpu_kernels.linear import dense_linear, quant_bf16_dot, quant_exact_f32
 from engine_core.cpu_kernels.ops import fused_ops
 from cpu_tier_helpers import forced_tier, tier_params
-from engine_core.cpu_kernels.decoder import decoder_loop, loop_portable
+from engine_core.cpu_kernels.decoder import loop_avx512_bf16, loop_portable
 
 pytestmark = pytest.mark.integration
 needs_c_decoder = pytest.mark.skipif(
-    None in (decoder_loop.load(), dense_linear.load(), paged_avx512_bf16.load()) or not fused_ops.norm_kernel_ok(),
+    None in (loop_avx512_bf16.load(), dense_linear.load(), paged_avx512_bf16.load()) or not fused_ops.norm_kernel_ok(),
     reason="needs AVX512-BF16 and a C compiler: the C decoder's kernels do not run on this CPU")
 
 
@@ -66,7 +66,7 @@ def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny
     path = {"default": default_model_dir, "default-bf16": default_model_dir, "qwen2": qwen2_head32,
             "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"], "mistral": mistral_head32}[arch]
     quantization = {"default-bf16": "none", "qwen2-int8": "int8"}.get(arch, "auto")
-    _check_c_loop(path, "bfloat16", quantization, decoder_loop.CpuDecoder, quant_bf16_dot.QuantPanelWeight,
+    _check_c_loop(path, "bfloat16", quantization, loop_avx512_bf16.CpuDecoder, quant_bf16_dot.QuantPanelWeight,
                   arch in ("default", "qwen2-int8"), seed=1)
 
 
@@ -125,11 +125,11 @@ def test_a_bf16_checkpoint_in_a_float32_engine_reads_bf16_panels_and_answers_as_
         tier, qwen3_bf16_checkpoint, monkeypatch):
     """Weights that are bf16 values are stored in bf16 panels (half the bytes) and widened as read: the C loop
     and the modules agree, and both give the float32 panels' tokens and logprobs to the bit."""
-    from engine_core.cpu_kernels.linear import dense_fixed_order
-    loop, panels = loop_portable.CpuDecoderF32, dense_fixed_order.GenericPanelWeight
+    from engine_core.cpu_kernels.linear import dense_linear
+    loop, panels = loop_portable.CpuDecoderF32, dense_linear.GenericPanelWeight
     with forced_tier(tier):
         half = _check_c_loop(qwen3_bf16_checkpoint, "float32", "none", loop, panels, True, 3, torch.bfloat16)
-        monkeypatch.setenv(dense_fixed_order.BF16_STORAGE_ENV, "0")
+        monkeypatch.setenv(dense_linear.BF16_STORAGE_ENV, "0")
         full = _check_c_loop(qwen3_bf16_checkpoint, "float32", "none", loop, panels, True, 3, torch.float32)
     assert half == full
 

@@ -8,12 +8,12 @@ import pytest
 
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from cpu_tier_helpers import forced_tier, tier_params
-from engine_core.cpu_kernels.linear import dense_fixed_order, dense_linear, quant_int8_rows
+from engine_core.cpu_kernels.linear import dense_linear, quant_int8_rows
 from engine_core.cpu_kernels.ops import fused_ops
 from test_float32_batch_invariance import PROMPTS, _answers
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(dense_fixed_order.load() is None, reason="no C compiler: the generic kernels are not built")]
+              pytest.mark.skipif(dense_linear.load_fixed_order() is None, reason="no C compiler: the generic kernels are not built")]
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def test_bf16_without_avx512_bf16_answers_the_same_whatever_runs_beside_it(tiny_
         runner = plain.client.core.executor.runner
         assert runner.backend.name == "cpu_generic"
         packed = {type(m.packed_weight) for m in runner.model.modules() if hasattr(m, "packed_weight")}
-        assert packed == {dense_fixed_order.GenericPanelWeight}
+        assert packed == {dense_linear.GenericPanelWeight}
         alone = [_answers(plain, [p])[0] for p in PROMPTS]
         assert _answers(plain, PROMPTS) == alone
     finally:

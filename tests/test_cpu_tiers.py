@@ -10,7 +10,7 @@ import torch
 
 from cpu_tier_helpers import forced_tier, tier_params, tiers_here
 from engine_core.cpu_kernels import table, tiers
-from engine_core.cpu_kernels.linear import dense_fixed_order, quant_exact_f32, quant_int8_rows
+from engine_core.cpu_kernels.linear import dense_linear, quant_exact_f32, quant_int8_rows
 from test_cpu_quant import _quantized
 
 pytestmark = pytest.mark.integration
@@ -78,7 +78,7 @@ def test_prebuild_compiles_each_tiers_kernels_side_by_side_once(tmp_path, monkey
     kernels = {name: table.KERNELS[name] for name in ("cpu_rms", "cpu_ops_f32")}
     monkeypatch.setattr(table, "KERNELS", kernels)
     monkeypatch.setenv("NVLLM_CACHE", str(tmp_path))
-    monkeypatch.setenv("NVLLM_CPU_FUSED_OPS", "0")  # cpu_ops_f32 turned off: not built
+    monkeypatch.setenv("NVLLM_CPU_FUSED_OPS", "0")  # fused_fixed_order.c turned off: not built
     table.prebuild(("portable",), workers=2)
     built = sorted(name for name in os.listdir(tmp_path / "kernels") if name.endswith(".so"))
     assert [name.split("-")[:2] for name in built] == [["cpu_rms", "portable"]]
@@ -169,7 +169,7 @@ def test_quant_f32_is_the_dense_kernel_on_the_dequantized_weights_to_the_bit(tie
     weight, dequantized = _quantized(qtype, n, k, seed=n + k)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
     with forced_tier(tier):
-        packed, dense = quant_exact_f32.QuantF32Weight(weight), dense_fixed_order.GenericPanelWeight(dequantized)
+        packed, dense = quant_exact_f32.QuantF32Weight(weight), dense_linear.GenericPanelWeight(dequantized)
         assert torch.equal(packed.rows_of(torch.arange(n)), dequantized)  # gguf-py's values exactly
         for m in (1, 2, 3, 7, 8, 9, 40):  # the few-rows tiles and the unpacked slabs
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))

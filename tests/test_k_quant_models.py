@@ -154,7 +154,7 @@ def test_the_c_decoder_loops_run_the_kept_mix_as_the_modules_do(k_quant_gguf, ti
     """Kept K-quant layers and fused layers of mixed types (pieces) run in the one-call C loops, bit for bit as the
     modules run them, in float32 and bf16, on the machine's tier and on AVX2 (and portable C, in bf16: the generic
     bf16 loop with quant_int8_rows.c's plain-C tiles)."""
-    from engine_core.cpu_kernels.decoder import decoder_loop
+    from engine_core.cpu_kernels.decoder import loop_avx512_bf16
     from engine_core.cpu_kernels.decoder import loop_portable
 
     with forced_tier(tier):
@@ -162,6 +162,6 @@ def test_the_c_decoder_loops_run_the_kept_mix_as_the_modules_do(k_quant_gguf, ti
         if dtype == "float32":
             expected = loop_portable.CpuDecoderF32
         else:  # loop_avx512_bf16.c where its kernels run (avx512_bf16 and up)
-            expected = decoder_loop.CpuDecoder if decoder_loop.load() is not None else loop_portable.CpuDecoderBF16Generic
+            expected = loop_avx512_bf16.CpuDecoder if loop_avx512_bf16.load() is not None else loop_portable.CpuDecoderBF16Generic
     assert type(loop) is expected, (type(loop), expected)
     assert with_loop == with_modules

@@ -14,7 +14,7 @@ from conftest import build_tiny_model
 from engine_core.families.catalog import read_spec
 from engine_core.families.spec import UnsupportedConfig
 from engine_core.layers import moe
-from engine_core.cpu_kernels.decoder.decoder_loop import spec_issue
+from engine_core.cpu_kernels.decoder.loop_avx512_bf16 import spec_issue
 from engine_core.weights.model_folder import read_hf_config
 from preemption_check import assert_greedy_under_preemption
 from test_model_vs_transformers import TOKENS, hf_logits, make_runner, run_step

@@ -150,7 +150,7 @@ def test_the_bf16_c_loop_rotates_a_partial_head_as_the_modules_do(folders, cpu_t
 
 @pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2", "portable"))
 def test_bf16_rotary_kernel_rotates_only_the_leading_dims(cpu_tier):
-    """cpu_ops' fused kernel (bf16, in place) equals the module's torch path with 12 of 16 dims rotated."""
+    """fused_ops' fused kernel (bf16, in place) equals the module's torch path with 12 of 16 dims rotated."""
     rotary = RotaryEmbedding(16, 64, 10000.0, rotary_dim=12)
     heads = torch.randn(5, 3, 16).to(torch.bfloat16)
     positions = torch.tensor([0, 7, 31, 2, 63])

@@ -6,7 +6,7 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from cpu_tier_helpers import forced_tier, tier_params
-from engine_core.cpu_kernels.linear import dense_fixed_order, dense_linear, quant_bf16_dot, quant_exact_f32, quant_int8_rows
+from engine_core.cpu_kernels.linear import dense_linear, quant_bf16_dot, quant_exact_f32, quant_int8_rows
 
 pytestmark = pytest.mark.integration
 KERNELS = quant_bf16_dot.load() is not None
@@ -143,5 +143,5 @@ def test_float32_engines_keep_the_default_model_quantized_and_answer_as_the_dequ
         what, kinds, shared, kept = _float32_answers(default_model_dir, "auto")
         assert what == "120 layers q4_1, 1 layers q8_0" and kinds == {quant_exact_f32.QuantF32Weight} and shared
         what, kinds, _, dense = _float32_answers(default_model_dir, "none")
-        assert what == "none" and kinds == {dense_fixed_order.GenericPanelWeight}
+        assert what == "none" and kinds == {dense_linear.GenericPanelWeight}
     assert kept == dense

@@ -4,7 +4,7 @@ On bfloat16 CPUs with AVX512-BF16 the kernels read the paged cache in place: the
 to the decode kernel, all prefill chunks of a step (with or without cached blocks before them) in one
 call to the chunk kernel, with no gathered copy and no mask. It answers to `--attention-backend torch`
 (and auto) where the kernels can be had and take the model's shapes, so those runs are as fast as the
-C decoder loop (cpu_kernels/decoder/decoder_loop.py), which calls the same kernels and may run the layers instead.
+C decoder loop (cpu_kernels/decoder/loop_avx512_bf16.py), which calls the same kernels and may run the layers instead.
 A call the kernels decline all the same (a tensor not laid out as they read it) goes to the torch
 backend's path, whose code this backend inherits. paged_avx512_bf16.c does not cap scores: a soft-capped layer
 (Gemma 2) runs the generic C kernel (paged_fixed_order.c, bf16 too, batch-invariant as well).

@@ -22,7 +22,7 @@ from engine_core.cpu_kernels import tiers
 from engine_core.engine_config import ModelConfig
 from engine_core.families.spec import ModelSpec
 from engine_core.layers import cpu_packing
-from engine_core.cpu_kernels.linear import dense_fixed_order, dense_linear
+from engine_core.cpu_kernels.linear import dense_linear
 from engine_core.platform.device import pick_dtype
 from engine_core.weights.model_resolver import resolve_model
 
@@ -70,8 +70,8 @@ def measure(model: str | None = None) -> dict:
             kernels["nvllm"] = dense_linear.PanelWeight
     else:
         kernels = {"torch": None} if own else {}
-        if dense_fixed_order.load() is not None:
-            kernels["nvllm"] = dense_fixed_order.GenericPanelWeight
+        if dense_linear.load_fixed_order() is not None:
+            kernels["nvllm"] = dense_linear.GenericPanelWeight
     by_kernel = {name: {rows: round(layer_rate(shapes, rows, kernel, dtype=dtype), 1) for rows in ROWS}
                  for name, kernel in kernels.items()}
     rates = {rows: max(r[rows] for r in by_kernel.values()) for rows in ROWS}

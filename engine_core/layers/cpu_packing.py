@@ -3,7 +3,7 @@
 bfloat16: where the CPU has AVX512-BF16 (and no AMX, or batch invariance on), weights go into
 nvllm's own panels (dense_linear.py): faster than oneDNN for the few rows of decode steps, as fast for
 prefills, and a fixed reduction order per row. Batch-invariant runs on CPUs without AVX512-BF16 take
-the generic fixed-order kernel (dense_fixed_order.py) instead. Elsewhere (--no-batch-invariant) oneDNN
+the generic fixed-order kernel (dense_linear.py) instead. Elsewhere (--no-batch-invariant) oneDNN
 reorders the weight into the blocked layout its bf16 (AMX / AVX512-BF16) kernels read; plain F.linear
 would do that reorder on every call. oneDNN's bf16 path needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: an
 AVX2-only CPU, which oneDNN refuses at the first reorder, takes the generic kernel with or without
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.platform.batch_invariance import batch_invariant
-from engine_core.cpu_kernels.linear import dense_fixed_order, dense_linear, quant_bf16_dot, quant_exact_f32, quant_int8_rows
+from engine_core.cpu_kernels.linear import dense_linear, quant_bf16_dot, quant_exact_f32, quant_int8_rows
 from engine_core.layers.quant_pieces import PiecewiseQuantWeight, QuantizedPieces
 
 logger = logging.getLogger("nvllm")
@@ -46,7 +46,7 @@ class OneDnnWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
-PackedWeight = (dense_linear.PanelWeight | dense_fixed_order.GenericPanelWeight | OneDnnWeight | quant_int8_rows.QuantDotWeight
+PackedWeight = (dense_linear.PanelWeight | dense_linear.GenericPanelWeight | OneDnnWeight | quant_int8_rows.QuantDotWeight
                 | quant_exact_f32.QuantF32Weight | PiecewiseQuantWeight)
 QuantizedPack = (quant_bf16_dot.QuantPanelWeight | quant_int8_rows.QuantDotWeight | quant_exact_f32.QuantF32Weight
                  | PiecewiseQuantWeight)
@@ -103,8 +103,8 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu":
         return False
     if dtype == torch.float32:
-        return batch_invariant() and dense_fixed_order.load() is not None
-    return dtype == torch.bfloat16 and (_onednn_bf16_runs() or (_generic_first() and dense_fixed_order.load() is not None))
+        return batch_invariant() and dense_linear.load_fixed_order() is not None
+    return dtype == torch.bfloat16 and (_onednn_bf16_runs() or (_generic_first() and dense_linear.load_fixed_order() is not None))
 
 
 def pack(weight: torch.Tensor) -> PackedWeight:
@@ -112,8 +112,8 @@ def pack(weight: torch.Tensor) -> PackedWeight:
     or a CPU whose oneDNN has no bf16) the generic fixed-order panels, else oneDNN's layout (bf16 only)."""
     if dense_linear.can_pack(weight):
         return dense_linear.PanelWeight(weight)
-    if _generic_first() and dense_fixed_order.can_pack(weight):
-        return dense_fixed_order.GenericPanelWeight(weight)
+    if _generic_first() and dense_linear.can_pack_fixed_order(weight):
+        return dense_linear.GenericPanelWeight(weight)
     if weight.dtype != torch.bfloat16 or not _onednn_bf16_runs():
         raise ValueError(f"no packed linear kernel for a {weight.dtype} weight here")
     _warn_not_invariant()

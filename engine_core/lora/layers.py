@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.distributed.parallel_state import all_reduce, tp_size
-from engine_core.cpu_kernels.linear import dense_fixed_order
+from engine_core.cpu_kernels.linear import dense_linear
 from engine_core.lora.peft_adapter import PeftAdapter
 from engine_core.platform.batch_invariance import batch_invariant
 
@@ -52,8 +52,8 @@ class Factors:
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
-        fixed_order = weight.is_cpu and batch_invariant() and dense_fixed_order.can_pack(weight)
-        self.packed = dense_fixed_order.GenericPanelWeight(weight) if fixed_order else None
+        fixed_order = weight.is_cpu and batch_invariant() and dense_linear.can_pack_fixed_order(weight)
+        self.packed = dense_linear.GenericPanelWeight(weight) if fixed_order else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.packed.matmul(x) if self.packed is not None else F.linear(x, self.weight)

@@ -113,7 +113,7 @@ class SandwichDecoderLayer(DecoderLayer):
 
 
 class DecoderForCausalLM(nn.Module):
-    decoder_loop = None  # a CpuDecoder (decoder_loop.py) runs the layers from C where the model runner sets one
+    cpu_decoder = None  # a CpuDecoder (cpu_kernels/decoder/) runs the layers from C where the model runner sets one
 
     def __init__(self, spec: ModelSpec):
         super().__init__()

@@ -28,7 +28,7 @@ from engine_core.layers import cpu_packing
 from engine_core.cpu_kernels.ops import fused_ops
 from engine_core.layers.attention import PagedAttention
 from engine_core.lora.manager import LoRAManager
-from engine_core.cpu_kernels.decoder.decoder_loop import CpuDecoder
+from engine_core.cpu_kernels.decoder.loop_avx512_bf16 import CpuDecoder
 from engine_core.cpu_kernels.decoder.loop_portable import CpuDecoderBF16Generic, CpuDecoderF32
 from engine_core.models.registry import model_class
 from engine_core.pooling.pooler import Pooler

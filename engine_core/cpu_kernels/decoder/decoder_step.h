@@ -1,6 +1,6 @@
 /* What both decoder loops share (loop_avx512_bf16.c: bf16, loop_portable.c: float32), for activations of
  * type DECODER_ELEM: the file defines it, and its Layer and Model, before including this. Here: the step's
- * arguments (one layout, decoder_loop.py's _Step), the new keys and values into their cache slots, and a
+ * arguments (one layout, loop_avx512_bf16.py's _Step), the new keys and values into their cache slots, and a
  * layer's queries and keys normed per head (Qwen3) and rotated (each head's first rotary_dim dims) by the layer's
  * own rotary tables where it has them (Gemma 3's sliding layers), else the model's. */
 #include <stdint.h>

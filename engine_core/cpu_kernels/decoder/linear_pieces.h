@@ -1,4 +1,4 @@
-/* What both decoder loops' layers hold for each linear layer (decoder_loop.py's _Linear). */
+/* What both decoder loops' layers hold for each linear layer (loop_avx512_bf16.py's _Linear). */
 #ifndef NVLLM_LINEAR_PIECES_H
 #define NVLLM_LINEAR_PIECES_H
 

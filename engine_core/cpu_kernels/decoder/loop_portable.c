@@ -55,7 +55,7 @@ typedef int (*AttentionFn)(const void *q, long q_row, const void *k_cache, const
 
 typedef struct {
     const elem *input_norm, *post_norm, *q_norm, *k_norm;  /* q_norm, k_norm: NULL without per-head norms */
-    Linear qkv, o, gate_up, down; /* kinds: -1, -2: cpu_gemm_f32's fp32, bf16 panels; t: quant_exact_f32.c's GGUF type t;
+    Linear qkv, o, gate_up, down; /* kinds: -1, -2: dense_fixed_order.c's fp32, bf16 panels; t: quant_exact_f32.c's GGUF type t;
                                    * KIND_DOT + t: quant_int8_rows.c's (the bf16 build: quant_int8_rows.c's either way) */
     const float *qkv_bias, *gate_up_bias;                  /* fp32, or NULL */
     elem *k_cache, *v_cache;                               /* [blocks, block_size, kv_heads, head_dim] */

@@ -1,11 +1,11 @@
 """A Llama-family model's decoder layers in one C call per step, float32 engines on every CPU tier
-(loop_portable.c): decoder_loop.py's loop for the kernels float32 runs with (cpu_gemm_f32's panels or
-quant_f32's GGUF blocks, cpu_ops_f32's norm / rotary / SiLU-and-mul, the generic attention kernel),
+(loop_portable.c): loop_avx512_bf16.py's loop for the kernels float32 runs with (dense_fixed_order.c's panels or
+quant_exact_f32.c's GGUF blocks, fused_fixed_order.c's norm / rotary / SiLU-and-mul, the generic attention kernel),
 bit-identical to the module path. Batch-invariant engines only (the kernels it calls are that path's);
 elsewhere `why_not` says why and the modules run. NVLLM_CPU_DECODER=0 turns it off.
 
 CpuDecoderBF16Generic is the same C loop built for bf16 elements, for bf16 engines where loop_avx512_bf16.c's
-kernels do not run (below avx512_bf16): cpu_gemm_f32's bf16 panels or quant_dot's GGUF blocks, cpu_ops'
+kernels do not run (below avx512_bf16): dense_fixed_order.c's bf16 panels or quant_int8_rows.c's GGUF blocks, fused_torch_rounding.c's
 bf16 norm / rotary / SiLU-and-mul, the generic attention on bf16 caches.
 """
 
@@ -17,9 +17,9 @@ from engine_core.cpu_kernels.attention import paged_fixed_order
 from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
-from engine_core.cpu_kernels.linear import dense_fixed_order, quant_exact_f32, quant_int8_rows
+from engine_core.cpu_kernels.linear import dense_linear, quant_exact_f32, quant_int8_rows
 from engine_core.cpu_kernels.ops import fused_ops
-from engine_core.cpu_kernels.decoder.decoder_loop import (IMPLEMENTED, IMPLEMENTED_F32, KIND_DOT, CpuDecoder, _Layer, _Step, address,
+from engine_core.cpu_kernels.decoder.loop_avx512_bf16 import (IMPLEMENTED, IMPLEMENTED_F32, KIND_DOT, CpuDecoder, _Layer, _Step, address,
                                             layers_issue, linear_struct, pieces_of)
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -48,7 +48,7 @@ def load_bf16(library):
     return library
 
 
-_PACKED = (dense_fixed_order.GenericPanelWeight, quant_exact_f32.QuantF32Weight, quant_int8_rows.QuantDotWeight)
+_PACKED = (dense_linear.GenericPanelWeight, quant_exact_f32.QuantF32Weight, quant_int8_rows.QuantDotWeight)
 
 
 def _why_not(model, dtype: torch.dtype, libraries: tuple, packed_types: tuple) -> str | None:
@@ -68,12 +68,12 @@ def _why_not(model, dtype: torch.dtype, libraries: tuple, packed_types: tuple) -
 
 def why_not(model) -> str | None:
     """Why the C loop cannot run this float32 model's layers exactly as its modules would; None if it can."""
-    return _why_not(model, torch.float32, (load(), dense_fixed_order.load(), quant_exact_f32.load(), quant_int8_rows.load(),
+    return _why_not(model, torch.float32, (load(), dense_linear.load_fixed_order(), quant_exact_f32.load(), quant_int8_rows.load(),
                                            fused_ops.load_f32(), paged_fixed_order.load()), _PACKED)
 
 
 def _kind(packed) -> int:
-    """-1 for cpu_gemm_f32's panels in the engine's dtype, -2 for bf16-stored ones in a float32 engine, the GGUF
+    """-1 for dense_fixed_order.c's panels in the engine's dtype, -2 for bf16-stored ones in a float32 engine, the GGUF
     type quant_exact_f32.c reads, or KIND_DOT + the one quant_int8_rows.c reads."""
     if isinstance(packed, quant_int8_rows.QuantDotWeight):
         return KIND_DOT + packed.type_id
@@ -101,7 +101,7 @@ class CpuDecoderF32(CpuDecoder):
 
     def _kernels(self) -> dict[str, int]:
         """The addresses of the kernels the loop calls (the _Model fields of that name)."""
-        gemm, ops = dense_fixed_order.load(), fused_ops.load_f32()
+        gemm, ops = dense_linear.load_fixed_order(), fused_ops.load_f32()
         return dict(dense=address(gemm, "linear_f32"), dense_bf16w=address(gemm, "linear_f32_bf16w"),
                     quant=address(quant_exact_f32.load(), "quant_f32_linear"),
                     dot=address(quant_int8_rows.load(), "quant_dot_linear_f32"), norm=address(ops, "rms_norm_f32"),
@@ -149,14 +149,14 @@ class CpuDecoderF32(CpuDecoder):
                     post_ffn_norm=layer.post_feedforward_layernorm.weight.data_ptr())
 
 
-_PACKED_BF16 = (dense_fixed_order.GenericPanelWeight, quant_int8_rows.QuantDotWeight)
+_PACKED_BF16 = (dense_linear.GenericPanelWeight, quant_int8_rows.QuantDotWeight)
 
 
 def why_not_bf16(model) -> str | None:
     """Why the bf16 build of the C loop cannot run this bf16 model's layers exactly as its modules would."""
     if fused_ops.load() is not None and not fused_ops.norm_kernel_ok():
         return "the fused RMSNorm does not reproduce this torch's sum order"
-    return _why_not(model, torch.bfloat16, (load_bf16(), dense_fixed_order.load(), quant_int8_rows.load(), fused_ops.load(),
+    return _why_not(model, torch.bfloat16, (load_bf16(), dense_linear.load_fixed_order(), quant_int8_rows.load(), fused_ops.load(),
                                             paged_fixed_order.load()), _PACKED_BF16)
 
 
@@ -174,7 +174,7 @@ class CpuDecoderBF16Generic(CpuDecoderF32):
 
     def _kernels(self) -> dict[str, int]:
         ops = fused_ops.load()
-        return dict(dense=address(dense_fixed_order.load(), "linear_bf16_generic"), dense_bf16w=None,
+        return dict(dense=address(dense_linear.load_fixed_order(), "linear_bf16_generic"), dense_bf16w=None,
                     quant=address(quant_int8_rows.load(), "quant_dot_linear_bf16"),
                     dot=address(quant_int8_rows.load(), "quant_dot_linear_bf16"), norm=address(ops, fused_ops.bf16_norm_name()),
                     rotary=address(ops, "rotary_bf16"), act_and_mul=address(ops, "silu_and_mul_bf16"),

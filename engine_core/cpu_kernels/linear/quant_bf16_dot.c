@@ -590,7 +590,7 @@ int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_
 
 /* out [M, I] = silu(x @ gate^T + gate bias) * (x @ up^T + up bias), each rounded to bf16 first (as
  * dense_bf16_dot.c's linear_silu_mul_bf16). packed: quant_pack(gated = 1); bias in dense_bf16_dot.c's gated column
- * order (groups of 32 gate, 32 up) or NULL; silu: cpu_ops' table. */
+ * order (groups of 32 gate, 32 up) or NULL; silu: fused_ops.py's table. */
 int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format,
                                long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                                int every_row_alike, int num_threads) {

@@ -155,7 +155,7 @@ class QuantPanelWeight(dense_linear.PanelWeight):
             self.kernel = "linear/amx_quant.c"
 
     def _kernel(self, function, takes_alike: bool = True):
-        """`function` with the packed format filled in, taking cpu_gemm's kernel arguments; raises when the
+        """`function` with the packed format filled in, taking dense_linear's kernel arguments; raises when the
         kernel could not get its scratch memory. takes_alike: it takes the batch-invariance flag."""
 
         def call(x, rows, k, x_stride, panels, width, bias, out, out_stride, *rest):

@@ -150,7 +150,7 @@ static inline void store_columns(__m512 total, const float *bias, bf16 *out, lon
 }
 
 /* silu(gate) * up of 16 outputs from o, each rounded to bf16 first (quant_bf16_dot.c's store_gated): the bias in
- * dense_bf16_dot.c's gated order (groups of 32 gate, then 32 up); silu: cpu_ops' table of bf16 results */
+ * dense_bf16_dot.c's gated order (groups of 32 gate, then 32 up); silu: fused_ops.py's table of bf16 results */
 static inline void store_gated(__m512 gate, __m512 up, const float *bias, long o, bf16 *out, const bf16 *silu) {
     const long g = (o / 32) * 64 + o % 32;
     const __m256i gb = to_bf16(_mm512_add_ps(gate, bias ? _mm512_loadu_ps(bias + g) : _mm512_setzero_ps()));
@@ -316,7 +316,7 @@ int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_
 }
 
 /* out [M, I] = silu(x @ gate^T + gate bias) * (x @ up^T + up bias), each rounded to bf16 first. packed:
- * quant_pack(gated = 1); bias in dense_bf16_dot.c's gated column order or NULL; silu: cpu_ops' table. */
+ * quant_pack(gated = 1); bias in dense_bf16_dot.c's gated column order or NULL; silu: fused_ops.py's table. */
 int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format,
                                long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                                int every_row_alike, int num_threads) {

@@ -75,7 +75,7 @@ def _kernel(dtype: torch.dtype, name: str):
         return getattr(library, bf16_norm_name() if name == "rms_norm" else name + "_bf16")
     if dtype is torch.float32:
         library = load_f32()
-        # the float32 norm is the batch-invariant path's (cpu_rms's statistic); --no-batch-invariant keeps torch's
+        # the float32 norm is the batch-invariant path's (rms_fixed_order.c's statistic); --no-batch-invariant keeps torch's
         if library is None or (name == "rms_norm" and not batch_invariant()):
             return None
         return getattr(library, name + "_f32")
