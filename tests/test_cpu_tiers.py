@@ -75,24 +75,24 @@ def test_prebuild_compiles_each_tiers_kernels_side_by_side_once(tmp_path, monkey
     import logging
     import os
 
-    kernels = {name: table.KERNELS[name] for name in ("cpu_rms", "cpu_ops_f32")}
+    kernels = {name: table.KERNELS[name] for name in ("rms_fixed_order", "fused_fixed_order")}
     monkeypatch.setattr(table, "KERNELS", kernels)
     monkeypatch.setenv("NVLLM_CACHE", str(tmp_path))
     monkeypatch.setenv("NVLLM_CPU_FUSED_OPS", "0")  # fused_fixed_order.c turned off: not built
     table.prebuild(("portable",), workers=2)
     built = sorted(name for name in os.listdir(tmp_path / "kernels") if name.endswith(".so"))
-    assert [name.split("-")[:2] for name in built] == [["cpu_rms", "portable"]]
+    assert [name.split("-")[:2] for name in built] == [["rms_fixed_order", "portable"]]
     monkeypatch.delenv("NVLLM_CPU_FUSED_OPS")
     table.prebuild(tuple(tiers_here()), workers=2)
     built = sorted(name for name in os.listdir(tmp_path / "kernels") if name.endswith(".so"))
     assert {tuple(name.split("-")[:2]) for name in built} == {
-        (source, tier) for source in ("cpu_rms", "cpu_ops_f32") for tier in tiers_here()}
+        (source, tier) for source in ("rms_fixed_order", "fused_fixed_order") for tier in tiers_here()}
     assert all(os.path.exists(tmp_path / "kernels" / (name + ".lock")) for name in built)  # a lock per build
     with caplog.at_level(logging.INFO, logger="nvllm"):
         table.prebuild(tuple(tiers_here()))
         for tier in tiers_here():
             with forced_tier(tier):
-                assert table.load("cpu_rms") is not None
+                assert table.load("rms_fixed_order") is not None
     assert not any("building" in r.message for r in caplog.records)
 
 

@@ -12,7 +12,7 @@ from exact_sum_checks import (FORMATS, ROWS, assert_embedding_rows_dequantized, 
 from gguf_weights import quantized_weight
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not table.runs_here("cpu_quant") or not tiers.at_least("amx"),
+              pytest.mark.skipif(not table.runs_here("quant_bf16_dot") or not tiers.at_least("amx"),
                                  reason="needs the amx tier (AVX512-VNNI, AMX): quant_vnni.c does not serve here")]
 
 

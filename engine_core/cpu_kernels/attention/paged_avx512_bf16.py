@@ -21,7 +21,7 @@ def load():
     """The kernel library, or None where it cannot be had (logged once): amx_attention.c on the amx tier
     (paged_avx512_bf16.c's functions, the chunk kernel's products on AMX tiles), else paged_avx512_bf16.c.
     NVLLM_CPU_DECODE_KERNEL=0 turns both off."""
-    if not table.runs_here("cpu_decode"):
+    if not table.runs_here("paged_avx512_bf16"):
         return None
     return _amx_library() or _library()
 
@@ -46,7 +46,7 @@ def _declare(library):
     return library
 
 
-_library = table.loader("cpu_decode")(_declare)
+_library = table.loader("paged_avx512_bf16")(_declare)
 
 
 def _takes(q, k_cache, v_cache, out, *int32_vectors) -> bool:

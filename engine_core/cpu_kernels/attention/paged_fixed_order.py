@@ -16,7 +16,7 @@ from engine_core.cpu_kernels import table
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-@table.loader("cpu_generic_attention")
+@table.loader("paged_fixed_order")
 def load(library):
     """The kernel library, or None where it cannot be had (turned off, no compiler: logged once)."""
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int

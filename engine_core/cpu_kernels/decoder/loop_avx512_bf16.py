@@ -81,7 +81,7 @@ class _Step(ctypes.Structure):
                 + [("prompt_runs", _ptr), ("num_prompt_runs", _long)])
 
 
-@table.loader("cpu_decoder")
+@table.loader("loop_avx512_bf16")
 def load(library):
     library.decoder_layers_bf16.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
     library.decoder_layers_bf16.restype = ctypes.c_int

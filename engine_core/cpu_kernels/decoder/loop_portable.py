@@ -34,14 +34,14 @@ class _Model(ctypes.Structure):
                 + [("layers", ctypes.POINTER(_Layer))])
 
 
-@table.loader("cpu_decoder_f32")
+@table.loader("loop_portable")
 def load(library):
     library.decoder_layers_f32.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
     library.decoder_layers_f32.restype = ctypes.c_int
     return library
 
 
-@table.loader("cpu_decoder_bf16_generic")
+@table.loader("loop_portable_bf16")
 def load_bf16(library):
     library.decoder_layers_bf16_generic.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
     library.decoder_layers_bf16_generic.restype = ctypes.c_int

@@ -44,7 +44,7 @@ def load():
     """The kernel library, or None where it does not apply (no AVX512-BF16, turned off, no compiler;
     AMX present and batch invariance off: oneDNN's AMX kernels are faster, but choose their sum order
     by the row count, so batch-invariant runs keep this kernel on AMX CPUs too)."""
-    if (tiers.at_least("amx") and not batch_invariant()) or not table.runs_here("cpu_gemm"):
+    if (tiers.at_least("amx") and not batch_invariant()) or not table.runs_here("dense_bf16_dot"):
         return None  # (NVLLM_CPU_GEMM=onednn turns amx_gemm.c off too)
     return _amx_library() or _library()
 
@@ -70,7 +70,7 @@ def _declare(library):
     return library
 
 
-_library = table.loader("cpu_gemm")(_declare)
+_library = table.loader("dense_bf16_dot")(_declare)
 
 
 class PanelWeight:
@@ -180,7 +180,7 @@ def can_pack(weight: torch.Tensor) -> bool:
 # dense_fixed_order.c: float32 engines, and bfloat16 ones below avx512_bf16
 
 
-@table.loader("cpu_gemm_f32")
+@table.loader("dense_fixed_order")
 def load_fixed_order(library):
     """dense_fixed_order.c's library (every tier), or None where it cannot be had (no compiler: logged once)."""
     ptr, long = ctypes.c_void_p, ctypes.c_long

@@ -72,7 +72,7 @@ def _declare(library):
     return library
 
 
-_library = table.loader("cpu_quant")(_declare)
+_library = table.loader("quant_bf16_dot")(_declare)
 
 
 def has_prompt_arithmetic(library) -> bool:

@@ -19,7 +19,7 @@ from engine_core.cpu_kernels.linear.gguf_types import GGUF_TYPES
 _ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 
 
-@table.loader("quant_f32")
+@table.loader("quant_exact_f32")
 def load(library):
     """The kernel library (every tier), or None where it cannot be built."""
     declare_packing(library, "quant_f32", [_ptr])

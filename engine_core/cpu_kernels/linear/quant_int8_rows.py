@@ -23,7 +23,7 @@ from engine_core.cpu_kernels.linear.gguf_packed import GgufPackedWeight, declare
 _ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 
 
-@table.loader("quant_dot")
+@table.loader("quant_int8_rows")
 def load(library):
     """The kernel library (every tier), or None where it cannot be built."""
     declare_packing(library, "quant_dot", [_ptr, _int])

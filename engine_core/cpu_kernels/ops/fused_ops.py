@@ -25,7 +25,7 @@ _norm_ok = False  # the norm kernel matched torch's sum order at load
 _silu_table = None  # kept alive: the C side reads it
 
 
-@table.loader("cpu_ops")  # built without fused multiply-adds: torch rounds every product before adding
+@table.loader("fused_torch_rounding")  # built without fused multiply-adds: torch rounds every product before adding
 def load(library):
     """The kernel library, or None where it cannot be had (disabled, no compiler)."""
     global _norm_ok, _silu_table
@@ -49,7 +49,7 @@ def load(library):
     return library
 
 
-@table.loader("cpu_ops_f32")
+@table.loader("fused_fixed_order")
 def load_f32(library):
     """The float32 kernels (every tier), or None where they cannot be had (disabled, no compiler)."""
     long, ptr = ctypes.c_long, ctypes.c_void_p

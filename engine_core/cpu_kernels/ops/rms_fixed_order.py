@@ -13,7 +13,7 @@ from engine_core.cpu_kernels import table
 
 
 
-@table.loader("cpu_rms")
+@table.loader("rms_fixed_order")
 def load(library):
     """The kernel library, or None where it cannot be had (no compiler: logged once)."""
     long = ctypes.c_long
