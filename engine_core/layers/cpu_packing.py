@@ -1,9 +1,10 @@
-"""Linear layers on the CPU with each weight packed once at load.
+"""Linear layers on the CPU with each weight packed once at load, through the kernels' bindings
+(cpu_kernels/linear/): this module picks the packed form; the bindings load and call the kernels.
 
 bfloat16: where the CPU has AVX512-BF16 (and no AMX, or batch invariance on), weights go into
-nvllm's own panels (dense_linear.py): faster than oneDNN for the few rows of decode steps, as fast for
+nvllm's own panels (dense_bf16_dot.c): faster than oneDNN for the few rows of decode steps, as fast for
 prefills, and a fixed reduction order per row. Batch-invariant runs on CPUs without AVX512-BF16 take
-the generic fixed-order kernel (dense_linear.py) instead. Elsewhere (--no-batch-invariant) oneDNN
+the generic fixed-order kernel (dense_fixed_order.c) instead. Elsewhere (--no-batch-invariant) oneDNN
 reorders the weight into the blocked layout its bf16 (AMX / AVX512-BF16) kernels read; plain F.linear
 would do that reorder on every call. oneDNN's bf16 path needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: an
 AVX2-only CPU, which oneDNN refuses at the first reorder, takes the generic kernel with or without
@@ -46,8 +47,8 @@ class OneDnnWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
-PackedWeight = (dense_linear.PanelWeight | dense_linear.GenericPanelWeight | OneDnnWeight | quant_int8_rows.QuantDotWeight
-                | quant_exact_f32.QuantF32Weight | PiecewiseQuantWeight)
+PackedWeight = (dense_linear.PanelWeight | dense_linear.GenericPanelWeight | OneDnnWeight
+                | quant_int8_rows.QuantDotWeight | quant_exact_f32.QuantF32Weight | PiecewiseQuantWeight)
 QuantizedPack = (quant_bf16_dot.QuantPanelWeight | quant_int8_rows.QuantDotWeight | quant_exact_f32.QuantF32Weight
                  | PiecewiseQuantWeight)
 
@@ -59,7 +60,8 @@ def keeps_quantized(dtype: torch.dtype) -> bool:
             or (dtype in (torch.float32, torch.bfloat16) and quant_int8_rows.load() is not None))
 
 
-def pack_quantized(weight: quant_bf16_dot.QuantizedTensor | QuantizedPieces, dtype: torch.dtype) -> QuantizedPack | None:
+def pack_quantized(weight: quant_bf16_dot.QuantizedTensor | QuantizedPieces,
+                   dtype: torch.dtype) -> QuantizedPack | None:
     """A quantized weight packed for the kernel that serves a `dtype` engine, or None where none does:
     float32, quant_exact_f32.c (the dequantized model's results, to the bit); bfloat16, quant_bf16_dot.c's bf16 panels
     on the avx512_bf16 and amx tiers; else, and for the types only it takes, quant_int8_rows.c (8-bit input rows,
@@ -104,7 +106,8 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
         return False
     if dtype == torch.float32:
         return batch_invariant() and dense_linear.load_fixed_order() is not None
-    return dtype == torch.bfloat16 and (_onednn_bf16_runs() or (_generic_first() and dense_linear.load_fixed_order() is not None))
+    return dtype == torch.bfloat16 and (_onednn_bf16_runs()
+                                        or (_generic_first() and dense_linear.load_fixed_order() is not None))
 
 
 def pack(weight: torch.Tensor) -> PackedWeight:

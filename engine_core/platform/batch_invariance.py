@@ -7,8 +7,8 @@ preemption. A request's tokens and logprobs then depend on that request alone. T
 this pick their path by the row alone, never by the step's shape: linear layers (dense_bf16_dot.c,
 quant_bf16_dot.c; dense_fixed_order.c for float32 and for bf16 where dense_bf16_dot.c cannot run), attention (one
 kernel for prefill chunks, cached prefixes and decodes: paged_avx512_bf16.c, else paged_fixed_order.c),
-norms (fused_torch_rounding.c, else torch with rms_fixed_order.c's fixed-order row statistic), rotary and the sampler work
-row by row (torch's elementwise ops, log_softmax, argmax and topk over [rows, vocab] were measured
+norms (fused_torch_rounding.c, else torch with rms_fixed_order.c's fixed-order row statistic), rotary and the
+sampler work row by row (torch's elementwise ops, log_softmax, argmax and topk over [rows, vocab] were measured
 row-invariant).
 
 Off, kernels may choose by shape (a faster attention kernel for one-token rows, the quantized matmul's

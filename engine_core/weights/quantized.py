@@ -1,8 +1,8 @@
 """Which linear layers keep their weights quantized in memory, and from where (`--quantization`).
 
 - gguf: a GGUF import's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors (gguf_import.QUANTIZED_FILE,
-  cpu_kernels/linear/gguf_types.py) go to the layers as they are; a fused layer (qkv, gate/up) whose pieces differ in type
-  (Q4_K_M's Q6_K v_proj beside Q4_K q/k) keeps each piece in its own (layers/quant_pieces.py). A quantized
+  cpu_kernels/linear/gguf_types.py) go to the layers as they are; a fused layer (qkv, gate/up) whose pieces differ in
+  type (Q4_K_M's Q6_K v_proj beside Q4_K q/k) keeps each piece in its own (layers/quant_pieces.py). A quantized
   embedding serves its rows from the same blocks (a tied LM head and its embedding share them).
 - int8: the decoder's linear layers quantized per output channel (quant_bf16_dot.quantize_int8); the LM head
   and the embedding stay bf16.
@@ -11,9 +11,9 @@
   copy, 1.7-2.2x for Q4_K_M files in bf16 on the AMX Xeon, and prefills within 20% of it); else none.
 
 The kernels run on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized: quant_exact_f32.c
-for float32 and quant_bf16_dot.c for bf16 on the avx512_bf16 and amx tiers where they take the type, quant_int8_rows.c for
-the rest); off the CPU, or without a C compiler, auto means none and an explicit gguf / int8 is an error that
-says why.
+for float32 and quant_bf16_dot.c for bf16 on the avx512_bf16 and amx tiers where they take the type,
+quant_int8_rows.c for the rest); off the CPU, or without a C compiler, auto means none and an explicit gguf /
+int8 is an error that says why.
 
 With tensor parallelism each rank keeps its own shard quantized: the layer's weight loader picks the rows
 of column-parallel layers from the GGUF rows as it picks dense ones, and a row-parallel layer's input
@@ -101,7 +101,8 @@ def _pieces(module, raw: dict, pieces: list[tuple[str, object]]) -> QuantizedPie
     return QuantizedPieces([piece for _, piece in parts]) if parts else None
 
 
-def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> quant_bf16_dot.QuantizedTensor | QuantizedPieces | None:
+def _joined(module, raw: dict,
+            pieces: list[tuple[str, object]]) -> quant_bf16_dot.QuantizedTensor | QuantizedPieces | None:
     """This rank's rows of the pieces as one quantized weight of the layer's shape (its pieces apart where they
     differ in type); None where a piece is missing or a shard would split a block (that layer is then
     dequantized)."""

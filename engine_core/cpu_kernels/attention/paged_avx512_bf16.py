@@ -29,7 +29,8 @@ def load():
 @table.loader("amx_attention")
 def _amx_library(library):
     """amx_attention.c, or None where the OS refuses the tiles (logged)."""
-    return _declare(library) if amx_granted(library, "attention runs paged_avx512_bf16.c's AVX512-BF16 kernels") else None
+    granted = amx_granted(library, "attention runs paged_avx512_bf16.c's AVX512-BF16 kernels")
+    return _declare(library) if granted else None
 
 
 def _declare(library):
@@ -37,7 +38,8 @@ def _declare(library):
     fn = library.paged_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
-                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2)
+                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+                   + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2)
     fn = library.paged_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,

@@ -97,25 +97,28 @@ def _why_not(model) -> str | None:
     """Why the C loop cannot run this model's layers exactly as its modules would; None if it can."""
     if tp_size() != 1:
         return "tensor parallel"
-    if None in (load(), dense_linear.load(), fused_ops.load(), paged_avx512_bf16.load()) or not fused_ops.norm_kernel_ok():
+    if (None in (load(), dense_linear.load(), fused_ops.load(), paged_avx512_bf16.load())
+            or not fused_ops.norm_kernel_ok()):
         return "a kernel library is missing"
     first = model.layers[0].self_attn
     heads, kv_heads, head_dim = first.num_heads, first.num_kv_heads, first.head_dim
     if head_dim % 32 or head_dim > 256 or heads % kv_heads or heads // kv_heads > 8 or not first.attn.scale > 0:
         return "an attention shape the kernels do not take"
-    plain = (dense_linear.PanelWeight, quant_bf16_dot.QuantPanelWeight) + (
-        (quant_int8_rows.QuantDotWeight,) if quant_int8_rows.load() is not None and fused_ops.load() is not None else ())
+    dot_runs = quant_int8_rows.load() is not None and fused_ops.load() is not None
+    plain = (dense_linear.PanelWeight, quant_bf16_dot.QuantPanelWeight) + ((quant_int8_rows.QuantDotWeight,)
+                                                                          if dot_runs else ())
 
     def takes(packed, also=()) -> bool:
         return all(type(pack) in plain + also for pack in pieces_of(packed))
     return layers_issue(model, torch.bfloat16, lambda attn, mlp: (
         takes(attn.qkv_proj.packed_weight) and takes(attn.o_proj.packed_weight) and takes(mlp.down_proj.packed_weight)
-        and takes(mlp.gate_up_proj.packed_weight, (dense_linear.GatedPanelWeight, quant_bf16_dot.GatedQuantPanelWeight))))
+        and takes(mlp.gate_up_proj.packed_weight,
+                  (dense_linear.GatedPanelWeight, quant_bf16_dot.GatedQuantPanelWeight))))
 
 
 def _kind(packed) -> int:
-    """The bf16 loop's code for the kernel of a packed weight: -1 dense_bf16_dot.c's panels, a quant_bf16_dot.c format, or
-    KIND_DOT + the GGUF type quant_int8_rows.c reads."""
+    """The bf16 loop's code for the kernel of a packed weight: -1 dense_bf16_dot.c's panels, a quant_bf16_dot.c
+    format, or KIND_DOT + the GGUF type quant_int8_rows.c reads."""
     if isinstance(packed, quant_int8_rows.QuantDotWeight):
         return KIND_DOT + packed.type_id
     return getattr(packed, "format", -1)
@@ -204,8 +207,9 @@ class CpuDecoder:
         self.qk_norm = first.self_attn.q_norm is not None
         # prompt rows of kept-quantized layers take their own arithmetic (amx_quant.c): the engine then keys
         # cached blocks by which of their tokens were prompt tokens (kv_cache_manager.py)
-        kept = any(isinstance(pack, quant_bf16_dot.QuantPanelWeight) or (isinstance(pack, quant_int8_rows.QuantDotWeight)
-                                                                      and pack.qtype in quant_bf16_dot.DOT_PROMPT_TYPES)
+        kept = any(isinstance(pack, quant_bf16_dot.QuantPanelWeight)
+                   or (isinstance(pack, quant_int8_rows.QuantDotWeight)
+                       and pack.qtype in quant_bf16_dot.DOT_PROMPT_TYPES)
                    for layer in model.layers
                    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                                   layer.mlp.down_proj) for pack in pieces_of(linear.packed_weight))
@@ -244,7 +248,8 @@ class CpuDecoder:
                 window=attn.attn.sliding_window or 0))
         self._layers = (_Layer * len(layers))(*layers)  # kept alive: the struct points into it
         first = self.model.layers[0]
-        gemm, ops, attention, quant = dense_linear.load(), fused_ops.load(), paged_avx512_bf16.load(), quant_bf16_dot.load()
+        gemm, ops, attention = dense_linear.load(), fused_ops.load(), paged_avx512_bf16.load()
+        quant = quant_bf16_dot.load()
         dot = quant_int8_rows.load()
         rotary = first.self_attn.rotary
         self._tables = (fused_ops.silu_table(), rotary.cos, rotary.sin)

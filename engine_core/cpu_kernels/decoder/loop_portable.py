@@ -5,8 +5,8 @@ bit-identical to the module path. Batch-invariant engines only (the kernels it c
 elsewhere `why_not` says why and the modules run. NVLLM_CPU_DECODER=0 turns it off.
 
 CpuDecoderBF16Generic is the same C loop built for bf16 elements, for bf16 engines where loop_avx512_bf16.c's
-kernels do not run (below avx512_bf16): dense_fixed_order.c's bf16 panels or quant_int8_rows.c's GGUF blocks, fused_torch_rounding.c's
-bf16 norm / rotary / SiLU-and-mul, the generic attention on bf16 caches.
+kernels do not run (below avx512_bf16): dense_fixed_order.c's bf16 panels or quant_int8_rows.c's GGUF blocks,
+fused_torch_rounding.c's bf16 norm / rotary / SiLU-and-mul, the generic attention on bf16 caches.
 """
 
 import ctypes
@@ -19,8 +19,8 @@ from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.cpu_kernels.linear import dense_linear, quant_exact_f32, quant_int8_rows
 from engine_core.cpu_kernels.ops import fused_ops
-from engine_core.cpu_kernels.decoder.loop_avx512_bf16 import (IMPLEMENTED, IMPLEMENTED_F32, KIND_DOT, CpuDecoder, _Layer, _Step, address,
-                                            layers_issue, linear_struct, pieces_of)
+from engine_core.cpu_kernels.decoder.loop_avx512_bf16 import (IMPLEMENTED, IMPLEMENTED_F32, KIND_DOT, CpuDecoder,
+                                                      _Layer, _Step, address, layers_issue, linear_struct, pieces_of)
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
@@ -68,8 +68,9 @@ def _why_not(model, dtype: torch.dtype, libraries: tuple, packed_types: tuple) -
 
 def why_not(model) -> str | None:
     """Why the C loop cannot run this float32 model's layers exactly as its modules would; None if it can."""
-    return _why_not(model, torch.float32, (load(), dense_linear.load_fixed_order(), quant_exact_f32.load(), quant_int8_rows.load(),
-                                           fused_ops.load_f32(), paged_fixed_order.load()), _PACKED)
+    return _why_not(model, torch.float32, (load(), dense_linear.load_fixed_order(), quant_exact_f32.load(),
+                                           quant_int8_rows.load(), fused_ops.load_f32(), paged_fixed_order.load()),
+                    _PACKED)
 
 
 def _kind(packed) -> int:
@@ -156,8 +157,8 @@ def why_not_bf16(model) -> str | None:
     """Why the bf16 build of the C loop cannot run this bf16 model's layers exactly as its modules would."""
     if fused_ops.load() is not None and not fused_ops.norm_kernel_ok():
         return "the fused RMSNorm does not reproduce this torch's sum order"
-    return _why_not(model, torch.bfloat16, (load_bf16(), dense_linear.load_fixed_order(), quant_int8_rows.load(), fused_ops.load(),
-                                            paged_fixed_order.load()), _PACKED_BF16)
+    return _why_not(model, torch.bfloat16, (load_bf16(), dense_linear.load_fixed_order(), quant_int8_rows.load(),
+                                            fused_ops.load(), paged_fixed_order.load()), _PACKED_BF16)
 
 
 class CpuDecoderBF16Generic(CpuDecoderF32):
@@ -176,6 +177,7 @@ class CpuDecoderBF16Generic(CpuDecoderF32):
         ops = fused_ops.load()
         return dict(dense=address(dense_linear.load_fixed_order(), "linear_bf16_generic"), dense_bf16w=None,
                     quant=address(quant_int8_rows.load(), "quant_dot_linear_bf16"),
-                    dot=address(quant_int8_rows.load(), "quant_dot_linear_bf16"), norm=address(ops, fused_ops.bf16_norm_name()),
+                    dot=address(quant_int8_rows.load(), "quant_dot_linear_bf16"),
+                    norm=address(ops, fused_ops.bf16_norm_name()),
                     rotary=address(ops, "rotary_bf16"), act_and_mul=address(ops, "silu_and_mul_bf16"),
                     attention=address(paged_fixed_order.load(), "generic_paged_attention"))

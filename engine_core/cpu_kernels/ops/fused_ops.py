@@ -4,10 +4,10 @@ the arithmetic of the torch code below in a fixed order).
 
 In a bf16 prefill on CPU the small torch ops these replace (dtype conversions, mul, add, pow, silu,
 sum, cat, neg and their temporaries) cost about a quarter of the step; each kernel does the same
-work in one pass over memory, bit-identical to the torch code (see fused_torch_rounding.c for how): the RMSNorm's
-statistic is rms_fixed_order.c's fixed-order sum when batch-invariant, as norm.py's, and torch's sum order otherwise. Each wrapper
-returns None (or False) where it does not apply (another dtype or device, an unsupported layout, no
-kernel on this machine); the caller then runs its torch code. NVLLM_CPU_FUSED_OPS=0 turns them off.
+work in one pass over memory, bit-identical to the torch code (see fused_torch_rounding.c for how): the
+RMSNorm's statistic is rms_fixed_order.c's fixed-order sum when batch-invariant, as norm.py's, and torch's sum
+order otherwise. Each wrapper returns None (or False) where it does not apply (another dtype or device, an
+unsupported layout, no kernel on this machine); the caller then runs its torch code. NVLLM_CPU_FUSED_OPS=0 turns them off.
 """
 
 import ctypes
@@ -75,7 +75,8 @@ def _kernel(dtype: torch.dtype, name: str):
         return getattr(library, bf16_norm_name() if name == "rms_norm" else name + "_bf16")
     if dtype is torch.float32:
         library = load_f32()
-        # the float32 norm is the batch-invariant path's (rms_fixed_order.c's statistic); --no-batch-invariant keeps torch's
+        # the float32 norm is the batch-invariant path's (rms_fixed_order.c's statistic); --no-batch-invariant keeps
+        # torch's
         if library is None or (name == "rms_norm" and not batch_invariant()):
             return None
         return getattr(library, name + "_f32")
