@@ -10,7 +10,16 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def _repository_root() -> str:
+    """The folder holding pyproject.toml above this file (wherever the tests folder puts it)."""
+    folder = os.path.dirname(os.path.abspath(__file__))
+    while not os.path.exists(os.path.join(folder, "pyproject.toml")):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+ROOT = _repository_root()
 KERNELS = os.path.join(ROOT, "engine_core", "cpu_kernels")
 DECLARATIONS = {"argtypes", "restype"}
 
