@@ -4,8 +4,8 @@ the active CPU tier (engine_core/cpu_kernels/tiers.py): the ceiling a prefill st
 
 The shapes are one decoder layer's fused projections (qkv, o, gate_up, down), run through each linear of
 that dtype the tier has: bfloat16 (avx512_bf16, amx) through oneDNN's packed weights and nvllm's panels
-(cpu_gemm.py); float32 (avx2, avx512, portable) through nvllm's fixed-order kernel built for the tier
-(cpu_gemm_f32.c) and, where the tier is the CPU's own, torch's F.linear (MKL / oneDNN, which pick their
+(dense_linear.py); float32 (avx2, avx512, portable) through nvllm's fixed-order kernel built for the tier
+(dense_fixed_order.c) and, where the tier is the CPU's own, torch's F.linear (MKL / oneDNN, which pick their
 own instruction set: under NVLLM_CPU_ISA they would measure a higher tier than the one forced). A layer's
 rate at M tokens is its FLOPs over the time of its four matmuls, the best of several repeats; the peak is
 the best rate of any kernel over M in 128..2048, so a prefill's fraction of it does not flatter the kernel
@@ -21,7 +21,8 @@ import torch
 from engine_core.cpu_kernels import tiers
 from engine_core.engine_config import ModelConfig
 from engine_core.families.spec import ModelSpec
-from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_packing
+from engine_core.layers import cpu_packing
+from engine_core.cpu_kernels.linear import dense_linear
 from engine_core.platform.device import pick_dtype
 from engine_core.weights.model_resolver import resolve_model
 
@@ -65,12 +66,12 @@ def measure(model: str | None = None) -> dict:
     own = tiers.active_tier() == tiers.cpu_tier()
     if dtype is torch.bfloat16:
         kernels = {"onednn": cpu_packing.OneDnnWeight if cpu_packing.can_pack(torch.device("cpu"), dtype) else None}
-        if cpu_gemm.load() is not None:
-            kernels["nvllm"] = cpu_gemm.PanelWeight
+        if dense_linear.load() is not None:
+            kernels["nvllm"] = dense_linear.PanelWeight
     else:
         kernels = {"torch": None} if own else {}
-        if cpu_gemm_f32.load() is not None:
-            kernels["nvllm"] = cpu_gemm_f32.GenericPanelWeight
+        if dense_linear.load_fixed_order() is not None:
+            kernels["nvllm"] = dense_linear.GenericPanelWeight
     by_kernel = {name: {rows: round(layer_rate(shapes, rows, kernel, dtype=dtype), 1) for rows in ROWS}
                  for name, kernel in kernels.items()}
     rates = {rows: max(r[rows] for r in by_kernel.values()) for rows in ROWS}

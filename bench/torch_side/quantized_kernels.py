@@ -19,7 +19,8 @@ import torch
 from engine_core.cpu_kernels import tiers
 from engine_core.engine_config import ModelConfig
 from bench.torch_side.gemm_peak import layer_shapes
-from engine_core.layers import cpu_packing, cpu_quant
+from engine_core.layers import cpu_packing
+from engine_core.cpu_kernels.linear import quant_bf16_dot
 from engine_core.platform.device import pick_dtype
 from engine_core.weights.model_resolver import resolve_model
 
@@ -27,7 +28,7 @@ ROWS = (1, 32, 256)
 GROUP = 32
 
 
-def _q4_1(n: int, k: int, gen: torch.Generator) -> tuple[cpu_quant.QuantizedTensor, torch.Tensor]:
+def _q4_1(n: int, k: int, gen: torch.Generator) -> tuple[quant_bf16_dot.QuantizedTensor, torch.Tensor]:
     """Random Q4_1 rows of a [n, k] weight, and the 4-bit integers they hold ([n, k] int32)."""
     q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=gen)
     blocks = torch.empty((n, k // GROUP, 20), dtype=torch.uint8)
@@ -37,7 +38,7 @@ def _q4_1(n: int, k: int, gen: torch.Generator) -> tuple[cpu_quant.QuantizedTens
     blocks[:, :, 2:4] = offset.view(torch.uint8).view(n, -1, 2)
     pairs = q.view(n, k // GROUP, 2, 16).to(torch.uint8)  # GGUF Q4_1: byte j holds inputs j and j + 16
     blocks[:, :, 4:] = pairs[:, :, 0] | (pairs[:, :, 1] << 4)
-    return cpu_quant.QuantizedTensor(blocks.view(n, -1), "q4_1", k), q
+    return quant_bf16_dot.QuantizedTensor(blocks.view(n, -1), "q4_1", k), q
 
 
 def _kernels(dtype: torch.dtype) -> dict:

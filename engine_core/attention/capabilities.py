@@ -39,7 +39,8 @@ class BackendCapabilities:
     max_head_dim: int | None = None
     max_group: int | None = None  # query heads per KV head
     cuda_graphs: bool = False  # reads every per-step value from device tensors, so decode steps can be captured
-    fused_cpu_decoder: bool = False  # the C decoder loop (models/cpu_decoder.py) may run the layers: same kernels, same bits
+    # the C decoder loop (cpu_kernels/decoder/) may run the layers: same kernels, same bits
+    fused_cpu_decoder: bool = False
     batch_invariant: bool = False  # with batch invariance on, a row's result depends on that row alone
 
     def runs_on(self, device_type: str, named: bool = False) -> bool:

@@ -1,4 +1,4 @@
-"""The generic CPU attention kernel (cpu_generic_attention.c) as an attention backend.
+"""The generic CPU attention kernel (paged_fixed_order.c) as an attention backend.
 
 Batch-invariant runs only (engine_core/platform/batch_invariance.py, the default): on CPU setups the C kernels
 of cpu_kernel_backend.py do not take (float32, bf16 head dims not a multiple of 32 or above 256,
@@ -16,7 +16,7 @@ import logging
 
 import torch
 
-from engine_core.attention import cpu_generic_attention
+from engine_core.cpu_kernels.attention import paged_fixed_order
 from engine_core.attention.capabilities import AttentionSetup, BackendCapabilities
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_backend import TorchAttentionBackend, write_kv_cache
@@ -30,13 +30,13 @@ class CpuGenericAttentionBackend(TorchAttentionBackend):
     name = "cpu_generic"
     option = "torch"
     capabilities = BackendCapabilities(label="the generic CPU attention kernel", devices=frozenset({"cpu"}),
-                                       dtypes=cpu_generic_attention.DTYPES, batch_invariant=True,
+                                       dtypes=paged_fixed_order.DTYPES, batch_invariant=True,
                                        fused_cpu_decoder=True)
 
     @classmethod
     def missing(cls) -> str | None:
-        if cpu_generic_attention.load() is None:
-            return ("the generic CPU attention kernel (cpu_generic_attention.c) is not built here: it needs a C "
+        if paged_fixed_order.load() is None:
+            return ("the generic CPU attention kernel (paged_fixed_order.c) is not built here: it needs a C "
                     "compiler, and NVLLM_CPU_GENERIC_ATTENTION=0 turns it off")
         return None
 
@@ -54,11 +54,11 @@ class CpuGenericAttentionBackend(TorchAttentionBackend):
 
 def generic_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int | None,
                       softcap: float | None) -> torch.Tensor | None:
-    """The step's keys and values written, then every row through cpu_generic_attention.c; None (warned once)
+    """The step's keys and values written, then every row through paged_fixed_order.c; None (warned once)
     where the kernel declines, for the caller's torch path."""
     write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.empty_like(q)
-    if cpu_generic_attention.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+    if paged_fixed_order.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                              meta.query_start_loc, scale, out, window, softcap):
         return out
     _warn_declined(q, k_cache)

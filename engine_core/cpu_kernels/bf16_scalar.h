@@ -1,5 +1,5 @@
 /* bfloat16 <-> float32 and fp16 -> float32 one value at a time, in plain C: for the generic kernels
- * (cpu_gemm_f32.c, cpu_generic_attention.c, quant_dot.c, quant_f32.c), which must give the same bits on every
+ * (dense_fixed_order.c, paged_fixed_order.c, quant_int8_rows.c, quant_exact_f32.c), which must give the same bits on every
  * CPU whatever it was built for. */
 #ifndef NVLLM_BF16_SCALAR_H
 #define NVLLM_BF16_SCALAR_H

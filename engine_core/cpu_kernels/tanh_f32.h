@@ -1,6 +1,6 @@
 /* tanh in float32 with the same bits from the scalar and the 8-lane AVX2 form, so a value's tanh never depends
  * on the lane or the tail it fell in (libm's tanhf is one call per value, and a vectorizing compiler would give
- * other bits). Used by the attention soft cap (softcap_f32.h) and GELU's tanh form (ops/cpu_ops_f32.c).
+ * other bits). Used by the attention soft cap (softcap_f32.h) and GELU's tanh form (ops/fused_fixed_order.c).
  *
  * tanh|x| = (1 - e) / (1 + e) with e = e^(-2|x|) from exp_f32.h's exp_nonpositive, the sign put back after.
  * Every step is a correctly rounded IEEE operation on the same inputs in both forms. Accuracy: the absolute

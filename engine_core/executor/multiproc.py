@@ -233,7 +233,8 @@ class MultiprocExecutor:
         return agree_on_num_blocks(self.runner), self.runner.kv_bytes_per_block()
 
     def prompt_arithmetic(self) -> bool:
-        """False: tensor-parallel ranks run the decoder as modules, one arithmetic for every row (cpu_decoder.py)."""
+        """False: tensor-parallel ranks run the decoder as modules, one arithmetic for every row
+        (cpu_kernels/decoder/)."""
         return False
 
     def initialize_cache(self, num_blocks: int) -> None:

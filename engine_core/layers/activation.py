@@ -1,14 +1,14 @@
 import torch
 from torch import nn
 
-from engine_core.layers import cpu_ops
+from engine_core.cpu_kernels.ops import fused_ops
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for x = [gate | up] (the fused gate_up projection's output, [T, 2n]) -> [T, n].
 
-    bfloat16 on AVX512 CPUs: one fused pass (cpu_ops), bit-identical to the torch code below."""
-    out = cpu_ops.silu_and_mul(x)
+    bfloat16 on AVX512 CPUs: one fused pass (fused_ops), bit-identical to the torch code below."""
+    out = fused_ops.silu_and_mul(x)
     if out is not None:
         return out
     gate, up = x.chunk(2, dim=-1)
@@ -22,7 +22,7 @@ def act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     if activation == "gelu_tanh":
         # float32 on the CPU: the kernel the C decoder loop calls too, so both give the same bits
-        out = cpu_ops.gelu_tanh_and_mul(x)
+        out = fused_ops.gelu_tanh_and_mul(x)
         return out if out is not None else nn.functional.gelu(gate, approximate="tanh") * up
     if activation == "gelu":
         return nn.functional.gelu(gate) * up

@@ -1,9 +1,10 @@
-"""Linear layers on the CPU with each weight packed once at load.
+"""Linear layers on the CPU with each weight packed once at load, through the kernels' bindings
+(cpu_kernels/linear/): this module picks the packed form; the bindings load and call the kernels.
 
 bfloat16: where the CPU has AVX512-BF16 (and no AMX, or batch invariance on), weights go into
-nvllm's own panels (cpu_gemm.py): faster than oneDNN for the few rows of decode steps, as fast for
+nvllm's own panels (dense_bf16_dot.c): faster than oneDNN for the few rows of decode steps, as fast for
 prefills, and a fixed reduction order per row. Batch-invariant runs on CPUs without AVX512-BF16 take
-the generic fixed-order kernel (cpu_gemm_f32.py) instead. Elsewhere (--no-batch-invariant) oneDNN
+the generic fixed-order kernel (dense_fixed_order.c) instead. Elsewhere (--no-batch-invariant) oneDNN
 reorders the weight into the blocked layout its bf16 (AMX / AVX512-BF16) kernels read; plain F.linear
 would do that reorder on every call. oneDNN's bf16 path needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT: an
 AVX2-only CPU, which oneDNN refuses at the first reorder, takes the generic kernel with or without
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.platform.batch_invariance import batch_invariant
-from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_quant, cpu_quant_dot, cpu_quant_f32
+from engine_core.cpu_kernels.linear import dense_linear, quant_bf16_dot, quant_exact_f32, quant_int8_rows
 from engine_core.layers.quant_pieces import PiecewiseQuantWeight, QuantizedPieces
 
 logger = logging.getLogger("nvllm")
@@ -46,44 +47,45 @@ class OneDnnWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
-PackedWeight = (cpu_gemm.PanelWeight | cpu_gemm_f32.GenericPanelWeight | OneDnnWeight | cpu_quant_dot.QuantDotWeight
-                | cpu_quant_f32.QuantF32Weight | PiecewiseQuantWeight)
-QuantizedPack = (cpu_quant.QuantPanelWeight | cpu_quant_dot.QuantDotWeight | cpu_quant_f32.QuantF32Weight
+PackedWeight = (dense_linear.PanelWeight | dense_linear.GenericPanelWeight | OneDnnWeight
+                | quant_int8_rows.QuantDotWeight | quant_exact_f32.QuantF32Weight | PiecewiseQuantWeight)
+QuantizedPack = (quant_bf16_dot.QuantPanelWeight | quant_int8_rows.QuantDotWeight | quant_exact_f32.QuantF32Weight
                  | PiecewiseQuantWeight)
 
 
 def keeps_quantized(dtype: torch.dtype) -> bool:
     """Whether a quantized kernel serves linear layers of a `dtype` engine on this tier."""
-    return ((dtype is torch.bfloat16 and cpu_quant.load() is not None)
-            or (dtype is torch.float32 and cpu_quant_f32.load() is not None)
-            or (dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.load() is not None))
+    return ((dtype is torch.bfloat16 and quant_bf16_dot.load() is not None)
+            or (dtype is torch.float32 and quant_exact_f32.load() is not None)
+            or (dtype in (torch.float32, torch.bfloat16) and quant_int8_rows.load() is not None))
 
 
-def pack_quantized(weight: cpu_quant.QuantizedTensor | QuantizedPieces, dtype: torch.dtype) -> QuantizedPack | None:
+def pack_quantized(weight: quant_bf16_dot.QuantizedTensor | QuantizedPieces,
+                   dtype: torch.dtype) -> QuantizedPack | None:
     """A quantized weight packed for the kernel that serves a `dtype` engine, or None where none does:
-    float32, quant_f32.c (the dequantized model's results, to the bit); bfloat16, cpu_quant.c's bf16 panels
-    on the avx512_bf16 and amx tiers; else, and for the types only it takes, quant_dot.c (8-bit input rows,
+    float32, quant_exact_f32.c (the dequantized model's results, to the bit); bfloat16, quant_bf16_dot.c's bf16 panels
+    on the avx512_bf16 and amx tiers; else, and for the types only it takes, quant_int8_rows.c (8-bit input rows,
     integer dot products). A fused weight of pieces of different types packs each piece so."""
     if isinstance(weight, QuantizedPieces):
         packs = [pack_quantized(piece, dtype) for piece in weight.pieces]
         return None if None in packs else PiecewiseQuantWeight(packs)
-    if dtype is torch.float32 and cpu_quant_f32.can_pack(weight):
-        return cpu_quant_f32.QuantF32Weight(weight)
-    if dtype is torch.bfloat16 and cpu_quant.can_pack(weight):
-        return cpu_quant.QuantPanelWeight(weight)
-    if dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.can_pack(weight):
-        return cpu_quant_dot.QuantDotWeight(weight)
+    if dtype is torch.float32 and quant_exact_f32.can_pack(weight):
+        return quant_exact_f32.QuantF32Weight(weight)
+    if dtype is torch.bfloat16 and quant_bf16_dot.can_pack(weight):
+        return quant_bf16_dot.QuantPanelWeight(weight)
+    if dtype in (torch.float32, torch.bfloat16) and quant_int8_rows.can_pack(weight):
+        return quant_int8_rows.QuantDotWeight(weight)
     return None
 
 
-def can_pack_quantized(weight: cpu_quant.QuantizedTensor | QuantizedPieces, dtype: torch.dtype) -> bool:
+def can_pack_quantized(weight: quant_bf16_dot.QuantizedTensor | QuantizedPieces, dtype: torch.dtype) -> bool:
     """Whether pack_quantized has a kernel for this weight in a `dtype` engine (asked before the float weights
     load: a layer that will be kept quantized is never given floats)."""
     if isinstance(weight, QuantizedPieces):
         return all(can_pack_quantized(piece, dtype) for piece in weight.pieces)
-    return ((dtype is torch.float32 and cpu_quant_f32.can_pack(weight))
-            or (dtype is torch.bfloat16 and cpu_quant.can_pack(weight))
-            or (dtype in (torch.float32, torch.bfloat16) and cpu_quant_dot.can_pack(weight)))
+    return ((dtype is torch.float32 and quant_exact_f32.can_pack(weight))
+            or (dtype is torch.bfloat16 and quant_bf16_dot.can_pack(weight))
+            or (dtype in (torch.float32, torch.bfloat16) and quant_int8_rows.can_pack(weight)))
 
 
 def _onednn_bf16_runs() -> bool:
@@ -103,17 +105,18 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu":
         return False
     if dtype == torch.float32:
-        return batch_invariant() and cpu_gemm_f32.load() is not None
-    return dtype == torch.bfloat16 and (_onednn_bf16_runs() or (_generic_first() and cpu_gemm_f32.load() is not None))
+        return batch_invariant() and dense_linear.load_fixed_order() is not None
+    return dtype == torch.bfloat16 and (_onednn_bf16_runs()
+                                        or (_generic_first() and dense_linear.load_fixed_order() is not None))
 
 
 def pack(weight: torch.Tensor) -> PackedWeight:
     """The packed copy of a 2-D CPU weight: nvllm's AVX512-BF16 panels where they run, else (batch-invariant,
     or a CPU whose oneDNN has no bf16) the generic fixed-order panels, else oneDNN's layout (bf16 only)."""
-    if cpu_gemm.can_pack(weight):
-        return cpu_gemm.PanelWeight(weight)
-    if _generic_first() and cpu_gemm_f32.can_pack(weight):
-        return cpu_gemm_f32.GenericPanelWeight(weight)
+    if dense_linear.can_pack(weight):
+        return dense_linear.PanelWeight(weight)
+    if _generic_first() and dense_linear.can_pack_fixed_order(weight):
+        return dense_linear.GenericPanelWeight(weight)
     if weight.dtype != torch.bfloat16 or not _onednn_bf16_runs():
         raise ValueError(f"no packed linear kernel for a {weight.dtype} weight here")
     _warn_not_invariant()
@@ -145,7 +148,7 @@ class PackableWeight:
     that instead, and keeps it quantized."""
 
     packed_weight: PackedWeight | None = None
-    quantized_weight: cpu_quant.QuantizedTensor | QuantizedPieces | None = None
+    quantized_weight: quant_bf16_dot.QuantizedTensor | QuantizedPieces | None = None
     keeps_weight = False  # True where another layer reads the weight too (a tied LM head's embedding)
 
     def pack_weight(self, dense: bool = True) -> None:
@@ -163,7 +166,7 @@ class PackableWeight:
         """The packed copy of `weight` this layer computes with (a layer may pick a special layout)."""
         return pack(weight)
 
-    def quantized_form(self, weight: cpu_quant.QuantizedTensor, dtype: torch.dtype) -> QuantizedPack | None:
+    def quantized_form(self, weight: quant_bf16_dot.QuantizedTensor, dtype: torch.dtype) -> QuantizedPack | None:
         return pack_quantized(weight, dtype)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,7 +174,7 @@ class PackableWeight:
 
 
 def kernels_used(model: torch.nn.Module) -> str:
-    """'30 linear/cpu_quant.c, 1 linear/cpu_gemm.c': how many linear layers each kernel serves."""
+    """'30 linear/quant_bf16_dot.c, 1 linear/dense_bf16_dot.c': how many linear layers each kernel serves."""
     counts: dict[str, int] = {}
     for module in model.modules():
         packed = getattr(module, "packed_weight", None)

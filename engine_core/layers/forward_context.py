@@ -11,6 +11,7 @@ import torch
 
 from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
+from engine_core.cpu_kernels.linear.prompt_rows import read_prompt_runs_with
 from engine_core.layers.rotary_plan import RotaryPlan
 
 
@@ -61,19 +62,6 @@ def prompt_runs() -> list[int]:
     return _current.prompt_runs if _current is not None else []
 
 
-def by_role(x, run, prompt_run):
-    """run(rows) of x's output-token rows and prompt_run(rows) of the step's prompt rows (prompt_runs()), joined in
-    row order: run(x) alone where the step has no prompt runs or prompt_run is None. Each row's result is its own,
-    so splitting the rows changes nothing but which arithmetic a row takes."""
-    runs = prompt_runs() if prompt_run is not None else []
-    if not runs:
-        return run(x)
-    pieces, row = [], 0
-    for first, end in zip(runs[::2], runs[1::2]):
-        if first > row:
-            pieces.append(run(x[row:first]))
-        pieces.append(prompt_run(x[first:end]))
-        row = end
-    if row < x.shape[0]:
-        pieces.append(run(x[row:]))
-    return torch.cat(pieces)
+# the quantized kernels split a matmul's rows by role (cpu_kernels/linear/prompt_rows.py); they sit below the
+# layers, so the reader is handed down rather than imported up
+read_prompt_runs_with(prompt_runs)

@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from engine_core.distributed.parallel_state import all_reduce, partition_heads, split_evenly, tp_rank, tp_size
-from engine_core.layers import cpu_gemm, cpu_ops, cpu_packing, cpu_quant
+from engine_core.layers import cpu_packing
+from engine_core.cpu_kernels.linear import dense_linear, quant_bf16_dot
+from engine_core.cpu_kernels.ops import fused_ops
 from engine_core.layers.activation import act_and_mul
 from engine_core.layers.forward_context import lora_step
 
@@ -67,7 +69,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 class GateUpLinear(MergedColumnParallelLinear):
     """A gated MLP's gate and up projections with activation(gate) * up applied: [T, in] -> [T, intermediate].
-    With SiLU on AVX512-BF16 CPUs the product is formed in the matmul's epilogue (cpu_gemm.GatedPanelWeight), so
+    With SiLU on AVX512-BF16 CPUs the product is formed in the matmul's epilogue (dense_linear.GatedPanelWeight), so
     the [T, 2 * intermediate] projection output is never written out and read back."""
 
     def __init__(self, in_features: int, intermediate: int, activation: str = "silu", bias: bool = False):
@@ -75,20 +77,20 @@ class GateUpLinear(MergedColumnParallelLinear):
         self.activation = activation
 
     def packed_form(self, weight: torch.Tensor):
-        table = cpu_ops.silu_table() if self.activation == "silu" and self.lora is None else None
-        if table is None or not cpu_gemm.can_pack_gated(weight):
+        table = fused_ops.silu_table() if self.activation == "silu" and self.lora is None else None
+        if table is None or not dense_linear.can_pack_gated(weight):
             return super().packed_form(weight)
-        return cpu_gemm.GatedPanelWeight(weight, table)
+        return dense_linear.GatedPanelWeight(weight, table)
 
-    def quantized_form(self, weight: cpu_quant.QuantizedTensor, dtype: torch.dtype):
-        table = cpu_ops.silu_table() if self.activation == "silu" and self.lora is None else None
-        if (table is None or weight.shape[0] % (4 * cpu_gemm.LANES) or dtype is not torch.bfloat16
-                or not cpu_quant.can_pack(weight)):
+    def quantized_form(self, weight: quant_bf16_dot.QuantizedTensor, dtype: torch.dtype):
+        table = fused_ops.silu_table() if self.activation == "silu" and self.lora is None else None
+        if (table is None or weight.shape[0] % (4 * dense_linear.LANES) or dtype is not torch.bfloat16
+                or not quant_bf16_dot.can_pack(weight)):
             return super().quantized_form(weight, dtype)
-        return cpu_quant.GatedQuantPanelWeight(weight, table)
+        return quant_bf16_dot.GatedQuantPanelWeight(weight, table)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.packed_weight, (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight)):
+        if isinstance(self.packed_weight, (dense_linear.GatedPanelWeight, quant_bf16_dot.GatedQuantPanelWeight)):
             return self.packed_weight.silu_and_mul(x, self.bias)
         return act_and_mul(with_lora(self, x, self.matmul(x, self.bias)), self.activation)
 

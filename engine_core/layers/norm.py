@@ -2,7 +2,7 @@ import torch
 from torch import nn
 
 from engine_core.platform.batch_invariance import batch_invariant
-from engine_core.layers import cpu_ops, cpu_rms
+from engine_core.cpu_kernels.ops import fused_ops, rms_fixed_order
 
 
 class RMSNorm(nn.Module):
@@ -26,8 +26,8 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         x = x.float()
         # batch-invariant: the statistic from a fixed-order row kernel (torch may split one row's sum
-        # across threads when a step has few rows, see cpu_rms.c); the elementwise rest is per row anyway
-        scale = cpu_rms.inverse_rms(x, self.eps) if batch_invariant() else None
+        # across threads when a step has few rows, see rms_fixed_order.c); the elementwise rest is per row anyway
+        scale = rms_fixed_order.inverse_rms(x, self.eps) if batch_invariant() else None
         if scale is None:
             scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.offset:
@@ -37,12 +37,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """With a residual, adds it first and returns (normed, new residual).
 
-        bfloat16 on AVX512 CPUs: one fused pass (cpu_ops), bit-identical; with a residual it works in
+        bfloat16 on AVX512 CPUs: one fused pass (fused_ops), bit-identical; with a residual it works in
         place, so x and residual are overwritten by the results."""
         # an offset norm's float32 weight holds offset + weight, so in float32 the kernel's weight * (x * scale)
         # is _norm's arithmetic; in bf16 it would round before scaling, where Gemma scales first
         fused = (None if self.offset and x.dtype is not torch.float32
-                 else cpu_ops.rms_norm(x, residual, self.weight, self.eps))
+                 else fused_ops.rms_norm(x, residual, self.weight, self.eps))
         if fused is not None:
             return fused
         if residual is None:

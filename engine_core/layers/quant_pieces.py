@@ -4,7 +4,7 @@ kernel; the fused output is the pieces' outputs side by side, in the layer's out
 
 import torch
 
-from engine_core.layers.cpu_quant import QuantizedTensor
+from engine_core.cpu_kernels.linear.quant_bf16_dot import QuantizedTensor
 
 
 class QuantizedPieces:

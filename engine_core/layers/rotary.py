@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from engine_core.layers.forward_context import get_forward_context, has_forward_context
-from engine_core.layers import cpu_ops
+from engine_core.cpu_kernels.ops import fused_ops
 from engine_core.layers.rotary_plan import RotaryTables, lookup
 
 
@@ -109,9 +109,9 @@ class RotaryEmbedding(nn.Module):
     def rotate(self, positions: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """heads [T, any number of heads, D] (e.g. q and k side by side, in one pass) rotated by positions [T].
 
-        bfloat16 on AVX512 CPUs: the fused kernel (cpu_ops) rotates `heads` in place, bit-identical,
+        bfloat16 on AVX512 CPUs: the fused kernel (fused_ops) rotates `heads` in place, bit-identical,
         reading the float32 tables directly (no per-step tables)."""
-        if cpu_ops.rotary(positions, heads, self.cos, self.sin):
+        if fused_ops.rotary(positions, heads, self.cos, self.sin):
             return heads
         tables = self._tables_for(positions, heads.dtype)
         if self.rotary_dim == self.head_dim:

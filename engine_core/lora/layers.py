@@ -9,7 +9,7 @@ One step, any mix of adapters, two matmuls: the slots' A stacked [slots * r, in]
 against every slot; each row keeps only its own slot's columns (the others are set to zero), and the slots' B
 side by side [out, slots * r] expand that. A row's sum then holds its own adapter's products in order with
 exact zeros between them, so its bits do not depend on which slot holds its adapter or what the other slots
-hold. On the CPU both matmuls run in cpu_gemm_f32.c's fixed-order panels (a row's sum order does not depend on
+hold. On the CPU both matmuls run in dense_fixed_order.c's fixed-order panels (a row's sum order does not depend on
 the row count), so a row's delta is the same alone or in any batch (batch invariance). Rows without an adapter
 get nothing added, not even a zero.
 
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_core.distributed.parallel_state import all_reduce, tp_size
-from engine_core.layers import cpu_gemm_f32
+from engine_core.cpu_kernels.linear import dense_linear
 from engine_core.lora.peft_adapter import PeftAdapter
 from engine_core.platform.batch_invariance import batch_invariant
 
@@ -52,8 +52,8 @@ class Factors:
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
-        fixed_order = weight.is_cpu and batch_invariant() and cpu_gemm_f32.can_pack(weight)
-        self.packed = cpu_gemm_f32.GenericPanelWeight(weight) if fixed_order else None
+        fixed_order = weight.is_cpu and batch_invariant() and dense_linear.can_pack_fixed_order(weight)
+        self.packed = dense_linear.GenericPanelWeight(weight) if fixed_order else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.packed.matmul(x) if self.packed is not None else F.linear(x, self.weight)

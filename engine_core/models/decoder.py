@@ -113,7 +113,7 @@ class SandwichDecoderLayer(DecoderLayer):
 
 
 class DecoderForCausalLM(nn.Module):
-    cpu_decoder = None  # a CpuDecoder (cpu_decoder.py) runs the layers from C where the model runner sets one
+    cpu_decoder = None  # a CpuDecoder (cpu_kernels/decoder/) runs the layers from C where the model runner sets it
 
     def __init__(self, spec: ModelSpec):
         super().__init__()

@@ -8,9 +8,9 @@ Mixture-of-experts layers: llama.cpp stores each kind of expert weight as one 3-
 down}_exps, [experts, rows, columns] in HF order); each expert's slice of it is imported as that expert's own
 tensor (model.layers.N.mlp.experts.E.*), kept quantized like any other, so experts load as HF's per-expert names.
 
-Weights: the tensors of the types the quantized kernels take (layers/gguf_types.py: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-Q4_K, Q5_K, Q6_K) are written as the file has them, blocks untouched (QUANTIZED_FILE, safetensors format, {name:
-type} in its metadata); weights/quantized.py keeps them quantized in memory, and weights/loader.py dequantizes them
+Weights: the tensors of the types the quantized kernels take (cpu_kernels/linear/gguf_types.py: Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) are written as the file has them, blocks untouched (QUANTIZED_FILE, safetensors
+format, {name: type} in its metadata); weights/quantized.py keeps them quantized in memory, and weights/loader.py dequantizes them
 where a layer needs floats (`--quantization none`). Every other tensor (norms, biases, types no kernel takes) is
 dequantized once and written to model.safetensors: float32, which keeps the import exact (every dequantized
 value is exactly a float32, most are not a bfloat16), or bfloat16 where float32 would exceed FLOAT32_LIMIT_BYTES.
@@ -36,7 +36,7 @@ import torch
 
 from engine_core.families.catalog import FAMILIES, LLAMA, MISTRAL, family_for_gguf
 from engine_core.families.family import Family
-from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.cpu_kernels.linear.gguf_types import GGUF_TYPES
 from engine_core.families.gemma import GEMMA2_PATTERN, GEMMA3_PATTERN, LOCAL_THETA
 from engine_core.weights.gguf_gemma import GEMMA_BLOCK_NAMES, NORM_SHIFT, gemma_fields
 from engine_core.weights.gguf_keys import check_keys

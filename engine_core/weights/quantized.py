@@ -1,19 +1,19 @@
 """Which linear layers keep their weights quantized in memory, and from where (`--quantization`).
 
 - gguf: a GGUF import's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K tensors (gguf_import.QUANTIZED_FILE,
-  layers/gguf_types.py) go to the layers as they are; a fused layer (qkv, gate/up) whose pieces differ in type
-  (Q4_K_M's Q6_K v_proj beside Q4_K q/k) keeps each piece in its own (layers/quant_pieces.py). A quantized
+  cpu_kernels/linear/gguf_types.py) go to the layers as they are; a fused layer (qkv, gate/up) whose pieces differ in
+  type (Q4_K_M's Q6_K v_proj beside Q4_K q/k) keeps each piece in its own (layers/quant_pieces.py). A quantized
   embedding serves its rows from the same blocks (a tied LM head and its embedding share them).
-- int8: the decoder's linear layers quantized per output channel (cpu_quant.quantize_int8); the LM head
+- int8: the decoder's linear layers quantized per output channel (quant_bf16_dot.quantize_int8); the LM head
   and the embedding stay bf16.
 - none: everything dequantized (the path compared with transformers).
 - auto: as gguf where a kernel runs (measured on every tier: a kept layer decodes faster than its dequantized
   copy, 1.7-2.2x for Q4_K_M files in bf16 on the AMX Xeon, and prefills within 20% of it); else none.
 
-The kernels run on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized: quant_f32.c
-for float32 and cpu_quant.c for bf16 on the avx512_bf16 and amx tiers where they take the type, quant_dot.c for
-the rest); off the CPU, or without a C compiler, auto means none and an explicit gguf / int8 is an error that
-says why.
+The kernels run on every CPU tier, in float32 and bfloat16 engines (cpu_packing.pack_quantized: quant_exact_f32.c
+for float32 and quant_bf16_dot.c for bf16 on the avx512_bf16 and amx tiers where they take the type,
+quant_int8_rows.c for the rest); off the CPU, or without a C compiler, auto means none and an explicit gguf /
+int8 is an error that says why.
 
 With tensor parallelism each rank keeps its own shard quantized: the layer's weight loader picks the rows
 of column-parallel layers from the GGUF rows as it picks dense ones, and a row-parallel layer's input
@@ -25,8 +25,9 @@ import logging
 
 import torch
 
-from engine_core.layers import cpu_packing, cpu_quant, linear
-from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.layers import cpu_packing, linear
+from engine_core.cpu_kernels.linear import quant_bf16_dot
+from engine_core.cpu_kernels.linear.gguf_types import GGUF_TYPES
 from engine_core.layers.quant_pieces import QuantizedPieces
 from engine_core.weights.loader import quantized_tensors
 
@@ -95,12 +96,13 @@ def _pieces(module, raw: dict, pieces: list[tuple[str, object]]) -> QuantizedPie
         start, count, offset = _piece_rows(module, rows.shape[0], shard)
         if count:
             mine = rows if count == rows.shape[0] else rows[start:start + count].clone()  # no other rank's rows
-            parts.append((offset, cpu_quant.QuantizedTensor(mine, qtype, in_features)))
+            parts.append((offset, quant_bf16_dot.QuantizedTensor(mine, qtype, in_features)))
     parts.sort(key=lambda part: part[0])
     return QuantizedPieces([piece for _, piece in parts]) if parts else None
 
 
-def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.QuantizedTensor | QuantizedPieces | None:
+def _joined(module, raw: dict,
+            pieces: list[tuple[str, object]]) -> quant_bf16_dot.QuantizedTensor | QuantizedPieces | None:
     """This rank's rows of the pieces as one quantized weight of the layer's shape (its pieces apart where they
     differ in type); None where a piece is missing or a shard would split a block (that layer is then
     dequantized)."""
@@ -116,13 +118,13 @@ def _joined(module, raw: dict, pieces: list[tuple[str, object]]) -> cpu_quant.Qu
     shape = (out_features, GGUF_TYPES[qtype].row_bytes(in_features))
     read = {name: raw[name][0]() for name in names}
     if len(pieces) == 1 and tuple(read[names[0]].shape) == shape:  # all of one piece on this rank: no copy
-        return cpu_quant.QuantizedTensor(read[names[0]], qtype, in_features)
+        return quant_bf16_dot.QuantizedTensor(read[names[0]], qtype, in_features)
     rows = torch.zeros(shape, dtype=torch.uint8)
     for name, shard in pieces:
         if not _shard(module, read.pop(name), qtype, shard, rows):
             return None
     try:
-        return cpu_quant.QuantizedTensor(rows, qtype, in_features)
+        return quant_bf16_dot.QuantizedTensor(rows, qtype, in_features)
     except ValueError:
         return None
 
@@ -191,7 +193,7 @@ def quantize_int8(model, mode: str, device: torch.device, dtype: torch.dtype) ->
     for name, module in model.named_modules():
         in_features = getattr(module, "weight", torch.empty(0, 0)).shape[-1]
         if (isinstance(module, cpu_packing.PackableWeight) and name.rpartition(".")[2] in _INT8_LAYERS
-                and in_features % cpu_quant.BLOCK == 0):
-            module.quantized_weight = cpu_quant.quantize_int8(module.weight)
+                and in_features % quant_bf16_dot.BLOCK == 0):
+            module.quantized_weight = quant_bf16_dot.quantize_int8(module.weight)
             kept["q8_0"] = kept.get("q8_0", 0) + 1
     return _summary(kept)

@@ -14,7 +14,7 @@ import torch
 from common.wire_messages import Logprobs
 from common.sampling_params import SamplingParams
 from engine_core.platform import batch_invariance
-from engine_core.attention import cpu_decode_kernel
+from engine_core.cpu_kernels.attention import paged_avx512_bf16
 from engine_core.attention.capabilities import AttentionSetup
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.selector import select_attention_backend
@@ -24,11 +24,12 @@ from engine_core.distributed.parallel_state import tp_rank, tp_size
 from engine_core.engine_config import EngineConfig
 from engine_core.families.spec import for_context
 from engine_core.layers.forward_context import forward_context
-from engine_core.layers import cpu_ops, cpu_packing
+from engine_core.layers import cpu_packing
+from engine_core.cpu_kernels.ops import fused_ops
 from engine_core.layers.attention import PagedAttention
 from engine_core.lora.manager import LoRAManager
-from engine_core.models.cpu_decoder import CpuDecoder
-from engine_core.models.cpu_decoder_f32 import CpuDecoderBF16Generic, CpuDecoderF32
+from engine_core.cpu_kernels.decoder.loop_avx512_bf16 import CpuDecoder
+from engine_core.cpu_kernels.decoder.loop_portable import CpuDecoderBF16Generic, CpuDecoderF32
 from engine_core.models.registry import model_class
 from engine_core.pooling.pooler import Pooler
 from engine_core.sched.request import Request
@@ -82,8 +83,8 @@ class ModelRunner:
         if dense or self.quantization != "none":
             cpu_packing.pack_model(self.model, dense)
         if device.type == "cpu" and dtype == torch.bfloat16:
-            cpu_decode_kernel.load()  # built (once per machine) now, not in the first request's decode step
-            cpu_ops.load()  # likewise the fused norm / SiLU-and-mul / rotary kernels
+            paged_avx512_bf16.load()  # built (once per machine) now, not in the first request's decode step
+            fused_ops.load()  # likewise the fused norm / SiLU-and-mul / rotary kernels
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.backend = self._attention_backend()
         # the one-call C loop knows nothing of LoRA: with adapters on, every step runs the modules, so a base
@@ -93,7 +94,7 @@ class ModelRunner:
                         config.lora.max_loras, config.lora.max_lora_rank)
         if (self.lora is None and self.backend.capabilities.fused_cpu_decoder
                 and hasattr(self.model, "cpu_decoder")):
-            # bf16: cpu_decoder.c's kernels where they run (avx512_bf16 and up), else, where the attention is the
+            # bf16: loop_avx512_bf16.c's kernels where they run (avx512_bf16 and up), else, where the attention is the
             # generic kernel's as in the loop, the float32 loop's source built for bf16
             loops = ((CpuDecoderF32,) if dtype is torch.float32
                      else (CpuDecoder, CpuDecoderBF16Generic) if self.backend.name == "cpu_generic" else (CpuDecoder,))

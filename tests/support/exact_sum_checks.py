@@ -4,7 +4,8 @@ plain one then SiLU-and-mul; embedding rows equal to the dequantized weights."""
 
 import torch
 
-from engine_core.layers import cpu_ops, cpu_quant
+from engine_core.cpu_kernels.ops import fused_ops
+from engine_core.cpu_kernels.linear import quant_bf16_dot
 from engine_core.layers.activation import silu_and_mul
 from tests.support.gguf_weights import quantized_weight
 
@@ -25,11 +26,11 @@ def assert_rows_alike(matmul, x: torch.Tensor, bias, whole: torch.Tensor) -> Non
     assert torch.equal(matmul(x[:33][shuffled], bias), whole[:33][shuffled])
 
 
-def assert_threads_and_strides_alike(qtype: str) -> tuple[cpu_quant.QuantPanelWeight, torch.Tensor, torch.Tensor]:
+def assert_threads_and_strides_alike(qtype: str) -> tuple[quant_bf16_dot.QuantPanelWeight, torch.Tensor, torch.Tensor]:
     """Strided rows and one thread give a row the bits of contiguous rows on every thread; returns (the packed
     weight, the strided rows, their product) for more checks."""
     weight, _ = quantized_weight(qtype, 1000, 576, seed=4)
-    packed = cpu_quant.QuantPanelWeight(weight)
+    packed = quant_bf16_dot.QuantPanelWeight(weight)
     x = bf16_randn(67, 700, seed=5)[:, 100:676]
     whole = packed.matmul(x)
     assert torch.equal(whole, packed.matmul(x.contiguous()))
@@ -45,8 +46,8 @@ def assert_threads_and_strides_alike(qtype: str) -> tuple[cpu_quant.QuantPanelWe
 def assert_gated_is_plain_then_silu(qtype: str) -> None:
     weight, _ = quantized_weight(qtype, 2 * 1536, 576, seed=6)
     bias = bf16_randn(2 * 1536, seed=7)
-    gated = cpu_quant.GatedQuantPanelWeight(weight, cpu_ops.silu_table())
-    plain = cpu_quant.QuantPanelWeight(weight)
+    gated = quant_bf16_dot.GatedQuantPanelWeight(weight, fused_ops.silu_table())
+    plain = quant_bf16_dot.QuantPanelWeight(weight)
     x = bf16_randn(max(ROWS), 576, seed=8)
     whole = gated.silu_and_mul(x, bias)
     assert torch.equal(whole, silu_and_mul(plain.matmul(x, bias)))
@@ -56,6 +57,6 @@ def assert_gated_is_plain_then_silu(qtype: str) -> None:
 
 def assert_embedding_rows_dequantized(qtype: str) -> None:
     weight, dequantized = quantized_weight(qtype, 100, 96, seed=9)
-    packed = cpu_quant.QuantPanelWeight(weight)
+    packed = quant_bf16_dot.QuantPanelWeight(weight)
     ids = torch.tensor([0, 17, 99, 17, 42])
     assert torch.equal(packed.rows_of(ids), dequantized[ids].to(torch.bfloat16))

@@ -1,4 +1,4 @@
-"""Random GGUF weights of every kept type (layers/gguf_types.py) and their dequantized values, for the kernel
+"""Random GGUF weights of every kept type (cpu_kernels/linear/gguf_types.py) and their dequantized values, for the kernel
 tests: gguf-py quantizes a random matrix where it can (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); it has no K-quant
 quantizer, so K-quant super-blocks are random bytes with their fp16 scales set to sizes real files have."""
 
@@ -6,8 +6,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from engine_core.layers import cpu_quant
-from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.cpu_kernels.linear import quant_bf16_dot
+from engine_core.cpu_kernels.linear.gguf_types import GGUF_TYPES
 
 # byte offsets of a K-quant super-block's fp16 scales -> the range drawn for them
 _K_SCALES = {"q4_k": {0: (1e-3, 1e-2), 2: (1e-3, 1e-2)}, "q5_k": {0: (1e-3, 1e-2), 2: (1e-3, 1e-2)},
@@ -28,9 +28,9 @@ def gguf_rows(qtype: str, n: int, k: int, seed: int, size: float = 1.0) -> np.nd
     return blocks.reshape(n, -1)
 
 
-def quantized_weight(qtype: str, n: int, k: int, seed: int) -> tuple[cpu_quant.QuantizedTensor, torch.Tensor]:
+def quantized_weight(qtype: str, n: int, k: int, seed: int) -> tuple[quant_bf16_dot.QuantizedTensor, torch.Tensor]:
     """A random [n, k] weight of type `qtype`, and its dequantized float32 values (gguf-py's)."""
     raw = gguf_rows(qtype, n, k, seed)
     dequantized = quants.dequantize(raw, GGMLQuantizationType[qtype.upper()]).reshape(n, k)
-    return (cpu_quant.QuantizedTensor(torch.from_numpy(raw.copy()), qtype, k),
+    return (quant_bf16_dot.QuantizedTensor(torch.from_numpy(raw.copy()), qtype, k),
             torch.from_numpy(np.ascontiguousarray(dequantized, dtype=np.float32)))

@@ -1,10 +1,10 @@
-/* Paged attention on AMX tiles (the amx tier): cpu_decode.c's chunk kernel with its two products per tile of
+/* Paged attention on AMX tiles (the amx tier): paged_avx512_bf16.c's chunk kernel with its two products per tile of
  * 64 keys, the scores (Q K^T) and the weighted values (P V), run by TDPBF16PS instead of vdpbf16ps.
  *
  * Why: in a prefill step with the linear layers on tiles (amx_gemm.c), the chunk kernel's vdpbf16ps were a
  * third of the step. A tile product does 16 query vectors x 16 keys x 32 head dims in one instruction.
  *
- * What stays cpu_decode.c's: the work items, the walk over an item's key tiles (keys read in place through
+ * What stays paged_avx512_bf16.c's: the work items, the walk over an item's key tiles (keys read in place through
  * the block table, the tile's keys transposed into key pairs kT and its values interleaved into pairs vP),
  * the online softmax of each query vector (softmax_step) and the output. kT and vP are already the layouts
  * of B tiles: for 16 keys and 32 head dims, kT's 16 vectors are one B tile (row i: head dims 2i, 2i + 1 of
@@ -19,16 +19,16 @@
  * Row independence: a tile product forms each row of C from that row of A alone, over the same key pairs in
  * the same order whatever the other rows; a block that takes more parts than a row sees adds exact zeros to
  * that row (probabilities 0, masked scores -inf), and TDPBF16PS's output is never a denormal (flushed), so
- * adding zeros leaves its sums as they were. Tiles are aligned to absolute key positions as in cpu_decode.c.
+ * adding zeros leaves its sums as they were. Tiles are aligned to absolute key positions as in paged_avx512_bf16.c.
  * So a row's bits depend on its position and its own keys only: not on the batch, its chunking or a cached
  * prefix. (They differ from the avx512_bf16 tier's in the last bits: another order of sums.)
  *
- * A drop-in library: the same exported functions as cpu_decode.c (paged_decode_attention unchanged), so the
+ * A drop-in library: the same exported functions as paged_avx512_bf16.c (paged_decode_attention unchanged), so the
  * attention backend and the C decoder loop take it unchanged. Where the OS refuses the tile state
- * (amx_tiles.h), amx_ready() says so and cpu_decode.c's library serves instead.
+ * (amx_tiles.h), amx_ready() says so and paged_avx512_bf16.c's library serves instead.
  */
 #define paged_attention avx512_paged_attention
-#include "cpu_decode.c"
+#include "paged_avx512_bf16.c"
 #undef paged_attention
 
 #include "../linear/amx_tiles.h"
@@ -188,7 +188,7 @@ static AmxChunkFn pick_amx_chunk(int group, int head_dim) {
     return amx_chunk_any;
 }
 
-/* cpu_decode.c's paged_attention, its arguments and results the same */
+/* paged_avx512_bf16.c's paged_attention, its arguments and results the same */
 int paged_attention(const uint16_t *q, long q_row, const uint16_t *k_cache, const uint16_t *v_cache,
                     const int32_t *block_tables, long table_row, const int32_t *seq_lens,
                     const int32_t *query_start_loc, uint16_t *out, long out_row, int num_seqs, int num_heads,

@@ -1,5 +1,5 @@
 /* Work items of the paged attention kernels that take any number of query rows per sequence
- * (cpu_decode.c's chunk kernel, cpu_generic_attention.c): one item is (sequence, KV head, up to
+ * (paged_avx512_bf16.c's chunk kernel, paged_fixed_order.c): one item is (sequence, KV head, up to
  * `rows_per_item` consecutive query rows of that sequence). Which items a step has never changes how
  * a row is computed; it only decides which thread computes it and when. */
 #include <stdint.h>

@@ -1,6 +1,6 @@
-/* What both decoder loops share (cpu_decoder.c: bf16, cpu_decoder_f32.c: float32), for activations of
+/* What both decoder loops share (loop_avx512_bf16.c: bf16, loop_portable.c: float32), for activations of
  * type DECODER_ELEM: the file defines it, and its Layer and Model, before including this. Here: the step's
- * arguments (one layout, cpu_decoder.py's _Step), the new keys and values into their cache slots, and a
+ * arguments (one layout, loop_avx512_bf16.py's _Step), the new keys and values into their cache slots, and a
  * layer's queries and keys normed per head (Qwen3) and rotated (each head's first rotary_dim dims) by the layer's
  * own rotary tables where it has them (Gemma 3's sliding layers), else the model's. */
 #include <stdint.h>
@@ -18,7 +18,7 @@ typedef struct {
     int threads;
     int every_row_alike; /* batch-invariant: the kernels that have two arithmetics take the one for every M */
     /* the rows that are prompt tokens, as [first, end) pairs (StepInput.prompt_runs): kept-quantized layers give
-     * them their prompt arithmetic where the kernel library has one (cpu_decoder.c) */
+     * them their prompt arithmetic where the kernel library has one (loop_avx512_bf16.c) */
     const int64_t *prompt_runs;
     long num_prompt_runs;
 } Step;

@@ -1,4 +1,4 @@
-/* quant_dot.c's K-quant prefills on the AMX tier: the integers of k_quant_tile.h formed by AMX int8 tiles.
+/* quant_int8_rows.c's K-quant prefills on the AMX tier: the integers of k_quant_tile.h formed by AMX int8 tiles.
  *
  * A super-block's S = sum_k v_k q_x,k with v_k the weight's integer times its sub-block scale (Q4_K / Q5_K:
  * q sc_b, 0..1953; Q6_K: (q - 32) sc_s, -4064..4096: its -32 folded in). v does not fit a byte, so it is split,
@@ -15,7 +15,7 @@
  * Linux hands out AMX's tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM); where that fails the
  * other tile runs.
  *
- * Included by quant_dot.c on the AMX tier, after k_quant_tile.h.
+ * Included by quant_int8_rows.c on the AMX tier, after k_quant_tile.h.
  */
 #ifndef NVLLM_AMX_K_TILE_H
 #define NVLLM_AMX_K_TILE_H

@@ -1,8 +1,8 @@
 /* What the AMX kernels on bf16 panels share (amx_gemm.c, amx_quant.c): a pass of up to 32 rows x 2 panels
  * over all of K on tiles, the stores of its sums, and the passes over a thread's panels. The panels are
- * cpu_gemm.c's layout: 32 inputs of a panel's 16 columns ([16 input pairs][16 columns][2]) are one tile B of 1 KB.
+ * dense_bf16_dot.c's layout: 32 inputs of a panel's 16 columns ([16 input pairs][16 columns][2]) are one tile B of 1 KB.
  *
- * Included after cpu_gemm.c (bf16, LANES, to_bf16, widen).
+ * Included after dense_bf16_dot.c (bf16, LANES, to_bf16, widen).
  */
 #ifndef NVLLM_AMX_PANELS_H
 #define NVLLM_AMX_PANELS_H
@@ -57,7 +57,7 @@ static void store_plain(const float *sums, int rows, const float *bias, bf16 *ou
         _mm256_mask_storeu_epi16(out + i * out_stride + n, mask, to_bf16(_mm512_add_ps(_mm512_loadu_ps(sums + i * LANES), b)));
 }
 
-/* silu(gate + its bias) * (up + its bias), each rounded to bf16 first, as cpu_gemm.c's gated tile: 16 outputs
+/* silu(gate + its bias) * (up + its bias), each rounded to bf16 first, as dense_bf16_dot.c's gated tile: 16 outputs
  * from column o; gate_at, up_at: the packed columns (and bias entries) of the gate and up sums */
 static void store_gated_tile(const float *gate, const float *up, int rows, const float *bias, long gate_at,
                              long up_at, bf16 *out, long out_stride, long o, const bf16 *silu) {

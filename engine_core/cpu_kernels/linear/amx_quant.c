@@ -1,10 +1,10 @@
-/* Linear layers whose weights stay quantized in memory (cpu_quant.c's packed GGUF Q4_0, Q4_1, Q8_0 blocks and
+/* Linear layers whose weights stay quantized in memory (quant_bf16_dot.c's packed GGUF Q4_0, Q4_1, Q8_0 blocks and
  * per-channel int8) for the amx tier: a few rows on AVX512-BF16, more on AMX tiles (TDPBF16PS), the same bits.
  *
  * Every product is an exact integer, so no order of adding them can round: each input row is written per block of
  * 32 inputs as a scale s (its largest |x| / 32767) and integers n = round(x / s) in [-32767, 32767], split into
  * two digits n = 256 hi + lo (hi in [-128, 127], lo in [0, 255]), each exact in bf16. The weights are
- * cpu_quant.c's bf16 words: 128 + q for Q4 (q in [0, 15]), q for Q8, exact. A block's digit sums
+ * quant_bf16_dot.c's bf16 words: 128 + q for Q4 (q in [0, 15]), q for Q8, exact. A block's digit sums
  * sum_k hi_k w_k and sum_k lo_k w_k stay below 2^21 in magnitude: exact in fp32 whichever unit adds them and in
  * whatever order (vdpbf16ps pairs or a tile's steps); for Q4 each less 128 times its digits' sum (exact too) is
  * sum_k hi_k q_k and sum_k lo_k q_k. The block's sum_k n_k q_k, rounded once to fp32, then folds into the column's
@@ -31,12 +31,12 @@
 
 #define quant_linear_bf16 vector_quant_linear_bf16
 #define quant_linear_silu_mul_bf16 vector_quant_linear_silu_mul_bf16
-#include "cpu_quant.c"
+#include "quant_bf16_dot.c"
 #undef quant_linear_bf16
 #undef quant_linear_silu_mul_bf16
 
 #include "amx_panels.h"   /* amx_ready, TILE_ROWS (digit rows per tile A / C here), amx_columns */
-#include "gguf_q5_panel.h" /* quant_dot.c's Q5_0 / Q5_1 weights as bf16 panels */
+#include "gguf_q5_panel.h" /* quant_int8_rows.c's Q5_0 / Q5_1 weights as bf16 panels */
 
 #define PASS_INPUTS 16    /* input rows per tile pass: 32 digit rows */
 #define INT_MR 8          /* input rows per register tile, at most */
@@ -371,14 +371,14 @@ static int digit_run(const bf16 *x, long M, long K, long x_stride, const uint8_t
     return failed ? -1 : 0;
 }
 
-/* cpu_quant.c's quant_linear_bf16 with this file's arithmetic (every_row_alike: every M is alike here) */
+/* quant_bf16_dot.c's quant_linear_bf16 with this file's arithmetic (every_row_alike: every M is alike here) */
 int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                       const float *bias, bf16 *out, long out_stride, int every_row_alike, int num_threads) {
     (void)every_row_alike;
     return digit_run(x, M, K, x_stride, packed, format, N, bias, out, out_stride, NULL, num_threads);
 }
 
-/* cpu_quant.c's quant_linear_silu_mul_bf16 with this file's arithmetic */
+/* quant_bf16_dot.c's quant_linear_silu_mul_bf16 with this file's arithmetic */
 int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format,
                                long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                                int every_row_alike, int num_threads) {
@@ -408,10 +408,10 @@ int quant_prompt_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stri
                            amx_permitted() ? amx_columns : columns, num_threads);
 }
 
-/* The prompt rows of a GGUF Q5_0 or Q5_1 layer that quant_dot.c keeps (its layout: the file's rows), on AMX tiles
+/* The prompt rows of a GGUF Q5_0 or Q5_1 layer that quant_int8_rows.c keeps (its layout: the file's rows), on AMX tiles
  * with the dequantized model's weights, as quant_prompt_linear_bf16 runs this file's formats: a row's bits are
- * amx_gemm.c's on the dequantized weights, whatever M. quant_dot.c's 8-bit rows stay the arithmetic of output
- * rows. 1 (nothing done) for the other types: the K-quants' prompts keep quant_dot.c's int8 tiles (amx_k_tile.h),
+ * amx_gemm.c's on the dequantized weights, whatever M. quant_int8_rows.c's 8-bit rows stay the arithmetic of output
+ * rows. 1 (nothing done) for the other types: the K-quants' prompts keep quant_int8_rows.c's int8 tiles (amx_k_tile.h),
  * one arithmetic for every row. */
 int dot_prompt_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *rows, int type, long N,
                            const float *bias, bf16 *out, long out_stride, int num_threads) {

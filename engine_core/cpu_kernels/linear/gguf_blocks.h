@@ -1,4 +1,4 @@
-/* GGUF's block layouts as quant_dot.c reads them: for each group of 8 blocks of 32 inputs, the blocks'
+/* GGUF's block layouts as quant_int8_rows.c reads them: for each group of 8 blocks of 32 inputs, the blocks'
  * weight scales and offsets as float32, and each block's 32 integers in input order.
  *
  * Q4_0, Q4_1, Q8_0 come repacked (quant_dot_pack: the group's scales first, then the blocks' integers);

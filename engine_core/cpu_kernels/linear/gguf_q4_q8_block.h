@@ -1,5 +1,5 @@
 /* One block of a GGUF Q4_0, Q4_1 or Q8_0 row as the bf16 quantized kernels read it when they pack a weight
- * (cpu_quant.c, quant_vnni.c): its scale, offset and 32 integers. Needs F16C (the avx512 tiers have it). */
+ * (quant_bf16_dot.c, quant_vnni.c): its scale, offset and 32 integers. Needs F16C (the avx512 tiers have it). */
 #ifndef NVLLM_GGUF_Q4_Q8_BLOCK_H
 #define NVLLM_GGUF_Q4_Q8_BLOCK_H
 #include <immintrin.h>

@@ -1,5 +1,5 @@
-/* GGUF Q5_0 and Q5_1 weights, kept as the file has them (quant_dot.c's layout: column n is the file's row n of
- * K / 32 blocks), dequantized into cpu_gemm.c's bf16 panels: the prompt rows of such layers then run on AMX
+/* GGUF Q5_0 and Q5_1 weights, kept as the file has them (quant_int8_rows.c's layout: column n is the file's row n of
+ * K / 32 blocks), dequantized into dense_bf16_dot.c's bf16 panels: the prompt rows of such layers then run on AMX
  * tiles with the dequantized model's weights (amx_quant.c's dot_prompt_linear_bf16).
  *
  * A block (ggml-common.h): Q5_0 {fp16 d; u32 qh; u8 qs[16]}, Q5_1 {fp16 d, m; u32 qh; u8 qs[16]}; input j < 16
@@ -7,7 +7,7 @@
  * d (q - 16) for Q5_0, d q + m for Q5_1 (d q is exact in fp32, so one fused rounding is numpy's), then bf16
  * (to nearest even) as the dequantized model's weights are.
  *
- * Included after cpu_gemm.c (bf16, LANES, to_bf16).
+ * Included after dense_bf16_dot.c (bf16, LANES, to_bf16).
  */
 #ifndef NVLLM_GGUF_Q5_PANEL_H
 #define NVLLM_GGUF_Q5_PANEL_H

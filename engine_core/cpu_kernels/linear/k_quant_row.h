@@ -1,4 +1,4 @@
-/* quant_dot.c's K-quant products for one input row (a decode step) on the AVX2 tier: two columns at a time,
+/* quant_int8_rows.c's K-quant products for one input row (a decode step) on the AVX2 tier: two columns at a time,
  * out of line, every value in a register.
  *
  * One row reads each weight once, so the work per super-block beside the integer products is what limits it:
@@ -8,7 +8,7 @@
  * columns' running sums, lanes 2, 3 their min terms, the fp32 steps of k_fuse lane for lane. The same exact
  * integers per super-block and the same fp32 steps as k_tile: the same bits.
  *
- * Included by quant_dot.c on the AVX2 tier (AVX512 builds keep k_tile's two blocks per register), after
+ * Included by quant_int8_rows.c on the AVX2 tier (AVX512 builds keep k_tile's two blocks per register), after
  * k_quant_tile.h.
  */
 #ifndef NVLLM_K_QUANT_ROW_H

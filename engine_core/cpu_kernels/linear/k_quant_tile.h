@@ -1,4 +1,4 @@
-/* quant_dot.c's tile for the K-quants (Q4_K, Q5_K, Q6_K): a whole 256-input super-block in integers.
+/* quant_int8_rows.c's tile for the K-quants (Q4_K, Q5_K, Q6_K): a whole 256-input super-block in integers.
  *
  * The input row is rounded to 8 bits per 256 inputs (one d_x per super-block, as llama.cpp's q8_K), so the
  * super-block's integer sub-block scales (Q4_K / Q5_K: 6-bit sc per 32 inputs; Q6_K: int8 per 16) multiply
@@ -12,7 +12,7 @@
  * row and column, in this order: acc = fma((float)S, d d_x, acc); low = fma((float)L, dmin d_x, low) (the scale
  * products rounded to fp32 first); after the last super-block acc - low, plus the bias.
  *
- * Included by quant_dot.c after its lanes, Quantized and store definitions.
+ * Included by quant_int8_rows.c after its lanes, Quantized and store definitions.
  */
 #ifndef NVLLM_K_QUANT_TILE_H
 #define NVLLM_K_QUANT_TILE_H

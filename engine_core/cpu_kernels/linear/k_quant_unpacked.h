@@ -1,11 +1,11 @@
-/* quant_dot.c's K-quant prefills on the AVX2 tier: k_quant_tile.h's arithmetic with the weights unpacked first.
+/* quant_int8_rows.c's K-quant prefills on the AVX2 tier: k_quant_tile.h's arithmetic with the weights unpacked first.
  *
  * From UNPACKED_MIN_ROWS rows on, two columns' super-blocks are unpacked once per chunk of rows (their bytes
  * 0..63 in input order, each block's int16 scale vector, the scales), so the 4 x 2 tile's inner loop is loads
  * and the integer products alone: no nibble or bit unpacking and no scale decoding per row group. The same
  * integers in the same lanes, the same fp32 steps: the same bits as the tile it replaces.
  *
- * Included by quant_dot.c on the AVX2 tier (AVX512 builds keep their two-blocks-per-register tile), after
+ * Included by quant_int8_rows.c on the AVX2 tier (AVX512 builds keep their two-blocks-per-register tile), after
  * k_quant_tile.h.
  */
 #ifndef NVLLM_K_QUANT_UNPACKED_H

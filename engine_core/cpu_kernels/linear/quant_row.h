@@ -1,4 +1,4 @@
-/* quant_dot.c's products of the per-32 types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) for one input row (a decode step)
+/* quant_int8_rows.c's products of the per-32 types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) for one input row (a decode step)
  * on the AVX2 tier: four columns at a time, out of line, their running sums in registers.
  *
  * tile's one-row shape kept its even and odd sums in arrays it indexed by the block's parity, so the compiler
@@ -8,7 +8,7 @@
  * one sum and odd ones into another, the offset terms after each group, the sums added and reduced as
  * lanes_total does): the same bits.
  *
- * Included by quant_dot.c on the AVX2 tier, after group_weight_scales and the block helpers.
+ * Included by quant_int8_rows.c on the AVX2 tier, after group_weight_scales and the block helpers.
  */
 #ifndef NVLLM_QUANT_ROW_H
 #define NVLLM_QUANT_ROW_H

@@ -1,4 +1,4 @@
-/* quant_dot.c's prefills of the per-32 types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on the AVX2 tier: tile's
+/* quant_int8_rows.c's prefills of the per-32 types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on the AVX2 tier: tile's
  * arithmetic with the weights unpacked first.
  *
  * From UNPACKED_MIN_ROWS rows on, two columns' blocks are unpacked once per chunk of rows (their 32 integers per
@@ -8,7 +8,7 @@
  * integers, the same fp32 steps in the same order (each row's scale d_w d_x rounded first, even blocks into
  * one register and odd ones into another, the offset terms after each group): the same bits as tile.
  *
- * Included by quant_dot.c on the AVX2 tier, after k_quant_unpacked.h (UNPACKED_MIN_ROWS).
+ * Included by quant_int8_rows.c on the AVX2 tier, after k_quant_unpacked.h (UNPACKED_MIN_ROWS).
  */
 #ifndef NVLLM_QUANT_UNPACKED_H
 #define NVLLM_QUANT_UNPACKED_H

@@ -1,6 +1,6 @@
 /* Linear layers whose weights stay quantized (GGUF Q4_0, Q4_1, Q8_0; per-channel int8) for bf16 engines on the amx
  * tier, with 8-bit activations and exact integer block sums (AVX512-VNNI): out[M, N] = x[M, K] @ W[N, K]^T (+ bias),
- * x and out bf16. A drop-in for cpu_quant.c: the same functions and packed sizes, its own packed layout.
+ * x and out bf16. A drop-in for quant_bf16_dot.c: the same functions and packed sizes, its own packed layout.
  *
  * The arithmetic (llama.cpp's for these types): each row of x is rounded per block of 32 inputs to 8 bits,
  * d_x = max|x| / 127, q_x = rint(x 127 / max|x|); a weight block is d_w q_w + m_w (Q4_1 stores m_w; Q4_0's is
@@ -149,8 +149,8 @@ static inline void store_columns(__m512 total, const float *bias, bf16 *out, lon
     _mm256_mask_storeu_epi16(out + n, mask, to_bf16(_mm512_add_ps(total, b)));
 }
 
-/* silu(gate) * up of 16 outputs from o, each rounded to bf16 first (cpu_quant.c's store_gated): the bias in
- * cpu_gemm.c's gated order (groups of 32 gate, then 32 up); silu: cpu_ops' table of bf16 results */
+/* silu(gate) * up of 16 outputs from o, each rounded to bf16 first (quant_bf16_dot.c's store_gated): the bias in
+ * dense_bf16_dot.c's gated order (groups of 32 gate, then 32 up); silu: fused_ops.py's table of bf16 results */
 static inline void store_gated(__m512 gate, __m512 up, const float *bias, long o, bf16 *out, const bf16 *silu) {
     const long g = (o / 32) * 64 + o % 32;
     const __m256i gb = to_bf16(_mm512_add_ps(gate, bias ? _mm512_loadu_ps(bias + g) : _mm512_setzero_ps()));
@@ -307,7 +307,7 @@ static int run(const bf16 *x, long M, long K, long x_stride, const uint8_t *pack
 }
 
 /* out [M, N] = x [M, K] @ W^T + bias (fp32 in column order, or NULL); format FORMAT_Q4 / FORMAT_Q8. One
- * arithmetic at every M (every_row_alike is cpu_quant.c's choice; here it changes nothing). 0, or -1 when out
+ * arithmetic at every M (every_row_alike is quant_bf16_dot.c's choice; here it changes nothing). 0, or -1 when out
  * of memory. */
 int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format, long N,
                       const float *bias, bf16 *out, long out_stride, int every_row_alike, int num_threads) {
@@ -316,7 +316,7 @@ int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_
 }
 
 /* out [M, I] = silu(x @ gate^T + gate bias) * (x @ up^T + up bias), each rounded to bf16 first. packed:
- * quant_pack(gated = 1); bias in cpu_gemm.c's gated column order or NULL; silu: cpu_ops' table. */
+ * quant_pack(gated = 1); bias in dense_bf16_dot.c's gated column order or NULL; silu: fused_ops.py's table. */
 int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format,
                                long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                                int every_row_alike, int num_threads) {

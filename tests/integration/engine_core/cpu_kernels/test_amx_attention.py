@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 
-from engine_core.attention import cpu_decode_kernel
+from engine_core.cpu_kernels.attention import paged_avx512_bf16
 from engine_core.cpu_kernels import table
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(cpu_decode_kernel.load() is None
-                                 or cpu_decode_kernel.load() is not cpu_decode_kernel._amx_library(),
+              pytest.mark.skipif(paged_avx512_bf16.load() is None
+                                 or paged_avx512_bf16.load() is not paged_avx512_bf16._amx_library(),
                                  reason="needs AMX (amx_bf16) with the tile state granted: amx_attention.c does not "
                                         "run here")]
 
@@ -49,7 +49,7 @@ def attend(prompts: list[Prompt], pieces: list[tuple[int, int, int]], window: in
     starts = torch.tensor([0] + [rows for _, _, rows in pieces], dtype=torch.int32).cumsum(0, dtype=torch.int32)
     seq_lens = torch.tensor([start + rows for _, start, rows in pieces], dtype=torch.int32)
     out = torch.empty_like(q)
-    assert cpu_decode_kernel.paged_attention(q, k_cache, v_cache, tables, seq_lens, starts, prompts[0].q.shape[2] ** -0.5,
+    assert paged_avx512_bf16.paged_attention(q, k_cache, v_cache, tables, seq_lens, starts, prompts[0].q.shape[2] ** -0.5,
                                              out, window)
     rows_out = iter(out)
     return {(p, start + r): next(rows_out) for p, start, rows in pieces for r in range(rows)}

@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from engine_core.cpu_kernels import table
-from engine_core.layers import cpu_gemm, cpu_ops
+from engine_core.cpu_kernels.linear import dense_linear
+from engine_core.cpu_kernels.ops import fused_ops
 from engine_core.layers.activation import silu_and_mul
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(cpu_gemm.load() is None or cpu_gemm.load() is not cpu_gemm._amx_library(),
+              pytest.mark.skipif(dense_linear.load() is None or dense_linear.load() is not dense_linear._amx_library(),
                                  reason="needs AMX (amx_bf16) with the tile state granted: amx_gemm.c does not run here")]
 
 ROWS = (1, 7, 16, 33, 512)
@@ -21,13 +22,13 @@ def _bf16(*shape, seed: int) -> torch.Tensor:
 
 def test_the_amx_kernel_serves_bf16_linears():
     assert table.serving("linear bfloat16") == "linear/amx_gemm.c"
-    assert cpu_gemm.PanelWeight(_bf16(32, 64, seed=0)).kernel == "linear/amx_gemm.c"
+    assert dense_linear.PanelWeight(_bf16(32, 64, seed=0)).kernel == "linear/amx_gemm.c"
 
 
 @pytest.mark.parametrize("n,k", [(576, 576), (960, 576), (576, 1536), (48, 64), (17, 96)])
 def test_values_against_float64_and_rows_alike(n, k):
     w, bias = _bf16(n, k, seed=n + k), _bf16(n, seed=3)
-    packed = cpu_gemm.PanelWeight(w)
+    packed = dense_linear.PanelWeight(w)
     x = _bf16(max(ROWS), k, seed=k)
     whole = packed.matmul(x, bias)
     expected = x.double() @ w.double().T + bias.double()
@@ -41,7 +42,7 @@ def test_values_against_float64_and_rows_alike(n, k):
 
 
 def test_threads_do_not_change_a_row():
-    packed = cpu_gemm.PanelWeight(_bf16(1000, 576, seed=4))
+    packed = dense_linear.PanelWeight(_bf16(1000, 576, seed=4))
     x = _bf16(67, 576, seed=5)
     threads = torch.get_num_threads()
     whole = packed.matmul(x)
@@ -54,8 +55,8 @@ def test_threads_do_not_change_a_row():
 
 def test_gated_equals_the_plain_product_then_silu_and_mul():
     w, bias = _bf16(2 * 1536, 576, seed=6), _bf16(2 * 1536, seed=7)
-    table_ = cpu_ops.silu_table()
-    plain, gated = cpu_gemm.PanelWeight(w), cpu_gemm.GatedPanelWeight(w, table_)
+    table_ = fused_ops.silu_table()
+    plain, gated = dense_linear.PanelWeight(w), dense_linear.GatedPanelWeight(w, table_)
     x = _bf16(max(ROWS), 576, seed=8)
     whole = gated.silu_and_mul(x, bias)
     assert torch.equal(whole, silu_and_mul(plain.matmul(x, bias)))
@@ -66,5 +67,5 @@ def test_gated_equals_the_plain_product_then_silu_and_mul():
 def test_a_shape_the_tiles_do_not_take_runs_the_panels():
     w, x = _bf16(40, 30, seed=9), _bf16(9, 30, seed=10)  # K not a multiple of 32
     expected = x.double() @ w.double().T
-    got = cpu_gemm.PanelWeight(w).matmul(x)
+    got = dense_linear.PanelWeight(w).matmul(x)
     assert torch.all((got.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-4)

@@ -4,8 +4,8 @@ plain reference, row by row bit-identical however the rows are batched or chunke
 import pytest
 import torch
 
-from engine_core.attention import cpu_decode_kernel
-from engine_core.attention.cpu_decode_kernel import paged_attention
+from engine_core.cpu_kernels.attention import paged_avx512_bf16
+from engine_core.cpu_kernels.attention.paged_avx512_bf16 import paged_attention
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.attention.torch_backend import TorchAttentionBackend
@@ -13,7 +13,7 @@ from tests.support.attention_reference import reference_paged_attention
 
 pytestmark = pytest.mark.integration
 
-needs_kernel = pytest.mark.skipif(cpu_decode_kernel.load() is None,
+needs_kernel = pytest.mark.skipif(paged_avx512_bf16.load() is None,
                                   reason="needs a CPU with AVX512-BF16 and a C compiler (the kernel is not built here)")
 
 
@@ -164,7 +164,7 @@ def test_kernel_declines_what_it_does_not_serve():
     out = torch.empty_like(q)
     assert not paged_attention(q, k_cache, v_cache, tables.long(), seq_lens, starts, 0.125, out)
     assert not paged_attention(q, k_cache, v_cache, tables, seq_lens, starts.long(), 0.125, out)
-    if cpu_decode_kernel.load() is not None:  # shapes the C side declines: head_dim 48, group 16
+    if paged_avx512_bf16.load() is not None:  # shapes the C side declines: head_dim 48, group 16
         q48, k48, v48, t48, l48, s48 = _case(4, 2, 48, 16, [(3, 3)])
         assert not paged_attention(q48, k48, v48, t48, l48, s48, 0.125, torch.empty_like(q48))
         q16, k16, v16, t16, l16, s16 = _case(16, 1, 64, 16, [(3, 3)])

@@ -5,14 +5,14 @@ import torch
 
 from tests.support.attention_reference import reference_paged_attention
 from engine_core.platform import batch_invariance
-from engine_core.attention import cpu_decode_kernel
-from engine_core.attention.cpu_decode_kernel import paged_attention, paged_decode_attention
+from engine_core.cpu_kernels.attention import paged_avx512_bf16
+from engine_core.cpu_kernels.attention.paged_avx512_bf16 import paged_attention, paged_decode_attention
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
 
 pytestmark = pytest.mark.integration
 
-needs_kernel = pytest.mark.skipif(cpu_decode_kernel.load() is None,
+needs_kernel = pytest.mark.skipif(paged_avx512_bf16.load() is None,
                                   reason="needs a CPU with AVX512-BF16 and a C compiler (the kernel is not built here)")
 
 

@@ -1,4 +1,4 @@
-"""The decoder layers run from C (decoder/cpu_decoder.c for bf16, cpu_decoder_f32.c for float32 on every
+"""The decoder layers run from C (decoder/loop_avx512_bf16.c for bf16, loop_portable.c for float32 on every
 tier): the same tokens and logprobs, to the bit, as the module path, over chunked prefills, prefix-cache
 hits, decodes and mixed steps; and the module path wherever the C loop would not compute exactly the same."""
 
@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from tests.support.tiny_models import build_tiny_model
-from engine_core.attention import cpu_decode_kernel
-from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant
+from engine_core.cpu_kernels.attention import paged_avx512_bf16
+from engine_core.cpu_kernels.linear import dense_linear, quant_bf16_dot, quant_exact_f32
+from engine_core.cpu_kernels.ops import fused_ops
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
+from engine_core.cpu_kernels.decoder import loop_avx512_bf16, loop_portable
 from tests.support.decoder_runs import greedy_run, random_prompts, runner_model
-from engine_core.layers import cpu_quant_f32
-from engine_core.models import cpu_decoder, cpu_decoder_f32
 
 pytestmark = pytest.mark.integration
 needs_c_decoder = pytest.mark.skipif(
-    None in (cpu_decoder.load(), cpu_gemm.load(), cpu_decode_kernel.load()) or not cpu_ops.norm_kernel_ok(),
+    None in (loop_avx512_bf16.load(), dense_linear.load(), paged_avx512_bf16.load()) or not fused_ops.norm_kernel_ok(),
     reason="needs AVX512-BF16 and a C compiler: the C decoder's kernels do not run on this CPU")
 
 
@@ -50,7 +50,7 @@ def test_the_c_loop_equals_the_modules_bit_for_bit(arch, default_model_dir, tiny
     path = {"default": default_model_dir, "default-bf16": default_model_dir, "qwen2": qwen2_head32,
             "qwen2-int8": qwen2_head32, "qwen3": tiny_models["qwen3"], "mistral": mistral_head32}[arch]
     quantization = {"default-bf16": "none", "qwen2-int8": "int8"}.get(arch, "auto")
-    _check_c_loop(path, "bfloat16", quantization, cpu_decoder.CpuDecoder, cpu_quant.QuantPanelWeight,
+    _check_c_loop(path, "bfloat16", quantization, loop_avx512_bf16.CpuDecoder, quant_bf16_dot.QuantPanelWeight,
                   arch in ("default", "qwen2-int8"), seed=1)
 
 
@@ -77,9 +77,9 @@ def _check_c_loop(path, dtype, quantization, loop, kept_type, kept, seed, storag
         llm.shutdown()
 
 
-# float32 on every tier: default keeps the GGUF blocks (quant_f32.c), -dense dequantizes (cpu_gemm_f32.c); llama's
+# float32 on every tier: default keeps the GGUF blocks (quant_exact_f32.c), -dense dequantizes (dense_fixed_order.c); llama's
 # head_dim 16 takes the generic attention kernel too
-@pytest.mark.skipif(cpu_decoder_f32.load() is None, reason="no C compiler: the float32 C loop is not built")
+@pytest.mark.skipif(loop_portable.load() is None, reason="no C compiler: the float32 C loop is not built")
 @pytest.mark.parametrize("tier,arch", [
     *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("own", "avx2")
       for arch in ("default", "default-dense", "qwen2", "qwen2-int8", "qwen3", "llama", "mistral", "gemma2",
@@ -93,7 +93,7 @@ def test_the_float32_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_m
             "mistral": mistral_head32, **gemmas}[arch]
     quantization = {"default-dense": "none", "qwen2-int8": "int8"}.get(arch, "auto")
     with forced_tier(tier):
-        _check_c_loop(path, "float32", quantization, cpu_decoder_f32.CpuDecoderF32, cpu_quant_f32.QuantF32Weight,
+        _check_c_loop(path, "float32", quantization, loop_portable.CpuDecoderF32, quant_exact_f32.QuantF32Weight,
                       arch in ("default", "qwen2-int8"), seed=2)
 
 
@@ -103,17 +103,17 @@ def qwen3_bf16_checkpoint(tmp_path_factory, default_model_dir):
                             save_dtype=torch.bfloat16)
 
 
-@pytest.mark.skipif(cpu_decoder_f32.load() is None, reason="no C compiler: the float32 C loop is not built")
+@pytest.mark.skipif(loop_portable.load() is None, reason="no C compiler: the float32 C loop is not built")
 @pytest.mark.parametrize("tier", tier_params("own", "avx2", "portable"))
 def test_a_bf16_checkpoint_in_a_float32_engine_reads_bf16_panels_and_answers_as_float32_ones(
         tier, qwen3_bf16_checkpoint, monkeypatch):
     """Weights that are bf16 values are stored in bf16 panels (half the bytes) and widened as read: the C loop
     and the modules agree, and both give the float32 panels' tokens and logprobs to the bit."""
-    from engine_core.layers import cpu_gemm_f32
-    loop, panels = cpu_decoder_f32.CpuDecoderF32, cpu_gemm_f32.GenericPanelWeight
+    from engine_core.cpu_kernels.linear import dense_linear
+    loop, panels = loop_portable.CpuDecoderF32, dense_linear.GenericPanelWeight
     with forced_tier(tier):
         half = _check_c_loop(qwen3_bf16_checkpoint, "float32", "none", loop, panels, True, 3, torch.bfloat16)
-        monkeypatch.setenv(cpu_gemm_f32.BF16_STORAGE_ENV, "0")
+        monkeypatch.setenv(dense_linear.BF16_STORAGE_ENV, "0")
         full = _check_c_loop(qwen3_bf16_checkpoint, "float32", "none", loop, panels, True, 3, torch.float32)
     assert half == full
 
@@ -131,9 +131,9 @@ def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
             llm.shutdown()
 
 
-# bf16 below avx512_bf16: the float32 loop's source built for bf16 (quant_dot.c for the GGUF blocks,
-# cpu_gemm_f32.c's bf16 panels, cpu_ops.c's bf16 ops, the generic attention)
-@pytest.mark.skipif(cpu_decoder_f32.load_bf16() is None, reason="no C compiler: the generic bf16 C loop is not built")
+# bf16 below avx512_bf16: the float32 loop's source built for bf16 (quant_int8_rows.c for the GGUF blocks,
+# dense_fixed_order.c's bf16 panels, fused_torch_rounding.c's bf16 ops, the generic attention)
+@pytest.mark.skipif(loop_portable.load_bf16() is None, reason="no C compiler: the generic bf16 C loop is not built")
 @pytest.mark.parametrize("tier,arch", [
     *[pytest.param(p.values[0], arch, marks=p.marks, id=f"{p.values[0]}-{arch}") for p in tier_params("avx2")
       for arch in ("default", "default-dense", "qwen2", "qwen3", "llama", "mistral")],
@@ -141,9 +141,9 @@ def test_the_modules_run_where_the_c_loop_does_not_apply(tiny_models):
     *[pytest.param(p.values[0], "qwen3", marks=p.marks, id=f"{p.values[0]}-qwen3") for p in tier_params("portable")]])
 def test_the_generic_bf16_c_loop_equals_the_modules_bit_for_bit(tier, arch, default_model_dir, tiny_models,
                                                                   qwen2_head32, mistral_head32):
-    from engine_core.layers import cpu_quant_dot
+    from engine_core.cpu_kernels.linear import quant_int8_rows
     path = {"default": default_model_dir, "default-dense": default_model_dir, "qwen2": qwen2_head32,
             "qwen3": tiny_models["qwen3"], "llama": tiny_models["llama"], "mistral": mistral_head32}[arch]
     with forced_tier(tier):
         _check_c_loop(path, "bfloat16", "none" if arch == "default-dense" else "auto",
-                      cpu_decoder_f32.CpuDecoderBF16Generic, cpu_quant_dot.QuantDotWeight, arch == "default", seed=4)
+                      loop_portable.CpuDecoderBF16Generic, quant_int8_rows.QuantDotWeight, arch == "default", seed=4)

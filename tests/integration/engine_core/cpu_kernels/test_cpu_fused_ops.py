@@ -1,18 +1,18 @@
-"""The fused bf16 CPU kernels (engine_core/layers/cpu_ops.c) against the torch code they replace:
+"""The fused bf16 CPU kernels (engine_core/layers/fused_torch_rounding.c) against the torch code they replace:
 bit-identical results, odd shapes, strided inputs, in-place semantics, fallbacks."""
 
 import pytest
 import torch
 
 from engine_core.cpu_kernels import table
-from engine_core.layers import cpu_ops, cpu_rms
+from engine_core.cpu_kernels.ops import fused_ops, rms_fixed_order
 from engine_core.layers.activation import silu_and_mul
 from engine_core.layers.norm import RMSNorm
 from engine_core.layers.rotary import RotaryEmbedding, _rotate
 
 pytestmark = pytest.mark.integration
 
-needs_kernel = pytest.mark.skipif(cpu_ops.load() is None,
+needs_kernel = pytest.mark.skipif(fused_ops.load() is None,
                                   reason="needs a CPU with AVX512 and a C compiler (the kernels are not built here)")
 bf16 = torch.bfloat16
 
@@ -59,12 +59,12 @@ def test_rms_norm_is_bit_identical(tokens, n):
 
 @needs_kernel
 def test_rms_norm_statistic_is_norm_pys_batch_invariant_one():
-    """Batch-invariant, norm.py takes its statistic from cpu_rms.c's fixed-order sum: so must the kernel, also
+    """Batch-invariant, norm.py takes its statistic from rms_fixed_order.c's fixed-order sum: so must the kernel, also
     on the rare rows where torch's own sum order rounds the output otherwise (2 of these 4096)."""
     norm = _norm_module(576, seed=12)
     x = _rand(4096, 576, seed=11)
     assert torch.equal(norm(x), _torch_norm(norm, x))
-    torch_order = cpu_ops._call_rms_norm(cpu_ops.load().rms_norm_bf16, x, None, norm.weight, 1e-5)
+    torch_order = fused_ops._call_rms_norm(fused_ops.load().rms_norm_bf16, x, None, norm.weight, 1e-5)
     assert not torch.equal(torch_order, _torch_norm(norm, x))  # rows that tell the two orders apart
 
 
@@ -106,10 +106,10 @@ def test_rms_norm_rows_do_not_depend_on_the_batch():
 def test_rms_norm_falls_back():
     norm = _norm_module(8)  # rows shorter than 16: torch sums them another way
     x = _rand(3, 8, seed=8)
-    assert cpu_ops.rms_norm(x, None, norm.weight, 1e-5) is None
+    assert fused_ops.rms_norm(x, None, norm.weight, 1e-5) is None
     assert torch.equal(norm(x), _torch_norm(norm, x))
     strided = _rand(3, 128, seed=9)[:, ::2]  # elements not contiguous
-    assert cpu_ops.rms_norm(strided, None, _norm_module(64).weight, 1e-5) is None
+    assert fused_ops.rms_norm(strided, None, _norm_module(64).weight, 1e-5) is None
 
 
 @needs_kernel
@@ -118,7 +118,7 @@ def test_silu_and_mul_is_bit_identical(tokens, n):
     x = _rand(tokens, 2 * n, seed=10) * 4
     gate, up = x.chunk(2, dim=-1)
     expected = torch.nn.functional.silu(gate) * up
-    out = cpu_ops.silu_and_mul(x)
+    out = fused_ops.silu_and_mul(x)
     assert out is not None and torch.equal(out, expected)
     assert torch.equal(silu_and_mul(x), expected)
 
@@ -129,7 +129,7 @@ def test_silu_and_mul_every_bf16_gate():
     gate = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(bf16).view(256, 256)
     up = _rand(256, 256, seed=11, scale=False)
     expected = torch.nn.functional.silu(gate) * up
-    out = cpu_ops.silu_and_mul(torch.cat([gate, up], dim=1))
+    out = fused_ops.silu_and_mul(torch.cat([gate, up], dim=1))
     nan = expected.isnan()
     assert torch.equal(out.isnan(), nan) and torch.equal(out[~nan], expected[~nan])
 
@@ -139,8 +139,8 @@ def test_silu_and_mul_strided_rows():
     wide = _rand(9, 3000, seed=12)
     x = wide[:, : 2 * 1000]  # rows 3000 apart
     gate, up = x.chunk(2, dim=-1)
-    assert torch.equal(cpu_ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
-    assert cpu_ops.silu_and_mul(torch.randn(3, 64).half()) is None  # float16: torch
+    assert torch.equal(fused_ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up)
+    assert fused_ops.silu_and_mul(torch.randn(3, 64).half()) is None  # float16: torch
 
 
 def _rotary_case(tokens, heads, kv_heads, head_dim, seed=13, max_position=4096):
@@ -181,11 +181,11 @@ def test_rotary_falls_back():
     before = qk.clone()
     bad = positions.clone()
     bad[2] = 64  # outside the tables: nothing written, torch then raises as it would
-    assert not cpu_ops.rotary(bad, qk, rotary.cos, rotary.sin) and torch.equal(qk, before)
-    assert not cpu_ops.rotary(positions.int(), qk, rotary.cos, rotary.sin)  # int32 positions: torch
+    assert not fused_ops.rotary(bad, qk, rotary.cos, rotary.sin) and torch.equal(qk, before)
+    assert not fused_ops.rotary(positions.int(), qk, rotary.cos, rotary.sin)  # int32 positions: torch
     assert torch.equal(rotary.rotate(positions.int(), qk), expected)
     q16 = torch.randn(5, 3, 64).half()  # float16: torch
-    assert not cpu_ops.rotary(positions, q16, rotary.cos, rotary.sin)
+    assert not fused_ops.rotary(positions, q16, rotary.cos, rotary.sin)
 
 
 @pytest.fixture
@@ -198,7 +198,7 @@ def fused_ops_off(monkeypatch):
 
 
 def test_disabled_by_environment(fused_ops_off):
-    assert cpu_ops.load() is None
+    assert fused_ops.load() is None
     norm = _norm_module(576)
     x, residual = _rand(3, 576, seed=14), _rand(3, 576, seed=15)
     x_before, residual_before = x.clone(), residual.clone()
@@ -207,7 +207,7 @@ def test_disabled_by_environment(fused_ops_off):
     assert torch.equal(out, expected_out) and torch.equal(new_residual, expected_residual)
     assert torch.equal(x, x_before) and torch.equal(residual, residual_before)  # the torch path is not in place
     gate_up = _rand(3, 64, seed=16)
-    assert cpu_ops.silu_and_mul(gate_up) is None
+    assert fused_ops.silu_and_mul(gate_up) is None
     rotary, positions, _, qk, expected = _rotary_case(3, 2, 1, 64)
     before = qk.clone()
     assert torch.equal(rotary.rotate(positions, qk), expected) and torch.equal(qk, before)
@@ -234,24 +234,24 @@ def test_bf16_model_logits_equal_the_torch_path(arch, monkeypatch, default_model
     path = default_model_dir if arch == "default" else tiny_models[arch]
     lens = [1, 1, 1, 37, 5]
     with_kernels = _bf16_logits(path, lens)
-    monkeypatch.setattr(cpu_ops, "load", lambda: None)
+    monkeypatch.setattr(fused_ops, "load", lambda: None)
     assert torch.equal(_bf16_logits(path, lens), with_kernels)
 
 
-needs_f32_kernel = pytest.mark.skipif(cpu_ops.load_f32() is None, reason="no C compiler: cpu_ops_f32.c is not built")
+needs_f32_kernel = pytest.mark.skipif(fused_ops.load_f32() is None, reason="no C compiler: fused_fixed_order.c is not built")
 
 
 @needs_f32_kernel
 @pytest.mark.parametrize("tokens,n", [(1, 576), (3, 64), (40, 1536)])
 def test_float32_norm_is_the_fixed_order_torch_arithmetic(tokens, n):
-    """float32 (every tier): x + residual, the cpu_rms statistic, weight * (x * scale), as norm.py computes them."""
+    """float32 (every tier): x + residual, the rms_fixed_order statistic, weight * (x * scale), as norm.py computes them."""
     g = torch.Generator().manual_seed(n)
     x, residual, weight = torch.randn(tokens, n, generator=g), torch.randn(tokens, n, generator=g), torch.randn(n, generator=g)
-    assert torch.equal(cpu_ops.rms_norm(x.clone(), None, weight, 1e-5), weight * (x * cpu_rms.inverse_rms(x, 1e-5)))
+    assert torch.equal(fused_ops.rms_norm(x.clone(), None, weight, 1e-5), weight * (x * rms_fixed_order.inverse_rms(x, 1e-5)))
     summed = x + residual
-    normed, new_residual = cpu_ops.rms_norm(x.clone(), residual.clone(), weight, 1e-6)
+    normed, new_residual = fused_ops.rms_norm(x.clone(), residual.clone(), weight, 1e-6)
     assert torch.equal(new_residual, summed)
-    assert torch.equal(normed, weight * (summed * cpu_rms.inverse_rms(summed, 1e-6)))
+    assert torch.equal(normed, weight * (summed * rms_fixed_order.inverse_rms(summed, 1e-6)))
 
 
 @needs_f32_kernel
@@ -261,11 +261,11 @@ def test_float32_rotary_and_silu():
     cos, sin = torch.randn(100, 64, generator=g), torch.randn(100, 64, generator=g)
     positions = torch.tensor([0, 3, 99, 50, 7])
     expected = _rotate(heads, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
-    assert cpu_ops.rotary(positions, heads, cos, sin) and torch.equal(heads, expected)
-    assert not cpu_ops.rotary(torch.tensor([0, 1, 100, 2, 3]), heads, cos, sin)  # past the tables
+    assert fused_ops.rotary(positions, heads, cos, sin) and torch.equal(heads, expected)
+    assert not fused_ops.rotary(torch.tensor([0, 1, 100, 2, 3]), heads, cos, sin)  # past the tables
     x = torch.randn(9, 2 * 300, generator=g) * 6
     gate, up = x.chunk(2, dim=-1)
-    torch.testing.assert_close(cpu_ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fused_ops.silu_and_mul(x), torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
 
 
 @needs_f32_kernel
@@ -276,8 +276,8 @@ def test_float32_silu_same_bits_in_every_lane_and_close_to_the_exact_value():
     gate = torch.cat([torch.randn(4000, generator=g) * 30, torch.tensor([-200.0, -88.5, -87.5, -1e-30, 0.0, 1e-30,
                                                                         87.5, 88.5, 200.0, float("inf")])])
     up = torch.randn(len(gate), generator=g)
-    vector = cpu_ops.silu_and_mul(torch.cat([gate, up]).view(1, -1))  # 8 lanes at a time (and a tail of 2)
-    tail = torch.stack([cpu_ops.silu_and_mul(torch.stack([v, u]).view(1, 2))[0, 0] for v, u in zip(gate, up)])
+    vector = fused_ops.silu_and_mul(torch.cat([gate, up]).view(1, -1))  # 8 lanes at a time (and a tail of 2)
+    tail = torch.stack([fused_ops.silu_and_mul(torch.stack([v, u]).view(1, 2))[0, 0] for v, u in zip(gate, up)])
     assert torch.equal(vector[0], tail)  # n = 1: every value takes the scalar tail
     exact = (gate.double() * torch.sigmoid(gate.double()) * up.double())
     finite = exact.isfinite()
@@ -294,8 +294,8 @@ def test_float32_gelu_tanh_same_bits_in_every_lane_and_close_to_torch():
     gate = torch.cat([torch.randn(4000, generator=g) * 8, torch.tensor([-200.0, -12.0, -1e-30, 0.0, 1e-30, 12.0,
                                                                        200.0, float("inf"), float("-inf")])])
     up = torch.randn(len(gate), generator=g)
-    vector = cpu_ops.gelu_tanh_and_mul(torch.cat([gate, up]).view(1, -1))[0]  # 8 lanes at a time, a tail of 1
-    tail = torch.stack([cpu_ops.gelu_tanh_and_mul(torch.stack([v, u]).view(1, 2))[0, 0] for v, u in zip(gate, up)])
+    vector = fused_ops.gelu_tanh_and_mul(torch.cat([gate, up]).view(1, -1))[0]  # 8 lanes at a time, a tail of 1
+    tail = torch.stack([fused_ops.gelu_tanh_and_mul(torch.stack([v, u]).view(1, 2))[0, 0] for v, u in zip(gate, up)])
     torch.testing.assert_close(vector, tail, rtol=0, atol=0, equal_nan=True)  # -inf gives NaN (-inf * 0), as torch
     d = gate.double()
     exact = 0.5 * d * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (d + 0.044715 * d ** 3))) * up.double()
@@ -307,6 +307,6 @@ def test_float32_gelu_tanh_same_bits_in_every_lane_and_close_to_torch():
     assert vector[-2] == float("inf") * up[-2] and vector[-3] == 200 * up[-3]  # gelu(x) = x for large x
     rows = torch.randn(5, 2 * 40, generator=g) * 4
     in_place = rows.clone()
-    library = cpu_ops.load_f32()
+    library = fused_ops.load_f32()
     library.gelu_tanh_and_mul_f32(in_place.data_ptr(), 80, in_place.data_ptr(), 80, 5, 40, 1)
-    assert torch.equal(in_place[:, :40], cpu_ops.gelu_tanh_and_mul(rows))
+    assert torch.equal(in_place[:, :40], fused_ops.gelu_tanh_and_mul(rows))

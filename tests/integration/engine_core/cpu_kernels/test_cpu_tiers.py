@@ -1,7 +1,7 @@
 """CPU tiers (engine_core/cpu_kernels): the tier read from a CPU's flags, NVLLM_CPU_ISA forcing a lower one
 (and refusing a higher one or a misspelt one), the table naming the kernel each operation gets, and the
-kept-quantized kernels of every tier run for real on each tier this machine has: quant_f32.c (float32) to the
-bit the dense kernel's product of the dequantized weights; quant_dot.c (every GGUF type kept, K-quants too) against the
+kept-quantized kernels of every tier run for real on each tier this machine has: quant_exact_f32.c (float32) to the
+bit the dense kernel's product of the dequantized weights; quant_int8_rows.c (every GGUF type kept, K-quants too) against the
 float64 product of the dequantized weights and the 8-bit-rounded rows; both the same bits on every tier, and a
 row's result independent of the other rows (M = 1..300) and of the thread count."""
 
@@ -10,7 +10,7 @@ import torch
 
 from tests.support.cpu_tier_helpers import forced_tier, tier_params, tiers_here
 from engine_core.cpu_kernels import table, tiers
-from engine_core.layers import cpu_gemm_f32, cpu_quant_dot, cpu_quant_f32
+from engine_core.cpu_kernels.linear import dense_linear, quant_exact_f32, quant_int8_rows
 from tests.support.gguf_weights import quantized_weight
 
 pytestmark = pytest.mark.integration
@@ -24,8 +24,8 @@ FLAGS = {
     "avx512_bf16": AVX512 | {"avx512_vnni", "avx512_bf16"},
     "amx": AVX512 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"},
 }
-FORMATS = ["q4_0", "q4_1", "q8_0"]  # quant_f32.c's
-# quant_dot.c's types, each with shapes (n, k) of its block size: column tails, a partial group of 8 blocks
+FORMATS = ["q4_0", "q4_1", "q8_0"]  # quant_exact_f32.c's
+# quant_int8_rows.c's types, each with shapes (n, k) of its block size: column tails, a partial group of 8 blocks
 DOT_CASES = [(qtype, n, k) for qtype in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
              for n, k in [(1, 32), (17, 96), (100, 576), (40, 288)]]
 DOT_CASES += [(qtype, n, k) for qtype in ("q4_k", "q5_k", "q6_k") for n, k in [(1, 256), (17, 768), (40, 1536)]]
@@ -75,24 +75,24 @@ def test_prebuild_compiles_each_tiers_kernels_side_by_side_once(tmp_path, monkey
     import logging
     import os
 
-    kernels = {name: table.KERNELS[name] for name in ("cpu_rms", "cpu_ops_f32")}
+    kernels = {name: table.KERNELS[name] for name in ("rms_fixed_order", "fused_fixed_order")}
     monkeypatch.setattr(table, "KERNELS", kernels)
     monkeypatch.setenv("NVLLM_CACHE", str(tmp_path))
-    monkeypatch.setenv("NVLLM_CPU_FUSED_OPS", "0")  # cpu_ops_f32 turned off: not built
+    monkeypatch.setenv("NVLLM_CPU_FUSED_OPS", "0")  # fused_fixed_order.c turned off: not built
     table.prebuild(("portable",), workers=2)
     built = sorted(name for name in os.listdir(tmp_path / "kernels") if name.endswith(".so"))
-    assert [name.split("-")[:2] for name in built] == [["cpu_rms", "portable"]]
+    assert [name.split("-")[:2] for name in built] == [["rms_fixed_order", "portable"]]
     monkeypatch.delenv("NVLLM_CPU_FUSED_OPS")
     table.prebuild(tuple(tiers_here()), workers=2)
     built = sorted(name for name in os.listdir(tmp_path / "kernels") if name.endswith(".so"))
     assert {tuple(name.split("-")[:2]) for name in built} == {
-        (source, tier) for source in ("cpu_rms", "cpu_ops_f32") for tier in tiers_here()}
+        (source, tier) for source in ("rms_fixed_order", "fused_fixed_order") for tier in tiers_here()}
     assert all(os.path.exists(tmp_path / "kernels" / (name + ".lock")) for name in built)  # a lock per build
     with caplog.at_level(logging.INFO, logger="nvllm"):
         table.prebuild(tuple(tiers_here()))
         for tier in tiers_here():
             with forced_tier(tier):
-                assert table.load("cpu_rms") is not None
+                assert table.load("rms_fixed_order") is not None
     assert not any("building" in r.message for r in caplog.records)
 
 
@@ -101,22 +101,22 @@ def test_the_table_names_the_kernel_of_each_operation(tier):
     with forced_tier(tier):
         line = table.describe("float32")
         assert line.startswith(f"CPU kernels for tier {tier}")
-        assert "kept-quantized linear: linear/quant_f32.c" in line and "linear: linear/cpu_gemm_f32.c" in line
+        assert "kept-quantized linear: linear/quant_exact_f32.c" in line and "linear: linear/dense_fixed_order.c" in line
         bf16 = table.describe("bfloat16")
         fast, amx = tiers.rank(tier) >= tiers.rank("avx512_bf16"), tier == "amx"
-        assert ("linear: linear/amx_gemm.c" if amx else "linear: linear/cpu_gemm.c") in bf16 or not fast
-        assert ("linear: linear/cpu_gemm.c" in bf16 or "linear: linear/amx_gemm.c" in bf16) == fast
-        kept = "amx_quant.c" if amx else "cpu_quant.c" if fast else "quant_dot.c"
+        assert ("linear: linear/amx_gemm.c" if amx else "linear: linear/dense_bf16_dot.c") in bf16 or not fast
+        assert ("linear: linear/dense_bf16_dot.c" in bf16 or "linear: linear/amx_gemm.c" in bf16) == fast
+        kept = "amx_quant.c" if amx else "quant_bf16_dot.c" if fast else "quant_int8_rows.c"
         assert f"kept-quantized linear: linear/{kept}" in bf16
-        attention = "amx_attention.c" if amx else "cpu_decode.c" if fast else "cpu_generic_attention.c"
+        attention = "amx_attention.c" if amx else "paged_avx512_bf16.c" if fast else "paged_fixed_order.c"
         assert f"attention: attention/{attention}" in bf16
-        assert "norm, rotary, SiLU: ops/cpu_ops.c" in bf16  # bf16's fused ops on every tier
-        assert ("decoder loop: decoder/cpu_decoder.c" if fast
-                else "decoder loop: decoder/cpu_decoder_f32.c (-DDECODER_BF16)") in bf16
+        assert "norm, rotary, SiLU: ops/fused_torch_rounding.c" in bf16  # bf16's fused ops on every tier
+        assert ("decoder loop: decoder/loop_avx512_bf16.c" if fast
+                else "decoder loop: decoder/loop_portable.c (-DDECODER_BF16)") in bf16
 
 
 def _rounded_rows(x: torch.Tensor, block: int) -> torch.Tensor:
-    """x with each block of `block` inputs rounded as quant_dot.c rounds it: d = max|x| / 127, rint(x / d) * d
+    """x with each block of `block` inputs rounded as quant_int8_rows.c rounds it: d = max|x| / 127, rint(x / d) * d
     (float64). 32 inputs, or a K-quant's 256."""
     blocks = x.double().view(x.shape[0], -1, block)
     d = (blocks.abs().amax(-1, keepdim=True).float() / 127).double()
@@ -143,7 +143,7 @@ def test_quant_dot_is_the_product_of_the_rounded_rows_the_same_on_every_tier(tie
     x = torch.randn(41, k, generator=torch.Generator().manual_seed(k)).to(dtype)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
     with forced_tier(tier):
-        packed = cpu_quant_dot.QuantDotWeight(weight)
+        packed = quant_int8_rows.QuantDotWeight(weight)
         got = packed.matmul(x, bias)
         rows = packed.rows_of(torch.arange(n), torch.float32)
     assert got.dtype is dtype
@@ -169,7 +169,7 @@ def test_quant_f32_is_the_dense_kernel_on_the_dequantized_weights_to_the_bit(tie
     weight, dequantized = quantized_weight(qtype, n, k, seed=n + k)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(n))
     with forced_tier(tier):
-        packed, dense = cpu_quant_f32.QuantF32Weight(weight), cpu_gemm_f32.GenericPanelWeight(dequantized)
+        packed, dense = quant_exact_f32.QuantF32Weight(weight), dense_linear.GenericPanelWeight(dequantized)
         assert torch.equal(packed.rows_of(torch.arange(n)), dequantized)  # gguf-py's values exactly
         for m in (1, 2, 3, 7, 8, 9, 40):  # the few-rows tiles and the unpacked slabs
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -177,8 +177,8 @@ def test_quant_f32_is_the_dense_kernel_on_the_dequantized_weights_to_the_bit(tie
 
 
 @pytest.mark.parametrize("tier", tier_params("portable", "avx2", "avx512", "own"))
-@pytest.mark.parametrize("qtype,kernel", [(qtype, cpu_quant_f32.QuantF32Weight) for qtype in FORMATS]
-                         + [(qtype, cpu_quant_dot.QuantDotWeight)
+@pytest.mark.parametrize("qtype,kernel", [(qtype, quant_exact_f32.QuantF32Weight) for qtype in FORMATS]
+                         + [(qtype, quant_int8_rows.QuantDotWeight)
                             for qtype in FORMATS + ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]],
                          ids=lambda v: v if isinstance(v, str) else v.kernel.rpartition("/")[2])
 def test_quantized_rows_do_not_depend_on_the_batch_or_the_threads(tier, qtype, kernel):
@@ -215,7 +215,7 @@ def test_quant_dot_rounds_rows_with_nan_inf_zeros_and_denormals_the_same_on_ever
     results = {}
     for tier in tiers_here():
         with forced_tier(tier):
-            results[tier] = cpu_quant_dot.QuantDotWeight(weight).matmul(x)
+            results[tier] = quant_int8_rows.QuantDotWeight(weight).matmul(x)
     assert "portable" in results
     for tier, got in results.items():
         torch.testing.assert_close(got, results["portable"], rtol=0, atol=0, equal_nan=True, msg=tier)

@@ -6,14 +6,13 @@ import pytest
 import torch
 
 from engine_core.cpu_kernels import table, tiers
-from engine_core.layers import cpu_quant
-from tests.support.exact_sum_checks import (FORMATS, ROWS, assert_embedding_rows_dequantized,
-                                            assert_gated_is_plain_then_silu, assert_rows_alike,
-                                            assert_threads_and_strides_alike, bf16_randn)
+from engine_core.cpu_kernels.linear import quant_bf16_dot
+from tests.support.exact_sum_checks import (FORMATS, ROWS, assert_embedding_rows_dequantized, assert_gated_is_plain_then_silu,
+                              assert_rows_alike, assert_threads_and_strides_alike, bf16_randn)
 from tests.support.gguf_weights import quantized_weight
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not table.runs_here("cpu_quant") or not tiers.at_least("amx"),
+              pytest.mark.skipif(not table.runs_here("quant_bf16_dot") or not tiers.at_least("amx"),
                                  reason="needs the amx tier (AVX512-VNNI, AMX): quant_vnni.c does not serve here")]
 
 
@@ -35,7 +34,7 @@ def test_it_serves_kept_quantized_bf16_linears():
 @pytest.mark.parametrize("n,k", [(576, 576), (960, 576), (576, 1536), (40, 64), (17, 96), (1, 32)])
 def test_values_and_rows_alike(qtype, n, k):
     weight, dequantized = quantized_weight(qtype, n, k, seed=n + k)
-    packed = cpu_quant.QuantPanelWeight(weight)
+    packed = quant_bf16_dot.QuantPanelWeight(weight)
     assert packed.kernel == "linear/quant_vnni.c"
     x, bias = bf16_randn(max(ROWS), k, seed=k), bf16_randn(n, seed=2)
     whole = packed.matmul(x, bias)
@@ -66,7 +65,7 @@ def test_embedding_rows_are_the_dequantized_weights(qtype):
 
 def test_a_row_of_zeros_and_a_huge_row():
     weight, _ = quantized_weight("q4_1", 64, 64, seed=10)
-    packed = cpu_quant.QuantPanelWeight(weight)
+    packed = quant_bf16_dot.QuantPanelWeight(weight)
     x = torch.zeros(3, 64, dtype=torch.bfloat16)
     x[1] = 3e38
     x[2, 5] = -1.0

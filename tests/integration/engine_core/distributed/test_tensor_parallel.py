@@ -19,7 +19,8 @@ from tests.support.tiny_models import build_tiny_model
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
 from engine_core.executor import rendezvous as rdv
 from engine_core.distributed.parallel_state import HeadShard, partition_heads, split_evenly
-from engine_core.layers import cpu_packing, cpu_quant, cpu_quant_f32
+from engine_core.layers import cpu_packing
+from engine_core.cpu_kernels.linear import quant_bf16_dot, quant_exact_f32
 from engine_core.layers.linear import RowParallelLinear
 from engine_core.weights import quantized
 from tests.support.http_helpers import NVLLM, ROOT, Proc, free_port, pid_alive, wait_healthy, wait_until
@@ -65,14 +66,14 @@ def test_a_row_parallel_shard_keeps_whole_blocks():
     """A rank's input slice of a row-parallel GGUF weight: whole blocks of 32 are cut from the rows and
     multiply as the same slice of the dequantized weight; a slice that would split a block is refused."""
     torch.manual_seed(0)
-    weight = cpu_quant.quantize_int8(torch.randn(8, 128))
+    weight = quant_bf16_dot.quantize_int8(torch.randn(8, 128))
     dequantized = (weight.rows.view(8, 4, 34)[:, :, 2:].contiguous().view(torch.int8).float()
                    * weight.rows.view(8, 4, 34)[:, :, :2].contiguous().view(torch.float16).float()).view(8, 128)
     raw = {"model.layers.0.mlp.down_proj.weight": (lambda: weight.rows, weight.qtype)}  # (read, type), as loaded
     pieces = [("model.layers.0.mlp.down_proj.weight", None)]
     shard = quantized._joined(RowParallelLinear(128, 8, input_start=32, input_size=64), raw, pieces)
     assert shard is not None and shard.shape == (8, 64)
-    if cpu_quant_f32.load() is not None:
+    if quant_exact_f32.load() is not None:
         x = torch.randn(3, 64)
         packed = cpu_packing.pack_quantized(shard, torch.float32)
         torch.testing.assert_close(packed.matmul(x), x @ dequantized[:, 32:96].T, rtol=1e-5, atol=1e-5)
@@ -89,8 +90,8 @@ def test_a_row_parallel_k_quant_shard_keeps_whole_super_blocks():
     pieces = [("model.layers.0.mlp.down_proj.weight", None)]
     shard = quantized._joined(RowParallelLinear(768, 8, input_start=256, input_size=512), raw, pieces)
     assert shard is not None and shard.shape == (8, 512)
-    from engine_core.layers import cpu_quant_dot
-    if cpu_quant_dot.load() is not None:
+    from engine_core.cpu_kernels.linear import quant_int8_rows
+    if quant_int8_rows.load() is not None:
         rows = cpu_packing.pack_quantized(shard, torch.float32).rows_of(torch.arange(8), torch.float32)
         assert torch.equal(rows, dequantized[:, 256:])
     assert quantized._joined(RowParallelLinear(768, 8, input_start=128, input_size=384), raw, pieces) is None
@@ -191,7 +192,7 @@ def test_tp2_with_ngram_speculation_equals_tp1(models, tmp_path):
     assert got == expected
 
 
-@pytest.mark.skipif(cpu_quant_f32.load() is None, reason="no C compiler: quant_f32.c is not built")
+@pytest.mark.skipif(quant_exact_f32.load() is None, reason="no C compiler: quant_exact_f32.c is not built")
 @pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2"))
 def test_tp2_keeps_each_ranks_shard_quantized(models, cpu_tier):
     """The default model's GGUF blocks sharded over two ranks (9 heads split 6/3, so rank 0's o_proj slice is

@@ -17,8 +17,8 @@ from tests.support.tiny_models import build_tiny_model
 from engine_core.engine_config import resolve_engine_config
 from engine_core.families.catalog import FAMILIES, family_for_gguf, read_spec
 from engine_core.families.spec import UnsupportedConfig
-from engine_core.models.cpu_decoder import IMPLEMENTED_F32, spec_issue
-from engine_core.models.cpu_decoder_f32 import CpuDecoderF32
+from engine_core.cpu_kernels.decoder.loop_avx512_bf16 import IMPLEMENTED_F32, spec_issue
+from engine_core.cpu_kernels.decoder.loop_portable import CpuDecoderF32
 from engine_core.weights.model_folder import read_hf_config
 from engine_core.worker.model_runner import ModelRunner
 from tests.support.paged_kv_logits import TOKENS, hf_logits, run_step

@@ -1,5 +1,5 @@
 """Linear layers with packed weights compute what F.linear computes; which kernel packs which weight
-(bfloat16: cpu_gemm or oneDNN, or the generic fixed-order kernel where cpu_gemm cannot run; float32:
+(bfloat16: dense_linear or oneDNN, or the generic fixed-order kernel where dense_linear cannot run; float32:
 the generic kernel when batch-invariant, else F.linear)."""
 
 import pytest
@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from engine_core.cpu_kernels import tiers
 from engine_core.platform.batch_invariance import set_batch_invariant
-from engine_core.layers import cpu_gemm, cpu_gemm_f32, cpu_packing
+from engine_core.layers import cpu_packing
+from engine_core.cpu_kernels.linear import dense_linear
 from engine_core.layers.embedding import ParallelLMHead
 from engine_core.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 
@@ -53,7 +54,7 @@ def test_without_batch_invariance_only_bfloat16_on_the_cpu_is_packed(not_invaria
     assert not cpu_packing.can_pack(torch.device("cuda"), torch.bfloat16)
 
 
-needs_generic = pytest.mark.skipif(cpu_gemm_f32.load() is None, reason="no C compiler: the generic kernel is not built")
+needs_generic = pytest.mark.skipif(dense_linear.load_fixed_order() is None, reason="no C compiler: the generic kernel is not built")
 
 
 @needs_generic
@@ -69,7 +70,7 @@ def test_batch_invariant_float32_layers_use_the_generic_kernel(rows):
             p.data = torch.randn(p.shape, generator=torch.Generator().manual_seed(0))
         expected = F.linear(x, layer.weight, getattr(layer, "bias", None))
         assert cpu_packing.pack_model(layer) == 1
-        assert isinstance(layer.packed_weight, cpu_gemm_f32.GenericPanelWeight)
+        assert isinstance(layer.packed_weight, dense_linear.GenericPanelWeight)
         torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-4)
     assert layers[0].weight.numel() == 0 and layers[3].weight.shape == (1000, 64)  # a tied head keeps its weight
 
@@ -82,14 +83,14 @@ def test_batch_invariant_float32_layers_use_the_generic_kernel(rows):
 def test_bfloat16_without_avx512_bf16_uses_the_generic_kernel(monkeypatch, onednn_bf16):
     """Batch-invariant: the generic kernel. Not: oneDNN where its bf16 kernels run (AVX512 BW/VL/DQ), and the
     generic kernel again on an AVX2-only CPU, where oneDNN refuses a bf16 weight at its first reorder."""
-    monkeypatch.setattr(cpu_gemm, "load", lambda: None)  # as on a CPU without AVX512-BF16
+    monkeypatch.setattr(dense_linear, "load", lambda: None)  # as on a CPU without AVX512-BF16
     monkeypatch.setattr(cpu_packing, "_onednn_bf16_runs", lambda: onednn_bf16)
     w = torch.randn(96, 64).to(torch.bfloat16)
-    assert isinstance(cpu_packing.pack(w), cpu_gemm_f32.GenericPanelWeight)
+    assert isinstance(cpu_packing.pack(w), dense_linear.GenericPanelWeight)
     set_batch_invariant(False)
     try:
         packed = cpu_packing.pack(w)
-        assert isinstance(packed, cpu_packing.OneDnnWeight if onednn_bf16 else cpu_gemm_f32.GenericPanelWeight)
+        assert isinstance(packed, cpu_packing.OneDnnWeight if onednn_bf16 else dense_linear.GenericPanelWeight)
         assert cpu_packing.can_pack(torch.device("cpu"), torch.bfloat16)
         x = torch.randn(5, 64).to(torch.bfloat16)
         torch.testing.assert_close(packed.matmul(x), x @ w.T, rtol=2e-2, atol=2e-2)
@@ -97,12 +98,12 @@ def test_bfloat16_without_avx512_bf16_uses_the_generic_kernel(monkeypatch, onedn
         set_batch_invariant(True)
 
 
-@pytest.mark.skipif(cpu_gemm._library() is None, reason="needs AVX512-BF16: cpu_gemm.c does not run on this CPU")
+@pytest.mark.skipif(dense_linear._library() is None, reason="needs AVX512-BF16: dense_bf16_dot.c does not run on this CPU")
 def test_amx_cpus_keep_cpu_gemm_when_batch_invariant(monkeypatch):
     monkeypatch.setattr(tiers, "active_tier", lambda: "amx")
-    assert cpu_gemm.load() is not None
+    assert dense_linear.load() is not None
     set_batch_invariant(False)
     try:
-        assert cpu_gemm.load() is None  # oneDNN's AMX kernels, faster but not batch-invariant
+        assert dense_linear.load() is None  # oneDNN's AMX kernels, faster but not batch-invariant
     finally:
         set_batch_invariant(True)

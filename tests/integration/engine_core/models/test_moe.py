@@ -14,7 +14,7 @@ from tests.support.tiny_models import build_tiny_model
 from engine_core.families.catalog import read_spec
 from engine_core.families.spec import UnsupportedConfig
 from engine_core.layers import moe
-from engine_core.models.cpu_decoder import spec_issue
+from engine_core.cpu_kernels.decoder.loop_avx512_bf16 import spec_issue
 from engine_core.weights.model_folder import read_hf_config
 from tests.support.preemption_check import assert_greedy_under_preemption
 from tests.support.paged_kv_logits import (TOKENS, check_chunked_prefill, check_decode_after_prefill, check_prefill,

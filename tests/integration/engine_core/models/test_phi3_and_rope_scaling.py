@@ -19,7 +19,7 @@ from tests.support.cpu_tier_helpers import forced_tier, tier_params
 from engine_core.engine_config import resolve_engine_config
 from engine_core.families.catalog import read_spec
 from engine_core.families.spec import UnsupportedConfig
-from engine_core.layers import cpu_ops
+from engine_core.cpu_kernels.ops import fused_ops
 from engine_core.layers.rotary import RotaryEmbedding
 from engine_core.weights.model_folder import read_hf_config
 from engine_core.worker.model_runner import ModelRunner
@@ -142,7 +142,7 @@ def test_partial_rotary_through_the_c_loop_on_each_tier(folders, cpu_tier):
 
 @pytest.mark.parametrize("cpu_tier", tier_params("own", "portable"))
 def test_the_bf16_c_loop_rotates_a_partial_head_as_the_modules_do(folders, cpu_tier):
-    """bfloat16: the tier's C loop (cpu_decoder.c on AVX512-BF16, else the generic one) gives the modules' tokens
+    """bfloat16: the tier's C loop (loop_avx512_bf16.c on AVX512-BF16, else the generic one) gives the modules' tokens
     and logprobs to the bit, over chunked prefills, prefix-cache hits and decodes."""
     from frontend.offline.llm import LLM
     from tests.support.decoder_runs import greedy_run, random_prompts, runner_model
@@ -165,7 +165,7 @@ def test_the_bf16_c_loop_rotates_a_partial_head_as_the_modules_do(folders, cpu_t
 
 @pytest.mark.parametrize("cpu_tier", tier_params("own", "avx2", "portable"))
 def test_bf16_rotary_kernel_rotates_only_the_leading_dims(cpu_tier):
-    """cpu_ops' fused kernel (bf16, in place) equals the module's torch path with 12 of 16 dims rotated."""
+    """fused_ops' fused kernel (bf16, in place) equals the module's torch path with 12 of 16 dims rotated."""
     rotary = RotaryEmbedding(16, 64, 10000.0, rotary_dim=12)
     heads = torch.randn(5, 3, 16).to(torch.bfloat16)
     positions = torch.tensor([0, 7, 31, 2, 63])
@@ -175,7 +175,7 @@ def test_bf16_rotary_kernel_rotates_only_the_leading_dims(cpu_tier):
     expected = torch.cat([rotated, heads[..., 12:]], -1)
     with forced_tier(cpu_tier):
         got = heads.clone()
-        if not cpu_ops.rotary(positions, got, rotary.cos, rotary.sin):
+        if not fused_ops.rotary(positions, got, rotary.cos, rotary.sin):
             pytest.skip("no fused rotary kernel on this tier")
     assert torch.equal(got, expected)
 

@@ -1,6 +1,6 @@
 """GGUF files as people download them (Q4_K_M-style mixes of Q4_K, Q5_K, Q6_K, Q5_0, Q5_1 and Q8_0 tensors) run
 with their weights kept quantized: a tiny random Qwen2 file written here is imported once, each linear layer keeps
-its file's type (quant_dot.c for the types only it takes), and the kept engine's first-token logprobs are the
+its file's type (quant_int8_rows.c for the types only it takes), and the kept engine's first-token logprobs are the
 dequantized model's (the file's exact values) within the 8-bit activation rounding, in float32 and bfloat16."""
 
 import numpy as np
@@ -9,7 +9,7 @@ import torch
 
 from common.sampling_params import SamplingParams
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
-from engine_core.layers import cpu_quant_dot
+from engine_core.cpu_kernels.linear import quant_int8_rows
 from engine_core.layers.quant_pieces import PiecewiseQuantWeight
 from tests.support.gguf_weights import gguf_rows
 from tests.support.gguf_writing import add_tiny_tokenizer
@@ -90,19 +90,19 @@ def _first_token_logprobs(path: str, quantization: str, dtype: str):
         llm.shutdown()
 
 
-@pytest.mark.skipif(cpu_quant_dot.load() is None, reason="no C compiler: quant_dot.c is not built")
+@pytest.mark.skipif(quant_int8_rows.load() is None, reason="no C compiler: quant_int8_rows.c is not built")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_k_quant_mix_stays_quantized_and_answers_as_the_dequantized_model(k_quant_gguf, dtype):
     what, layers, kept = _first_token_logprobs(k_quant_gguf, "gguf", dtype)
     # each layer keeps its file's types, a fused one whose pieces differ (q, k Q4_K; v Q6_K) piece by piece
     assert what == ("2 layers q4_k, 1 layers q4_k+q6_k, 1 layers q5_0, 1 layers q5_1, 1 layers q5_k+q5_0, "
                     "1 layers q6_k, 2 layers q8_0"), what
-    assert layers["layers.0.mlp.gate_up_proj"] is cpu_quant_dot.QuantDotWeight, layers
-    assert layers["layers.0.mlp.down_proj"] is cpu_quant_dot.QuantDotWeight
+    assert layers["layers.0.mlp.gate_up_proj"] is quant_int8_rows.QuantDotWeight, layers
+    assert layers["layers.0.mlp.down_proj"] is quant_int8_rows.QuantDotWeight
     assert layers["layers.0.self_attn.qkv_proj"] is PiecewiseQuantWeight
     what, _, dense = _first_token_logprobs(k_quant_gguf, "none", dtype)
     assert what == "none"
-    # quant_dot.c rounds each activation row to 8 bits per block of 32, per 256 for K-quants (llama.cpp's numerics):
+    # quant_int8_rows.c rounds each activation row to 8 bits per block of 32, per 256 for K-quants (llama.cpp's numerics):
     # logprobs move by a few hundredths (measured: mean 0.08, largest 0.46 over 6 prompts x 20 tokens, 2 random layers); a piece in
     # the wrong place or a misread block would move them by units
     diffs = [abs(a[t] - b[t]) for a, b in zip(kept, dense) for t in a if t in b]
@@ -111,14 +111,14 @@ def test_a_k_quant_mix_stays_quantized_and_answers_as_the_dequantized_model(k_qu
     assert sum(max(a, key=a.get) == max(b, key=b.get) for a, b in zip(kept, dense)) >= 4  # the same first token
 
 
-@pytest.mark.skipif(cpu_quant_dot.load() is None, reason="no C compiler: quant_dot.c is not built")
+@pytest.mark.skipif(quant_int8_rows.load() is None, reason="no C compiler: quant_int8_rows.c is not built")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_auto_keeps_every_type_a_kernel_takes(k_quant_gguf, dtype):
     """float32 and bf16 engines alike keep every type (kept layers decode faster than their dequantized copies on
     every tier measured: docs/models/gguf.md)."""
     what, layers, _ = _first_token_logprobs(k_quant_gguf, "auto", dtype)
     assert what.count("layers") == 7, what
-    assert layers["layers.0.mlp.gate_up_proj"] is cpu_quant_dot.QuantDotWeight
+    assert layers["layers.0.mlp.gate_up_proj"] is quant_int8_rows.QuantDotWeight
 
 
 def _c_loop_and_modules(path: str, dtype: str):
@@ -145,7 +145,7 @@ def _c_loop_and_modules(path: str, dtype: str):
         llm.shutdown()
 
 
-@pytest.mark.skipif(cpu_quant_dot.load() is None, reason="no C compiler: quant_dot.c is not built")
+@pytest.mark.skipif(quant_int8_rows.load() is None, reason="no C compiler: quant_int8_rows.c is not built")
 @pytest.mark.parametrize("tier,dtype", [
     *[pytest.param(p.values[0], dtype, marks=p.marks, id=f"{p.values[0]}-{dtype}")
       for p in tier_params("own", "avx2") for dtype in ("float32", "bfloat16")],
@@ -153,14 +153,15 @@ def _c_loop_and_modules(path: str, dtype: str):
 def test_the_c_decoder_loops_run_the_kept_mix_as_the_modules_do(k_quant_gguf, tier, dtype):
     """Kept K-quant layers and fused layers of mixed types (pieces) run in the one-call C loops, bit for bit as the
     modules run them, in float32 and bf16, on the machine's tier and on AVX2 (and portable C, in bf16: the generic
-    bf16 loop with quant_dot.c's plain-C tiles)."""
-    from engine_core.models import cpu_decoder, cpu_decoder_f32
+    bf16 loop with quant_int8_rows.c's plain-C tiles)."""
+    from engine_core.cpu_kernels.decoder import loop_avx512_bf16
+    from engine_core.cpu_kernels.decoder import loop_portable
 
     with forced_tier(tier):
         loop, with_loop, with_modules = _c_loop_and_modules(k_quant_gguf, dtype)
         if dtype == "float32":
-            expected = cpu_decoder_f32.CpuDecoderF32
-        else:  # cpu_decoder.c where its kernels run (avx512_bf16 and up)
-            expected = cpu_decoder.CpuDecoder if cpu_decoder.load() is not None else cpu_decoder_f32.CpuDecoderBF16Generic
+            expected = loop_portable.CpuDecoderF32
+        else:  # loop_avx512_bf16.c where its kernels run (avx512_bf16 and up)
+            expected = loop_avx512_bf16.CpuDecoder if loop_avx512_bf16.load() is not None else loop_portable.CpuDecoderBF16Generic
     assert type(loop) is expected, (type(loop), expected)
     assert with_loop == with_modules

@@ -1,5 +1,5 @@
 """A real Q4_K_M file kept quantized (Qwen2.5-Coder-0.5B-Instruct: Q5_0, Q8_0, Q4_K and Q6_K tensors, fused layers
-of mixed types) answers as the same file dequantized: the float32 engine keeps every layer (quant_dot.c rounds
+of mixed types) answers as the same file dequantized: the float32 engine keeps every layer (quant_int8_rows.c rounds
 each activation row to 8 bits per block, llama.cpp's numerics), the reference runs the file's exact values
 (`--quantization none`). Greedy tokens agree but where the two part at a near-tie: both rank the same two tokens
 first, at most NEAR_TIE apart. Needs the file in the cache (`nvllm bench models fetch

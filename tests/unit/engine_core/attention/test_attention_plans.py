@@ -88,14 +88,14 @@ def _fresh_prefill(block_size=4, num_kv_heads=2, group=2, head_dim=16):
 def test_soft_capped_scores_in_every_cpu_path(backend_name, window):
     """A cap of 0.5 (binding on these scores) over decodes, a chunk after cached blocks and a fresh prompt: the
     torch backend's SDPA paths spelled out with the cap, the generic C kernel, and the CPU kernel backend (whose
-    cpu_decode.c does not cap: it hands capped layers to the generic kernel, so this runs on any CPU), against the
+    paged_avx512_bf16.c does not cap: it hands capped layers to the generic kernel, so this runs on any CPU), against the
     reference."""
-    from engine_core.attention import cpu_generic_attention
+    from engine_core.cpu_kernels.attention import paged_fixed_order
     from engine_core.attention.cpu_generic_backend import CpuGenericAttentionBackend
     from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
     backend = {"torch": TorchAttentionBackend, "cpu_generic": CpuGenericAttentionBackend,
                "cpu_kernel": CpuKernelAttentionBackend}[backend_name]()
-    if backend_name != "torch" and cpu_generic_attention.load() is None:
+    if backend_name != "torch" and paged_fixed_order.load() is None:
         pytest.skip("no C compiler: the generic kernel is not built")
     for make in (_mixed_step, _fresh_prefill):
         q, k, v, k_cache, v_cache, meta = make()

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from engine_core.attention import cpu_decode_kernel
+from engine_core.cpu_kernels.attention import paged_avx512_bf16
 from engine_core.attention.capabilities import AttentionSetup
 from engine_core.attention.cpu_generic_backend import CpuGenericAttentionBackend
 from engine_core.attention.cpu_kernel_backend import CpuKernelAttentionBackend
@@ -28,13 +28,13 @@ def setup(device="cpu", dtype=torch.bfloat16, block_size=16, **shape) -> Attenti
 
 @pytest.fixture
 def kernels_built(monkeypatch):
-    """As on a CPU where cpu_decode.c builds, whatever this machine is."""
+    """As on a CPU where paged_avx512_bf16.c builds, whatever this machine is."""
     monkeypatch.setattr(CpuKernelAttentionBackend, "missing", classmethod(lambda cls: None))
 
 
 @pytest.fixture
 def generic_built(monkeypatch):
-    """As on a CPU where cpu_generic_attention.c builds, whatever this machine is."""
+    """As on a CPU where paged_fixed_order.c builds, whatever this machine is."""
     monkeypatch.setattr(CpuGenericAttentionBackend, "missing", classmethod(lambda cls: None))
 
 
@@ -75,7 +75,7 @@ def test_batch_invariant_cpu_setups_the_kernels_do_not_take_use_the_generic_kern
     caplog.set_level(logging.WARNING, logger="nvllm")
     backend = select_attention_backend(option, setup(**changed))
     assert type(backend) is CpuGenericAttentionBackend and backend.name == "cpu_generic"
-    # the float32 C loop (cpu_decoder_f32.c) calls this kernel; the bf16 loop declines the shapes it does not take
+    # the float32 C loop (loop_portable.c) calls this kernel; the bf16 loop declines the shapes it does not take
     assert backend.capabilities.fused_cpu_decoder and not backend.capabilities.cuda_graphs
     assert not caplog.records
 
@@ -176,16 +176,16 @@ def test_declared_capabilities():
                                                        FlashAttnBackend)] == [False, True, True, False, False]
 
 
-@pytest.mark.skipif(cpu_decode_kernel.load() is None, reason="needs a CPU with AVX512-BF16 and a C compiler")
+@pytest.mark.skipif(paged_avx512_bf16.load() is None, reason="needs a CPU with AVX512-BF16 and a C compiler")
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (8, 8), (8, 1), (9, 1), (16, 2), (16, 1), (12, 2)])
 @pytest.mark.parametrize("head_dim", [32, 48, 64, 96, 128, 160, 256, 288])
 def test_kernel_capabilities_are_what_the_kernel_takes(num_heads, num_kv_heads, head_dim):
-    """The declared shapes are exactly those cpu_decode.c serves: the C decoder gating and the choice between
+    """The declared shapes are exactly those paged_avx512_bf16.c serves: the C decoder gating and the choice between
     the kernels and torch then give the same attention as letting the kernel decline at each call."""
     q = torch.zeros(1, num_heads, head_dim, dtype=torch.bfloat16)
     cache = torch.zeros(2, 16, num_kv_heads, head_dim, dtype=torch.bfloat16)
     tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
-    takes = cpu_decode_kernel.paged_decode_attention(q, cache, cache, tables, lens, 0.125, torch.empty_like(q))
+    takes = paged_avx512_bf16.paged_decode_attention(q, cache, cache, tables, lens, 0.125, torch.empty_like(q))
     declared = CpuKernelAttentionBackend.unsupported_reason(
         setup(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)) is None
     assert takes == declared

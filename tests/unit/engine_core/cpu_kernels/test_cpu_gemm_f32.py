@@ -1,4 +1,4 @@
-"""The generic fixed-order linear kernel (cpu_gemm_f32.c), float32 and bfloat16: the product it
+"""The generic fixed-order linear kernel (dense_fixed_order.c), float32 and bfloat16: the product it
 computes, and each row's result the same bits whatever the row count, the row's place and the threads."""
 
 import pytest
@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
-from engine_core.layers import cpu_gemm_f32
+from engine_core.cpu_kernels.linear import dense_linear
 
 pytestmark = [pytest.mark.unit,
-              pytest.mark.skipif(cpu_gemm_f32.load() is None, reason="no C compiler: the kernel is not built")]
+              pytest.mark.skipif(dense_linear.load_fixed_order() is None, reason="no C compiler: the kernel is not built")]
 
 
 def _random(*shape, seed: int, dtype=torch.float32) -> torch.Tensor:
@@ -20,7 +20,7 @@ def _random(*shape, seed: int, dtype=torch.float32) -> torch.Tensor:
 @pytest.mark.parametrize("n,k", [(1, 1), (15, 7), (16, 64), (17, 33), (100, 576), (1000, 129)])
 def test_products_over_shapes_and_tails(dtype, n, k):
     w, bias = _random(n, k, seed=n + k, dtype=dtype), _random(n, seed=3, dtype=dtype)
-    packed = cpu_gemm_f32.GenericPanelWeight(w)
+    packed = dense_linear.GenericPanelWeight(w)
     for m in (1, 5, 6, 7, 64):
         x = _random(m, k, seed=m, dtype=dtype)
         for b in (None, bias):
@@ -38,7 +38,7 @@ def test_products_over_shapes_and_tails(dtype, n, k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,k", [(200, 64), (40, 31)])
 def test_a_row_does_not_depend_on_the_other_rows_or_threads(dtype, n, k):
-    packed = cpu_gemm_f32.GenericPanelWeight(_random(n, k, seed=4, dtype=dtype))
+    packed = dense_linear.GenericPanelWeight(_random(n, k, seed=4, dtype=dtype))
     bias = _random(n, seed=5, dtype=dtype)
     x = _random(300, k, seed=6, dtype=dtype)
     threads = torch.get_num_threads()
@@ -57,7 +57,7 @@ def test_a_row_does_not_depend_on_the_other_rows_or_threads(dtype, n, k):
 
 def test_inputs_with_a_row_stride_and_leading_dims():
     w = _random(48, 40, seed=8)
-    packed = cpu_gemm_f32.GenericPanelWeight(w)
+    packed = dense_linear.GenericPanelWeight(w)
     wide = _random(6, 100, seed=9)
     x = wide[:, 10:50]  # rows 100 apart
     assert torch.equal(packed.matmul(x), packed.matmul(x.contiguous()))
@@ -73,12 +73,12 @@ def test_a_float32_weight_of_bf16_values_is_stored_in_bf16_with_the_same_results
     w = _random(100, 576, seed=11, dtype=torch.bfloat16).float()
     bias, x = _random(100, seed=12), _random(300, 576, seed=13)
     with forced_tier(cpu_tier):
-        half = cpu_gemm_f32.GenericPanelWeight(w)
-        monkeypatch.setenv(cpu_gemm_f32.BF16_STORAGE_ENV, "0")
-        full = cpu_gemm_f32.GenericPanelWeight(w)
+        half = dense_linear.GenericPanelWeight(w)
+        monkeypatch.setenv(dense_linear.BF16_STORAGE_ENV, "0")
+        full = dense_linear.GenericPanelWeight(w)
         assert (half.storage, full.storage) == (torch.bfloat16, torch.float32) and 2 * half.nbytes == full.nbytes
         for m in (1, 2, 5, 6, 7, 64, 300):
             got = half.matmul(x[:m], bias)
             assert got.dtype is torch.float32 and torch.equal(got, full.matmul(x[:m], bias)), m
-        monkeypatch.delenv(cpu_gemm_f32.BF16_STORAGE_ENV)
-        assert cpu_gemm_f32.GenericPanelWeight(w + 2**-20).storage is torch.float32
+        monkeypatch.delenv(dense_linear.BF16_STORAGE_ENV)
+        assert dense_linear.GenericPanelWeight(w + 2**-20).storage is torch.float32

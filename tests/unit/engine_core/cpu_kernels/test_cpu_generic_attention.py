@@ -1,15 +1,15 @@
-"""The generic CPU attention kernel (cpu_generic_attention.c): the attention it computes, and each row's
+"""The generic CPU attention kernel (paged_fixed_order.c): the attention it computes, and each row's
 result bit-identical however the rows are batched, chunked, or preceded by cached blocks."""
 
 import pytest
 import torch
 
-from engine_core.attention import cpu_generic_attention
+from engine_core.cpu_kernels.attention import paged_fixed_order
 from tests.support.attention_reference import reference_paged_attention
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
 
 pytestmark = [pytest.mark.unit,
-              pytest.mark.skipif(cpu_generic_attention.load() is None, reason="no C compiler: the kernel is not built")]
+              pytest.mark.skipif(paged_fixed_order.load() is None, reason="no C compiler: the kernel is not built")]
 
 BLOCK = 16
 
@@ -41,7 +41,7 @@ def _attend(q_rows, table_rows, seq_lens, q_lens, k_cache, v_cache, scale=0.3, w
     args = (q, k_cache, v_cache, torch.tensor(table_rows, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
             torch.tensor(starts, dtype=torch.int32), scale)
     out = torch.empty_like(q)
-    assert cpu_generic_attention.paged_attention(*args, out, window, softcap)
+    assert paged_fixed_order.paged_attention(*args, out, window, softcap)
     return out, args
 
 
@@ -102,7 +102,7 @@ def test_declines_what_it_does_not_take():
     q = torch.randn(2, 4, 16, dtype=torch.float16)
     cache = torch.zeros(4, BLOCK, 2, 16, dtype=torch.float16)
     ints = torch.zeros(2, dtype=torch.int32)
-    assert not cpu_generic_attention.paged_attention(q, cache, cache, ints[None], ints[:1], ints, 1.0,
+    assert not paged_fixed_order.paged_attention(q, cache, cache, ints[None], ints[:1], ints, 1.0,
                                                      torch.empty_like(q))
 
 
@@ -207,7 +207,7 @@ def test_the_c_tanh_is_accurate():
     n = q.shape[0]
     out = torch.empty_like(q)
     ints = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
-    assert cpu_generic_attention.paged_attention(q, k_cache, v_cache, ints([[0]] * n), ints([2] * n),
+    assert paged_fixed_order.paged_attention(q, k_cache, v_cache, ints([[0]] * n), ints([2] * n),
                                                  ints(list(range(n + 1))), 1.0, out, None, 1.0)
     expected = torch.sigmoid(torch.tanh(s.float().double()))  # float64
     assert (out.double().flatten() - expected).abs().max() < 3e-7

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine_core.layers import cpu_quant
+from engine_core.cpu_kernels.linear import quant_bf16_dot
 from engine_core.weights.gguf_import import import_gguf
 from engine_core.weights.loader import load_safetensors_weights, quantized_tensors
 
 pytestmark = pytest.mark.unit
-needs_kernels = pytest.mark.skipif(cpu_quant.load() is None, reason="cpu_quant.c does not run on this CPU")
+needs_kernels = pytest.mark.skipif(quant_bf16_dot.load() is None, reason="quant_bf16_dot.c does not run on this CPU")
 
 BLOCK = 32
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 2, 1, 32, 64
@@ -214,12 +214,12 @@ def test_import_gives_the_exact_values_of_hand_built_blocks(tmp_path, arch):
     for name, (read, qtype) in kept.items():
         rows = read()
         assert np.array_equal(rows.numpy(), expected[name][1]), name
-        cpu_quant.QuantizedTensor(rows, qtype, expected[name][2].shape[1])  # the shape the kernels accept
+        quant_bf16_dot.QuantizedTensor(rows, qtype, expected[name][2].shape[1])  # the shape the kernels accept
 
 
 @pytest.fixture
 def cpu_quant_itself(monkeypatch):
-    """cpu_quant.c, where the amx tier would serve amx_quant.c (its inputs scaled per block: a unit input gives
+    """quant_bf16_dot.c, where the amx tier would serve amx_quant.c (its inputs scaled per block: a unit input gives
     its weight to within fp32's rounding of the scale, test_amx_quant.py) in its place."""
     from engine_core.cpu_kernels import table
     monkeypatch.setenv("NVLLM_CPU_AMX_QUANT", "0")
@@ -233,11 +233,11 @@ def cpu_quant_itself(monkeypatch):
 @needs_kernels
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
 def test_quantized_kernels_unpack_hand_built_blocks_exactly(kind, cpu_quant_itself):
-    """cpu_quant.c unpacks its panels (the rows of a quantized embedding) to the exact values; x = identity
+    """quant_bf16_dot.c unpacks its panels (the rows of a quantized embedding) to the exact values; x = identity
     through the linear kernel gives them too (one nonzero product per output, exact in bf16), on the
     small-M path (4 rows at a time) and the large-M one (all 96)."""
     rows, values = quantized(kind, 48, 96, np.random.default_rng(5))
-    weight = cpu_quant.QuantPanelWeight(cpu_quant.QuantizedTensor(torch.from_numpy(rows), kind.lower(), 96))
+    weight = quant_bf16_dot.QuantPanelWeight(quant_bf16_dot.QuantizedTensor(torch.from_numpy(rows), kind.lower(), 96))
     exact = torch.from_numpy(values).to(torch.bfloat16)  # no rounding: quantized() checked it
     assert torch.equal(weight.rows_of(torch.arange(48)), exact)
     eye = torch.eye(96, dtype=torch.bfloat16)

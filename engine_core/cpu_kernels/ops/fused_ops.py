@@ -1,13 +1,13 @@
-"""Fused kernels: residual add + RMSNorm, SiLU-and-mul, rotary. bfloat16 on every tier (cpu_ops.c: 16 lanes
-at a time on avx512 and up, one value at a time below, the same bits), float32 on every tier (cpu_ops_f32.c,
+"""Fused kernels: residual add + RMSNorm, SiLU-and-mul, rotary. bfloat16 on every tier (fused_torch_rounding.c: 16 lanes
+at a time on avx512 and up, one value at a time below, the same bits), float32 on every tier (fused_fixed_order.c,
 the arithmetic of the torch code below in a fixed order).
 
 In a bf16 prefill on CPU the small torch ops these replace (dtype conversions, mul, add, pow, silu,
 sum, cat, neg and their temporaries) cost about a quarter of the step; each kernel does the same
-work in one pass over memory, bit-identical to the torch code (see cpu_ops.c for how): the RMSNorm's
-statistic is cpu_rms.c's fixed-order sum when batch-invariant, as norm.py's, and torch's sum order otherwise. Each wrapper
-returns None (or False) where it does not apply (another dtype or device, an unsupported layout, no
-kernel on this machine); the caller then runs its torch code. NVLLM_CPU_FUSED_OPS=0 turns them off.
+work in one pass over memory, bit-identical to the torch code (see fused_torch_rounding.c for how): the
+RMSNorm's statistic is rms_fixed_order.c's fixed-order sum when batch-invariant, as norm.py's, and torch's sum
+order otherwise. Each wrapper returns None (or False) where it does not apply (another dtype or device, an
+unsupported layout, no kernel on this machine); the caller then runs its torch code. NVLLM_CPU_FUSED_OPS=0 turns them off.
 """
 
 import ctypes
@@ -25,7 +25,7 @@ _norm_ok = False  # the norm kernel matched torch's sum order at load
 _silu_table = None  # kept alive: the C side reads it
 
 
-@table.loader("cpu_ops")  # built without fused multiply-adds: torch rounds every product before adding
+@table.loader("fused_torch_rounding")  # built without fused multiply-adds: torch rounds every product before adding
 def load(library):
     """The kernel library, or None where it cannot be had (disabled, no compiler)."""
     global _norm_ok, _silu_table
@@ -49,7 +49,7 @@ def load(library):
     return library
 
 
-@table.loader("cpu_ops_f32")
+@table.loader("fused_fixed_order")
 def load_f32(library):
     """The float32 kernels (every tier), or None where they cannot be had (disabled, no compiler)."""
     long, ptr = ctypes.c_long, ctypes.c_void_p
@@ -75,7 +75,8 @@ def _kernel(dtype: torch.dtype, name: str):
         return getattr(library, bf16_norm_name() if name == "rms_norm" else name + "_bf16")
     if dtype is torch.float32:
         library = load_f32()
-        # the float32 norm is the batch-invariant path's (cpu_rms's statistic); --no-batch-invariant keeps torch's
+        # the float32 norm is the batch-invariant path's (rms_fixed_order.c's statistic); --no-batch-invariant keeps
+        # torch's
         if library is None or (name == "rms_norm" and not batch_invariant()):
             return None
         return getattr(library, name + "_f32")
@@ -83,20 +84,20 @@ def _kernel(dtype: torch.dtype, name: str):
 
 
 def bf16_norm_name() -> str:
-    """The bf16 RMSNorm kernel whose statistic is norm.py's: batch-invariant, cpu_rms.c's fixed-order sum;
+    """The bf16 RMSNorm kernel whose statistic is norm.py's: batch-invariant, rms_fixed_order.c's fixed-order sum;
     otherwise torch's own sum order."""
     return "rms_norm_fixed_bf16" if batch_invariant() else "rms_norm_bf16"
 
 
 def norm_kernel_ok() -> bool:
-    """Whether the bf16 RMSNorm kernel runs: batch-invariant always (cpu_rms.c's order is its own), otherwise
+    """Whether the bf16 RMSNorm kernel runs: batch-invariant always (rms_fixed_order.c's order is its own), otherwise
     where it reproduces this torch's sum order."""
     return load() is not None and (batch_invariant() or _norm_ok)
 
 
 def silu_table() -> torch.Tensor | None:
     """torch's silu of every bf16, indexed by its bits (+1 padding entry), for kernels that apply silu
-    themselves (cpu_gemm.GatedPanelWeight); None where the fused kernels are off."""
+    themselves (dense_linear.GatedPanelWeight); None where the fused kernels are off."""
     return _silu_table if load() is not None else None
 
 
@@ -172,7 +173,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     """gelu(x[:, :n], approximate="tanh") * x[:, n:] for float32 x [T, 2n] (rows contiguous) as a new [T, n]
-    tensor (cpu_ops_f32.c: its own tanh, the same bits in every lane, within 1e-6 of torch's); None where the
+    tensor (fused_fixed_order.c: its own tanh, the same bits in every lane, within 1e-6 of torch's); None where the
     kernel does not apply."""
     return _act_and_mul(x, "gelu_tanh_and_mul")
 

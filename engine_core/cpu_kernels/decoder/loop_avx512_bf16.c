@@ -4,7 +4,7 @@
  * ctypes calls: ~0.25 ms of host work per layer, 15-20% of a batched decode step. This file runs the
  * same kernels, in the same order, on the same buffers, from one loop: the results are the Python
  * path's bit for bit (tested). It holds no arithmetic of its own: every kernel is a function of the
- * other kernel libraries (cpu_gemm.c, cpu_quant.c, quant_dot.c, cpu_ops.c, cpu_decode.c), passed in as a pointer.
+ * other kernel libraries (dense_bf16_dot.c, quant_bf16_dot.c, quant_int8_rows.c, fused_torch_rounding.c, paged_avx512_bf16.c), passed in as a pointer.
  *
  * One layer, as models/decoder.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k
  * RMSNorm (Qwen3) and rotary, the new keys and values written to the paged cache, attention (the
@@ -50,13 +50,13 @@ typedef int (*ChunkFn)(const bf16 *q, long q_row, const bf16 *k_cache, const bf1
 
 typedef struct {
     const bf16 *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL without per-head norms */
-    /* kinds: -1: bf16 panels; f >= 0: cpu_quant.c's format f; KIND_DOT + t: quant_dot.c's GGUF type t. A gate_up of
+    /* kinds: -1: bf16 panels; f >= 0: quant_bf16_dot.c's format f; KIND_DOT + t: quant_int8_rows.c's GGUF type t. A gate_up of
      * one piece of the first two kinds is a fused gated kernel (gated order), else gate | up then SiLU-and-mul */
     Linear qkv, o, gate_up, down;
     const float *qkv_bias, *gate_up_bias;                 /* fp32 in packed order, or NULL */
     bf16 *k_cache, *v_cache;                              /* [blocks, block_size, kv_heads, head_dim] */
     long window;                                          /* the layer's sliding window in keys; 0: none */
-    /* cpu_decoder_f32.c's Gemma fields (the layout is shared): NULL / 0 here, where IMPLEMENTED refuses Gemma */
+    /* loop_portable.c's Gemma fields (the layout is shared): NULL / 0 here, where IMPLEMENTED refuses Gemma */
     const bf16 *pre_ffn_norm, *post_ffn_norm;
     const float *cos, *sin;
     float softcap;
@@ -65,15 +65,15 @@ typedef struct {
 typedef struct {
     LinearFn linear;
     GatedFn gated;
-    QuantLinearFn quant_linear; /* cpu_quant.c's, for layers whose weights are kept quantized */
+    QuantLinearFn quant_linear; /* quant_bf16_dot.c's, for layers whose weights are kept quantized */
     QuantGatedFn quant_gated;
     /* amx_quant.c's arithmetic for prompt rows (the dequantized model's, on AMX tiles); NULL: one arithmetic */
     QuantPromptFn quant_prompt;
     QuantPromptGatedFn quant_prompt_gated;
-    DotFn dot;   /* quant_dot.c's quant_dot_linear_bf16 */
-    /* amx_quant.c's dot_prompt_linear_bf16 for the prompt rows of quant_dot.c's Q5 layers; NULL: one arithmetic */
+    DotFn dot;   /* quant_int8_rows.c's quant_dot_linear_bf16 */
+    /* amx_quant.c's dot_prompt_linear_bf16 for the prompt rows of quant_int8_rows.c's Q5 layers; NULL: one arithmetic */
     DotFn dot_prompt;
-    SiluFn silu; /* cpu_ops.c's silu_and_mul_bf16, after a gate_up that is not a fused gated kernel */
+    SiluFn silu; /* fused_torch_rounding.c's silu_and_mul_bf16, after a gate_up that is not a fused gated kernel */
     NormFn norm;
     RotaryFn rotary;
     DecodeFn decode;
@@ -89,7 +89,7 @@ typedef struct {
 #define DECODER_ELEM bf16
 #include "decoder_step.h"
 
-/* rows [r0, r1) of a kept-quantized weight of `kind` (gated where silu: cpu_quant.c's formats only): prompt rows
+/* rows [r0, r1) of a kept-quantized weight of `kind` (gated where silu: quant_bf16_dot.c's formats only): prompt rows
  * through the prompt arithmetic where the weight has one, others through the one for every row */
 static int quant_rows(const Model *m, const Step *s, int prompt, const bf16 *x, long r0, long r1, long K,
                       const void *w, long kind, long N, const float *bias, bf16 *out, long out_stride,

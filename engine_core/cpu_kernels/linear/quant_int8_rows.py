@@ -1,11 +1,11 @@
-"""Linear layers whose GGUF weights (every kept type, layers/gguf_types.py) stay quantized on every CPU tier
-(quant_dot.c), in float32 and bfloat16 engines, through ctypes.
+"""Linear layers whose GGUF weights (every kept type, cpu_kernels/linear/gguf_types.py) stay quantized on every CPU tier
+(quant_int8_rows.c), in float32 and bfloat16 engines, through ctypes.
 
 Each row of the input is quantized to 8 bits per block of 32 (per super-block of 256 for the K-quants, whose
 integer sub-block scales then stay inside the integer sums) and meets the weight's integers in integer
 dot products (llama.cpp's way; vpmaddubsw on AVX2, vpdpbusd with AVX512-VNNI, plain C on the portable
 tier), so a decode step reads 4.5-8.5 bits per weight and does a few integer ops per 32 of them. Every
-tier gives the same bits, and a row's result depends on that row alone. Where cpu_quant.c runs
+tier gives the same bits, and a row's result depends on that row alone. Where quant_bf16_dot.c runs
 (bfloat16 engines on the avx512_bf16 and amx tiers) it serves instead: no rounding of the input.
 """
 
@@ -15,15 +15,15 @@ import functools
 import torch
 
 from engine_core.cpu_kernels import table
-from engine_core.layers import cpu_quant
-from engine_core.layers.cpu_quant import QuantizedTensor
-from engine_core.layers.forward_context import by_role
-from engine_core.layers.gguf_packed import GgufPackedWeight, declare_packing
+from engine_core.cpu_kernels.linear import quant_bf16_dot
+from engine_core.cpu_kernels.linear.quant_bf16_dot import QuantizedTensor
+from engine_core.cpu_kernels.linear.prompt_rows import by_role
+from engine_core.cpu_kernels.linear.gguf_packed import GgufPackedWeight, declare_packing
 
 _ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 
 
-@table.loader("quant_dot")
+@table.loader("quant_int8_rows")
 def load(library):
     """The kernel library (every tier), or None where it cannot be built."""
     declare_packing(library, "quant_dot", [_ptr, _int])
@@ -38,10 +38,10 @@ def can_pack(weight) -> bool:
 
 
 class QuantDotWeight(GgufPackedWeight):
-    """A quantized weight [N, K] packed for quant_dot.c; `matmul` takes float32 or bfloat16 inputs."""
+    """A quantized weight [N, K] packed for quant_int8_rows.c; `matmul` takes float32 or bfloat16 inputs."""
 
     prefix = "quant_dot"
-    kernel = "linear/quant_dot.c"
+    kernel = "linear/quant_int8_rows.c"
     load = staticmethod(load)
     in_file_layout = frozenset({"q5_0", "q5_1", "q4_k", "q5_k", "q6_k"})  # quant_dot_pack copies them as they are
 
@@ -74,7 +74,7 @@ class QuantDotWeight(GgufPackedWeight):
     def _prompt_library(self):
         """amx_quant.c's library where it takes this weight's bfloat16 prompt rows, else None: asked once, as
         QuantPanelWeight asks at construction."""
-        return cpu_quant.dot_prompt_library(self.qtype)
+        return quant_bf16_dot.dot_prompt_library(self.qtype)
 
     def rows_of(self, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """Columns `ids` of W dequantized [len(ids), K] (an embedding's rows): d q + m, gguf-py's values."""

@@ -1,10 +1,10 @@
-"""Linear layers whose weights stay quantized in memory (cpu_quant.c), through ctypes.
+"""Linear layers whose weights stay quantized in memory (quant_bf16_dot.c), through ctypes.
 
 A weight arrives as its GGUF rows (uint8 [N, row bytes], Q4_0, Q4_1 or Q8_0, blocks of 32 inputs) or as a
 bf16/float weight to quantize per channel to int8 (`--quantization int8`, kept as Q8_0 blocks whose scale
 is the channel's). It is packed once into panels of 16 columns and never dequantized as a whole: decode
-steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the same CPU as cpu_gemm.py
-(AVX512-BF16; on AMX CPUs only batch-invariant runs; the kernel reuses cpu_gemm.c's bf16 tiles for prefills).
+steps read 5 (Q4) or 8.5 (Q8) bits per weight instead of bf16's 16. Needs the same CPU as dense_linear.py
+(AVX512-BF16; on AMX CPUs only batch-invariant runs; the kernel reuses dense_bf16_dot.c's bf16 tiles for prefills).
 On the amx tier amx_quant.c serves instead, a drop-in library with this one's functions and packed layout: the
 inputs as 16-bit integers per block, so every block sum is an exact integer (vpdpwssd register tiles for up to 64
 rows, AMX tiles for more, the same bits), 1.5-2x this file's kernels at every row count, and for a step's prompt
@@ -21,15 +21,15 @@ import torch
 from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.cpu_kernels.amx_grant import amx_granted
-from engine_core.layers import cpu_gemm
-from engine_core.layers.forward_context import by_role
-from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.cpu_kernels.linear import dense_linear
+from engine_core.cpu_kernels.linear.prompt_rows import by_role
+from engine_core.cpu_kernels.linear.gguf_types import GGUF_TYPES
 
 BLOCK = 32  # inputs per quantized block of the Q4/Q5/Q8 types (a K-quant's super-block holds 256)
 
 
 def load():
-    """The kernel library (AVX512-BF16 tier: cpu_quant.c; amx: amx_quant.c, or quant_vnni.c where opted in), or
+    """The kernel library (AVX512-BF16 tier: quant_bf16_dot.c; amx: amx_quant.c, or quant_vnni.c where opted in), or
     None where it cannot be had."""
     return _vnni_library() or _amx_library() or _library()
 
@@ -41,7 +41,7 @@ def _vnni_library(library):
 
 @table.loader("amx_quant")
 def _amx_library(library):
-    granted = amx_granted(library, "kept-quantized layers run cpu_quant.c's AVX512-BF16 kernels")
+    granted = amx_granted(library, "kept-quantized layers run quant_bf16_dot.c's AVX512-BF16 kernels")
     if not granted:
         return None
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
@@ -56,7 +56,7 @@ def _amx_library(library):
 
 
 def _declare(library):
-    """The ctypes signatures of cpu_quant.c's functions (quant_vnni.c has the same)."""
+    """The ctypes signatures of quant_bf16_dot.c's functions (quant_vnni.c has the same)."""
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     library.quant_packed_bytes.argtypes = [int_, long, long]
     library.quant_packed_bytes.restype = long
@@ -72,7 +72,7 @@ def _declare(library):
     return library
 
 
-_library = table.loader("cpu_quant")(_declare)
+_library = table.loader("quant_bf16_dot")(_declare)
 
 
 def has_prompt_arithmetic(library) -> bool:
@@ -83,14 +83,14 @@ def has_prompt_arithmetic(library) -> bool:
             and os.environ.get("NVLLM_CPU_PROMPT_TILES", "1") != "0")
 
 
-# quant_dot.c's types whose prompt rows amx_quant.c's dot_prompt_linear_bf16 takes (the K-quants' prompts keep
-# quant_dot.c's int8 tiles, one arithmetic for every row)
+# quant_int8_rows.c's types whose prompt rows amx_quant.c's dot_prompt_linear_bf16 takes (the K-quants' prompts keep
+# quant_int8_rows.c's int8 tiles, one arithmetic for every row)
 DOT_PROMPT_TYPES = frozenset({"q5_0", "q5_1"})
 
 
 def dot_prompt_library(qtype: str):
-    """The library whose dot_prompt_linear_bf16 runs the prompt rows of a quant_dot.c weight of `qtype`, or None
-    where those rows keep quant_dot.c's arithmetic."""
+    """The library whose dot_prompt_linear_bf16 runs the prompt rows of a quant_int8_rows.c weight of `qtype`, or None
+    where those rows keep quant_int8_rows.c's arithmetic."""
     library = load()
     return library if qtype in DOT_PROMPT_TYPES and has_prompt_arithmetic(library) else None
 
@@ -126,11 +126,11 @@ def can_pack(weight) -> bool:
             and load() is not None)
 
 
-class QuantPanelWeight(cpu_gemm.PanelWeight):
-    """A quantized weight packed into cpu_quant.c's panels; `matmul` as cpu_gemm.PanelWeight's."""
+class QuantPanelWeight(dense_linear.PanelWeight):
+    """A quantized weight packed into quant_bf16_dot.c's panels; `matmul` as dense_linear.PanelWeight's."""
 
     gated = 0
-    kernel = "linear/cpu_quant.c"
+    kernel = "linear/quant_bf16_dot.c"
 
     def __init__(self, weight: QuantizedTensor):
         library = load()
@@ -155,11 +155,11 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
             self.kernel = "linear/amx_quant.c"
 
     def _kernel(self, function, takes_alike: bool = True):
-        """`function` with the packed format filled in, taking cpu_gemm's kernel arguments; raises when the
+        """`function` with the packed format filled in, taking dense_linear's kernel arguments; raises when the
         kernel could not get its scratch memory. takes_alike: it takes the batch-invariance flag."""
 
         def call(x, rows, k, x_stride, panels, width, bias, out, out_stride, *rest):
-            *extra, threads = rest  # batch-invariant: the same arithmetic at every row count (cpu_quant.c)
+            *extra, threads = rest  # batch-invariant: the same arithmetic at every row count (quant_bf16_dot.c)
             alike = (int(batch_invariant()),) if takes_alike else ()
             if function(x, rows, k, x_stride, panels, self.format, width, bias, out, out_stride, *extra, *alike,
                         threads):
@@ -194,16 +194,16 @@ class QuantPanelWeight(cpu_gemm.PanelWeight):
 
 
 class GatedQuantPanelWeight(QuantPanelWeight):
-    """A quantized gate/up weight [2I, K] (I a multiple of 32); `silu_and_mul` as cpu_gemm.GatedPanelWeight's."""
+    """A quantized gate/up weight [2I, K] (I a multiple of 32); `silu_and_mul` as dense_linear.GatedPanelWeight's."""
 
     gated = 1
 
     def __init__(self, weight: QuantizedTensor, silu_table: torch.Tensor):
-        assert weight.shape[0] % (4 * cpu_gemm.LANES) == 0
+        assert weight.shape[0] % (4 * dense_linear.LANES) == 0
         super().__init__(weight)
         self.silu_table = silu_table
         self.intermediate = self.out_features // 2
-        self._bias_order = cpu_gemm.gated_bias_order(self.out_features)
+        self._bias_order = dense_linear.gated_bias_order(self.out_features)
         self._gated = self._kernel(load().quant_linear_silu_mul_bf16)
         self._prompt_gated = (self._kernel(load().quant_prompt_linear_silu_mul_bf16, takes_alike=False)
                               if self._prompt_linear is not None else None)

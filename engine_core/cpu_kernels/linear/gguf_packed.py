@@ -1,12 +1,12 @@
-"""What the CPU kernels that multiply GGUF blocks directly share (quant_dot.c, quant_f32.c): a weight's
+"""What the CPU kernels that multiply GGUF blocks directly share (quant_int8_rows.c, quant_exact_f32.c): a weight's
 GGUF rows packed once by the kernel's own `<prefix>_pack`, its float32 bias, the input rows it reads."""
 
 import ctypes
 
 import torch
 
-from engine_core.layers.cpu_quant import QuantizedTensor
-from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.cpu_kernels.linear.quant_bf16_dot import QuantizedTensor
+from engine_core.cpu_kernels.linear.gguf_types import GGUF_TYPES
 
 _ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 

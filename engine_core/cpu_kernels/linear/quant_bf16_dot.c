@@ -15,7 +15,7 @@
  * is exact in bf16 itself (8 significant bits): u - 128 in 16-bit lanes, widened to fp32 and narrowed to
  * bf16 (exact), so one vdpbf16ps per input pair adds sum_k x_k q_k, and total += d * block.
  *
- * Large M (prefill): each thread dequantizes its columns into nvllm's bf16 panels (cpu_gemm.c), a slab
+ * Large M (prefill): each thread dequantizes its columns into nvllm's bf16 panels (dense_bf16_dot.c), a slab
  * that stays in L2 at a time, and runs the bf16 kernel on it: the weights are then bf16(d q + m), the
  * dequantized model's weights bit for bit, and the rate is the bf16 GEMM's.
  *
@@ -36,7 +36,7 @@
  *     byte u of column c, input 2 (2 g) + p, and in its high byte that of input 2 (2 g + 1) + p.
  * Columns past N have d = m = 0. A gated (gate/up) weight's panels alternate 16 gate and 16 up columns.
  */
-#include "cpu_gemm.c"
+#include "dense_bf16_dot.c"
 
 #include <stdlib.h>
 
@@ -148,7 +148,7 @@ static inline __m512bh signed_bytes(__m512i z, int shift) {
     return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
-/* the output columns' epilogue, shared with cpu_gemm.c's: bias (fp32) added, rounded to bf16, stored;
+/* the output columns' epilogue, shared with dense_bf16_dot.c's: bias (fp32) added, rounded to bf16, stored;
  * gated (store_gated): panels j, j + 1 are the gate and up columns of 16 outputs */
 static inline __attribute__((always_inline)) void store_columns(__m512 acc, const float *bias, bf16 *out, long n,
                                                                 long N) {
@@ -157,7 +157,7 @@ static inline __attribute__((always_inline)) void store_columns(__m512 acc, cons
     _mm256_mask_storeu_epi16(out + n, mask, to_bf16(_mm512_add_ps(acc, b)));
 }
 
-/* o: the first of 16 outputs; the bias is in cpu_gemm.c's gated order (groups of 32 gate, then 32 up) */
+/* o: the first of 16 outputs; the bias is in dense_bf16_dot.c's gated order (groups of 32 gate, then 32 up) */
 static inline __attribute__((always_inline)) void store_gated(__m512 gate_acc, __m512 up_acc, const float *bias,
                                                               long o, bf16 *out, const bf16 *silu) {
     const long g = (o / 32) * 64 + o % 32;
@@ -414,7 +414,7 @@ static void unpacked_columns(const bf16 *x, long M, long K, long x_stride, const
 
 /* ---- large M: dequantized per slab into bf16 panels ----------------------------------------------- */
 
-/* panel p of the packed weight -> cpu_gemm.c's bf16 panel [K/2][16][2] of bf16(d q + m) */
+/* panel p of the packed weight -> dense_bf16_dot.c's bf16 panel [K/2][16][2] of bf16(d q + m) */
 static void dequantize_panel(const uint8_t *panel, long K, int format, bf16 *dst) {
     const long blocks = K / QBLOCK, bb = block_bytes(format);
     const int header = format == FORMAT_Q4 ? 64 : 32;
@@ -443,8 +443,8 @@ static void dequantize_panel(const uint8_t *panel, long K, int format, bf16 *dst
     }
 }
 
-/* panels [p_begin, p_end) for every row, through bf16 slabs of `slab` panels multiplied by bf16_columns (cpu_gemm.c's
- * columns, or amx_panels.h's amx_columns); a gated weight's panel pairs (gate, up) are reordered into cpu_gemm.c's
+/* panels [p_begin, p_end) for every row, through bf16 slabs of `slab` panels multiplied by bf16_columns (dense_bf16_dot.c's
+ * columns, or amx_panels.h's amx_columns); a gated weight's panel pairs (gate, up) are reordered into dense_bf16_dot.c's
  * gated groups (gate 32, up 32) */
 typedef void (*PanelColumns)(const bf16 *x, long M, long K, long x_stride, const bf16 *packed, long N,
                              const float *bias, bf16 *out, long out_stride, const bf16 *silu, long p_begin, long p_end);
@@ -589,8 +589,8 @@ int quant_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_
 }
 
 /* out [M, I] = silu(x @ gate^T + gate bias) * (x @ up^T + up bias), each rounded to bf16 first (as
- * cpu_gemm.c's linear_silu_mul_bf16). packed: quant_pack(gated = 1); bias in cpu_gemm.c's gated column
- * order (groups of 32 gate, 32 up) or NULL; silu: cpu_ops' table. */
+ * dense_bf16_dot.c's linear_silu_mul_bf16). packed: quant_pack(gated = 1); bias in dense_bf16_dot.c's gated column
+ * order (groups of 32 gate, 32 up) or NULL; silu: fused_ops.py's table. */
 int quant_linear_silu_mul_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int format,
                                long I, const float *bias, bf16 *out, long out_stride, const bf16 *silu,
                                int every_row_alike, int num_threads) {

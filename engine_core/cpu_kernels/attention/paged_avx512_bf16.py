@@ -1,4 +1,4 @@
-"""The CPU paged attention kernels (cpu_decode.c): built once, loaded through ctypes.
+"""The CPU paged attention kernels (paged_avx512_bf16.c): built once, loaded through ctypes.
 
 paged_decode_attention serves one query token per sequence; paged_attention any number per sequence
 (prefill chunks, chunks after cached blocks, decodes), reading keys and values in place. Both take
@@ -19,9 +19,9 @@ from engine_core.cpu_kernels.amx_grant import amx_granted
 
 def load():
     """The kernel library, or None where it cannot be had (logged once): amx_attention.c on the amx tier
-    (cpu_decode.c's functions, the chunk kernel's products on AMX tiles), else cpu_decode.c.
+    (paged_avx512_bf16.c's functions, the chunk kernel's products on AMX tiles), else paged_avx512_bf16.c.
     NVLLM_CPU_DECODE_KERNEL=0 turns both off."""
-    if not table.runs_here("cpu_decode"):
+    if not table.runs_here("paged_avx512_bf16"):
         return None
     return _amx_library() or _library()
 
@@ -29,15 +29,17 @@ def load():
 @table.loader("amx_attention")
 def _amx_library(library):
     """amx_attention.c, or None where the OS refuses the tiles (logged)."""
-    return _declare(library) if amx_granted(library, "attention runs cpu_decode.c's AVX512-BF16 kernels") else None
+    granted = amx_granted(library, "attention runs paged_avx512_bf16.c's AVX512-BF16 kernels")
+    return _declare(library) if granted else None
 
 
 def _declare(library):
-    """The ctypes signatures of cpu_decode.c's functions (amx_attention.c has the same)."""
+    """The ctypes signatures of paged_avx512_bf16.c's functions (amx_attention.c has the same)."""
     fn = library.paged_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
-                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2)
+                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+                   + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2)
     fn = library.paged_attention
     fn.restype = ctypes.c_int
     fn.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long,
@@ -46,7 +48,7 @@ def _declare(library):
     return library
 
 
-_library = table.loader("cpu_decode")(_declare)
+_library = table.loader("paged_avx512_bf16")(_declare)
 
 
 def _takes(q, k_cache, v_cache, out, *int32_vectors) -> bool:

@@ -1,10 +1,10 @@
 /* Fused float32 kernels for every CPU tier: residual add + RMSNorm, SiLU-and-mul, GELU(tanh)-and-mul, rotary. The same
- * operations and argument layouts as cpu_ops.c's bf16 kernels, for float32 engines (the tiers below
- * avx512_bf16 run those), where the module path and the C decoder loop (decoder/cpu_decoder_f32.c) both
+ * operations and argument layouts as fused_torch_rounding.c's bf16 kernels, for float32 engines (the tiers below
+ * avx512_bf16 run those), where the module path and the C decoder loop (decoder/loop_portable.c) both
  * call them, so the two give the same bits.
  *
  * Each row's arithmetic is fixed, whatever the row count or the thread that takes the row:
- *  - RMSNorm: x' = x + residual (one add), its statistic from cpu_rms.c's fixed-order row sum, then
+ *  - RMSNorm: x' = x + residual (one add), its statistic from rms_fixed_order.c's fixed-order row sum, then
  *    weight * (x' * scale), two products, as norm.py's torch code computes them;
  *  - SiLU: gate / (1 + e^-gate) times up, e^ from exp_f32.h (8 lanes at a time where AVX2 runs, the same
  *    bits one at a time elsewhere; a gate below -88 gives -0: its true SiLU is under 1e-36 in size);
@@ -13,7 +13,7 @@
  *  - rotary: x * cos + rotate_half(x) * sin, two products and an add, as rotary.py's _rotate.
  * Built with -ffp-contract=off: no product is fused into an add.
  */
-#include "cpu_rms.c"
+#include "rms_fixed_order.c"
 #include "../exp_f32.h"
 #include "../tanh_f32.h"
 

@@ -6,8 +6,8 @@
  *  - every bf16 op of torch is computed in float32 and rounded to bf16 (nearest even, the integer
  *    way torch's AVX512 code does it: subnormals kept);
  *  - RMSNorm's float32 sum of squares has two orders, one per form of norm.py's code: batch-invariant
- *    (rms_norm_fixed_bf16, the default) cpu_rms.c's fixed order, as norm.py takes its statistic from
- *    cpu_rms.c then; otherwise (rms_norm_bf16) torch's CPU sum order (its SumKernel.cpp: interleaved
+ *    (rms_norm_fixed_bf16, the default) rms_fixed_order.c's fixed order, as norm.py takes its statistic from
+ *    rms_fixed_order.c then; otherwise (rms_norm_bf16) torch's CPU sum order (its SumKernel.cpp: interleaved
  *    vector accumulators cascaded in blocks, then lanes added in order; see TORCH_ORDER_SUM), whose
  *    vector width the loader finds (which of 8 or 16 lanes reproduces torch: 8 with torch 2.13 on an
  *    AVX512 CPU, its sum kernel runs at AVX2 width); mean = sum / n, then rsqrt = 1 / sqrt, as torch
@@ -27,7 +27,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cpu_rms.c"
+#include "rms_fixed_order.c"
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -302,7 +302,7 @@ int rms_norm_bf16(const bf16 *x, long xs0, long xs1, bf16 *res, long rs0, long r
     return rms_norm_rows(x, xs0, xs1, res, rs0, rs1, out, os0, os1, w, n0, n1, n, eps, num_threads, 0);
 }
 
-/* the statistic in cpu_rms.c's fixed order: norm.py's batch-invariant code */
+/* the statistic in rms_fixed_order.c's fixed order: norm.py's batch-invariant code */
 int rms_norm_fixed_bf16(const bf16 *x, long xs0, long xs1, bf16 *res, long rs0, long rs1, bf16 *out, long os0,
                         long os1, const bf16 *w, long n0, long n1, long n, float eps, int num_threads) {
     return rms_norm_rows(x, xs0, xs1, res, rs0, rs1, out, os0, os1, w, n0, n1, n, eps, num_threads, 1);

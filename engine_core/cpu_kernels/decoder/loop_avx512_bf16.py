@@ -1,4 +1,4 @@
-"""A Llama-family model's decoder layers in one C call per step (cpu_decoder.c), on bf16 CPUs.
+"""A Llama-family model's decoder layers in one C call per step (loop_avx512_bf16.c), on bf16 CPUs.
 
 The module path spends ~0.25 ms of host work per layer (module calls, wrapper checks, views, a dozen
 ctypes calls): 15-20% of a batched decode step. Where every kernel it would call is nvllm's own
@@ -13,12 +13,13 @@ import ctypes
 
 import torch
 
-from engine_core.attention import cpu_decode_kernel
+from engine_core.cpu_kernels.attention import paged_avx512_bf16
 from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
 from engine_core.layers.forward_context import get_forward_context
-from engine_core.layers import cpu_gemm, cpu_ops, cpu_quant, cpu_quant_dot
+from engine_core.cpu_kernels.linear import dense_linear, quant_bf16_dot, quant_int8_rows
+from engine_core.cpu_kernels.ops import fused_ops
 from engine_core.layers.quant_pieces import PiecewiseQuantWeight
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
@@ -80,7 +81,7 @@ class _Step(ctypes.Structure):
                 + [("prompt_runs", _ptr), ("num_prompt_runs", _long)])
 
 
-@table.loader("cpu_decoder")
+@table.loader("loop_avx512_bf16")
 def load(library):
     library.decoder_layers_bf16.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
     library.decoder_layers_bf16.restype = ctypes.c_int
@@ -96,32 +97,35 @@ def _why_not(model) -> str | None:
     """Why the C loop cannot run this model's layers exactly as its modules would; None if it can."""
     if tp_size() != 1:
         return "tensor parallel"
-    if None in (load(), cpu_gemm.load(), cpu_ops.load(), cpu_decode_kernel.load()) or not cpu_ops.norm_kernel_ok():
+    if (None in (load(), dense_linear.load(), fused_ops.load(), paged_avx512_bf16.load())
+            or not fused_ops.norm_kernel_ok()):
         return "a kernel library is missing"
     first = model.layers[0].self_attn
     heads, kv_heads, head_dim = first.num_heads, first.num_kv_heads, first.head_dim
     if head_dim % 32 or head_dim > 256 or heads % kv_heads or heads // kv_heads > 8 or not first.attn.scale > 0:
         return "an attention shape the kernels do not take"
-    plain = (cpu_gemm.PanelWeight, cpu_quant.QuantPanelWeight) + (
-        (cpu_quant_dot.QuantDotWeight,) if cpu_quant_dot.load() is not None and cpu_ops.load() is not None else ())
+    dot_runs = quant_int8_rows.load() is not None and fused_ops.load() is not None
+    plain = (dense_linear.PanelWeight, quant_bf16_dot.QuantPanelWeight) + ((quant_int8_rows.QuantDotWeight,)
+                                                                          if dot_runs else ())
 
     def takes(packed, also=()) -> bool:
         return all(type(pack) in plain + also for pack in pieces_of(packed))
     return layers_issue(model, torch.bfloat16, lambda attn, mlp: (
         takes(attn.qkv_proj.packed_weight) and takes(attn.o_proj.packed_weight) and takes(mlp.down_proj.packed_weight)
-        and takes(mlp.gate_up_proj.packed_weight, (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight))))
+        and takes(mlp.gate_up_proj.packed_weight,
+                  (dense_linear.GatedPanelWeight, quant_bf16_dot.GatedQuantPanelWeight))))
 
 
 def _kind(packed) -> int:
-    """The bf16 loop's code for the kernel of a packed weight: -1 cpu_gemm.c's panels, a cpu_quant.c format, or
-    KIND_DOT + the GGUF type quant_dot.c reads."""
-    if isinstance(packed, cpu_quant_dot.QuantDotWeight):
+    """The bf16 loop's code for the kernel of a packed weight: -1 dense_bf16_dot.c's panels, a quant_bf16_dot.c
+    format, or KIND_DOT + the GGUF type quant_int8_rows.c reads."""
+    if isinstance(packed, quant_int8_rows.QuantDotWeight):
         return KIND_DOT + packed.type_id
     return getattr(packed, "format", -1)
 
 
 def _fused_gate_up(packed) -> bool:
-    return isinstance(packed, (cpu_gemm.GatedPanelWeight, cpu_quant.GatedQuantPanelWeight))
+    return isinstance(packed, (dense_linear.GatedPanelWeight, quant_bf16_dot.GatedQuantPanelWeight))
 
 
 # The ModelSpec values (families/spec.py) the C loops implement; a model with any other value of these fields runs
@@ -186,7 +190,7 @@ def layers_issue(model, dtype: torch.dtype, packed_ok, implemented_values: dict 
 
 class CpuDecoder:
     """Runs `model.layers` for one bf16 step from C; `run` returns None where the modules must run instead.
-    cpu_decoder_f32.CpuDecoderF32 is the float32 loop: another struct, the same step."""
+    loop_portable.CpuDecoderF32 is the float32 loop: another struct, the same step."""
 
     dtype = torch.bfloat16
     act_widths = 1  # the MLP buffer's width in intermediates (the gated matmul stores silu(gate) * up only)
@@ -203,13 +207,14 @@ class CpuDecoder:
         self.qk_norm = first.self_attn.q_norm is not None
         # prompt rows of kept-quantized layers take their own arithmetic (amx_quant.c): the engine then keys
         # cached blocks by which of their tokens were prompt tokens (kv_cache_manager.py)
-        kept = any(isinstance(pack, cpu_quant.QuantPanelWeight) or (isinstance(pack, cpu_quant_dot.QuantDotWeight)
-                                                                      and pack.qtype in cpu_quant.DOT_PROMPT_TYPES)
+        kept = any(isinstance(pack, quant_bf16_dot.QuantPanelWeight)
+                   or (isinstance(pack, quant_int8_rows.QuantDotWeight)
+                       and pack.qtype in quant_bf16_dot.DOT_PROMPT_TYPES)
                    for layer in model.layers
                    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                                   layer.mlp.down_proj) for pack in pieces_of(linear.packed_weight))
         self.prompt_arithmetic = (kept and self.takes_prompt_kernels
-                                  and cpu_quant.has_prompt_arithmetic(cpu_quant.load()))
+                                  and quant_bf16_dot.has_prompt_arithmetic(quant_bf16_dot.load()))
         self._struct = None
         self._cache_ptr = None  # the layer 0 key cache the struct was built for
 
@@ -243,10 +248,11 @@ class CpuDecoder:
                 window=attn.attn.sliding_window or 0))
         self._layers = (_Layer * len(layers))(*layers)  # kept alive: the struct points into it
         first = self.model.layers[0]
-        gemm, ops, attention, quant = cpu_gemm.load(), cpu_ops.load(), cpu_decode_kernel.load(), cpu_quant.load()
-        dot = cpu_quant_dot.load()
+        gemm, ops, attention = dense_linear.load(), fused_ops.load(), paged_avx512_bf16.load()
+        quant = quant_bf16_dot.load()
+        dot = quant_int8_rows.load()
         rotary = first.self_attn.rotary
-        self._tables = (cpu_ops.silu_table(), rotary.cos, rotary.sin)
+        self._tables = (fused_ops.silu_table(), rotary.cos, rotary.sin)
         return _Model(
             linear=address(gemm, "linear_bf16"), gated=address(gemm, "linear_silu_mul_bf16"),
             quant_linear=quant and address(quant, "quant_linear_bf16"),
@@ -256,7 +262,7 @@ class CpuDecoder:
             dot=dot and address(dot, "quant_dot_linear_bf16"),
             dot_prompt=address(quant, "dot_prompt_linear_bf16") if self.prompt_arithmetic else None,
             silu=address(ops, "silu_and_mul_bf16"),
-            norm=address(ops, cpu_ops.bf16_norm_name()), rotary=address(ops, "rotary_bf16"),
+            norm=address(ops, fused_ops.bf16_norm_name()), rotary=address(ops, "rotary_bf16"),
             decode=address(attention, "paged_decode_attention"), chunk=address(attention, "paged_attention"),
             silu_table=self._tables[0].data_ptr(), cos=rotary.cos.data_ptr(), sin=rotary.sin.data_ptr(),
             max_position=rotary.cos.shape[0], rotary_dim=rotary.cos.shape[1], num_layers=len(self.model.layers),

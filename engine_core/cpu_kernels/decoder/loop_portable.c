@@ -1,13 +1,13 @@
 /* A Llama-family model's decoder layers for one step, in one call: float32 engines on every CPU tier, and
  * bf16 engines on the tiers below avx512_bf16 (this file built with -DDECODER_BF16: see the end of this comment).
  *
- * cpu_decoder.c's loop for float32 (what the tiers below avx512_bf16 run by default): the Python model
+ * loop_avx512_bf16.c's loop for float32 (what the tiers below avx512_bf16 run by default): the Python model
  * spends ~0.25 ms of host work per layer on module calls, views and ctypes calls, more than a decode
  * step's matmuls of a small quantized model. This file runs the same kernels in the same order on the
  * same values, so the results are the module path's bit for bit (tested); it holds no arithmetic of its
- * own. The kernels come in as pointers: linear layers from cpu_gemm_f32.c (dense panels, fp32 or bf16), quant_f32.c
- * (GGUF Q4_0 / Q4_1 / Q8_0 blocks at their exact values) or quant_dot.c (any kept GGUF type, 8-bit input rows;
- * a fused layer may be pieces of several types: linear_pieces.h), norm / rotary / SiLU-and-mul from cpu_ops_f32.c, attention from cpu_generic_attention.c
+ * own. The kernels come in as pointers: linear layers from dense_fixed_order.c (dense panels, fp32 or bf16), quant_exact_f32.c
+ * (GGUF Q4_0 / Q4_1 / Q8_0 blocks at their exact values) or quant_int8_rows.c (any kept GGUF type, 8-bit input rows;
+ * a fused layer may be pieces of several types: linear_pieces.h), norm / rotary / SiLU-and-mul from fused_fixed_order.c, attention from paged_fixed_order.c
  * (one call for decodes and chunks alike: the batch-invariant path, the only one this loop serves).
  *
  * One layer, as models/decoder.py's DecoderLayer: (residual add +) RMSNorm, the qkv matmul, per-head q/k RMSNorm
@@ -17,9 +17,9 @@
  * only: its norms' weights hold 1 + weight, so the kernels' arithmetic is the modules'): the attention's output
  * normed before the residual add + the MLP's input norm, and the MLP's output normed too.
  *
- * Built with -DDECODER_BF16 the same loop runs a bf16 engine where cpu_decoder.c's kernels do not exist
- * (below avx512_bf16): the elements are bf16, the kernels cpu_gemm_f32.c's linear_bf16_generic (bf16 panels
- * widened to fp32), quant_dot.c's quant_dot_linear_bf16 (GGUF blocks), cpu_ops.c's bf16 norm / rotary /
+ * Built with -DDECODER_BF16 the same loop runs a bf16 engine where loop_avx512_bf16.c's kernels do not exist
+ * (below avx512_bf16): the elements are bf16, the kernels dense_fixed_order.c's linear_bf16_generic (bf16 panels
+ * widened to fp32), quant_int8_rows.c's quant_dot_linear_bf16 (GGUF blocks), fused_torch_rounding.c's bf16 norm / rotary /
  * SiLU-and-mul and the generic attention on bf16 caches; its entry is decoder_layers_bf16_generic.
  */
 #include <stdint.h>
@@ -55,8 +55,8 @@ typedef int (*AttentionFn)(const void *q, long q_row, const void *k_cache, const
 
 typedef struct {
     const elem *input_norm, *post_norm, *q_norm, *k_norm;  /* q_norm, k_norm: NULL without per-head norms */
-    Linear qkv, o, gate_up, down; /* kinds: -1, -2: cpu_gemm_f32's fp32, bf16 panels; t: quant_f32.c's GGUF type t;
-                                   * KIND_DOT + t: quant_dot.c's (the bf16 build: quant_dot.c's either way) */
+    Linear qkv, o, gate_up, down; /* kinds: -1, -2: dense_fixed_order.c's fp32, bf16 panels; t: quant_exact_f32.c's GGUF type t;
+                                   * KIND_DOT + t: quant_int8_rows.c's (the bf16 build: quant_int8_rows.c's either way) */
     const float *qkv_bias, *gate_up_bias;                  /* fp32, or NULL */
     elem *k_cache, *v_cache;                               /* [blocks, block_size, kv_heads, head_dim] */
     long window;                                           /* the layer's sliding window in keys; 0: none */

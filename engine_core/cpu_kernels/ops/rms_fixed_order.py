@@ -1,8 +1,8 @@
-"""RMSNorm's per-row statistic in a fixed order (cpu_rms.c), for batch-invariant runs on the CPU where
-the fused bf16 kernel (cpu_ops.py) does not run: float32, and bf16 on CPUs without AVX512.
+"""RMSNorm's per-row statistic in a fixed order (rms_fixed_order.c), for batch-invariant runs on the CPU where
+the fused bf16 kernel (fused_ops.py) does not run: float32, and bf16 on CPUs without AVX512.
 
 torch's x.pow(2).mean(-1) splits one row's sum across threads when a step has fewer rows than threads
-(and 32768+ elements), so its bits could depend on the row count; see cpu_rms.c.
+(and 32768+ elements), so its bits could depend on the row count; see rms_fixed_order.c.
 """
 
 import ctypes
@@ -13,7 +13,7 @@ from engine_core.cpu_kernels import table
 
 
 
-@table.loader("cpu_rms")
+@table.loader("rms_fixed_order")
 def load(library):
     """The kernel library, or None where it cannot be had (no compiler: logged once)."""
     long = ctypes.c_long

@@ -1,25 +1,26 @@
 """A Llama-family model's decoder layers in one C call per step, float32 engines on every CPU tier
-(cpu_decoder_f32.c): cpu_decoder.py's loop for the kernels float32 runs with (cpu_gemm_f32's panels or
-quant_f32's GGUF blocks, cpu_ops_f32's norm / rotary / SiLU-and-mul, the generic attention kernel),
+(loop_portable.c): loop_avx512_bf16.py's loop for the kernels float32 runs with (dense_fixed_order.c's panels or
+quant_exact_f32.c's GGUF blocks, fused_fixed_order.c's norm / rotary / SiLU-and-mul, the generic attention kernel),
 bit-identical to the module path. Batch-invariant engines only (the kernels it calls are that path's);
 elsewhere `why_not` says why and the modules run. NVLLM_CPU_DECODER=0 turns it off.
 
-CpuDecoderBF16Generic is the same C loop built for bf16 elements, for bf16 engines where cpu_decoder.c's
-kernels do not run (below avx512_bf16): cpu_gemm_f32's bf16 panels or quant_dot's GGUF blocks, cpu_ops'
-bf16 norm / rotary / SiLU-and-mul, the generic attention on bf16 caches.
+CpuDecoderBF16Generic is the same C loop built for bf16 elements, for bf16 engines where loop_avx512_bf16.c's
+kernels do not run (below avx512_bf16): dense_fixed_order.c's bf16 panels or quant_int8_rows.c's GGUF blocks,
+fused_torch_rounding.c's bf16 norm / rotary / SiLU-and-mul, the generic attention on bf16 caches.
 """
 
 import ctypes
 
 import torch
 
-from engine_core.attention import cpu_generic_attention
+from engine_core.cpu_kernels.attention import paged_fixed_order
 from engine_core.platform.batch_invariance import batch_invariant
 from engine_core.cpu_kernels import table
 from engine_core.distributed.parallel_state import tp_size
-from engine_core.layers import cpu_gemm_f32, cpu_ops, cpu_quant_dot, cpu_quant_f32
-from engine_core.models.cpu_decoder import (IMPLEMENTED, IMPLEMENTED_F32, KIND_DOT, CpuDecoder, _Layer, _Step, address,
-                                            layers_issue, linear_struct, pieces_of)
+from engine_core.cpu_kernels.linear import dense_linear, quant_exact_f32, quant_int8_rows
+from engine_core.cpu_kernels.ops import fused_ops
+from engine_core.cpu_kernels.decoder.loop_avx512_bf16 import (IMPLEMENTED, IMPLEMENTED_F32, KIND_DOT, CpuDecoder,
+                                                      _Layer, _Step, address, layers_issue, linear_struct, pieces_of)
 
 _ptr, _long, _float = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
@@ -33,21 +34,21 @@ class _Model(ctypes.Structure):
                 + [("layers", ctypes.POINTER(_Layer))])
 
 
-@table.loader("cpu_decoder_f32")
+@table.loader("loop_portable")
 def load(library):
     library.decoder_layers_f32.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
     library.decoder_layers_f32.restype = ctypes.c_int
     return library
 
 
-@table.loader("cpu_decoder_bf16_generic")
+@table.loader("loop_portable_bf16")
 def load_bf16(library):
     library.decoder_layers_bf16_generic.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
     library.decoder_layers_bf16_generic.restype = ctypes.c_int
     return library
 
 
-_PACKED = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_f32.QuantF32Weight, cpu_quant_dot.QuantDotWeight)
+_PACKED = (dense_linear.GenericPanelWeight, quant_exact_f32.QuantF32Weight, quant_int8_rows.QuantDotWeight)
 
 
 def _why_not(model, dtype: torch.dtype, libraries: tuple, packed_types: tuple) -> str | None:
@@ -67,16 +68,17 @@ def _why_not(model, dtype: torch.dtype, libraries: tuple, packed_types: tuple) -
 
 def why_not(model) -> str | None:
     """Why the C loop cannot run this float32 model's layers exactly as its modules would; None if it can."""
-    return _why_not(model, torch.float32, (load(), cpu_gemm_f32.load(), cpu_quant_f32.load(), cpu_quant_dot.load(),
-                                           cpu_ops.load_f32(), cpu_generic_attention.load()), _PACKED)
+    return _why_not(model, torch.float32, (load(), dense_linear.load_fixed_order(), quant_exact_f32.load(),
+                                           quant_int8_rows.load(), fused_ops.load_f32(), paged_fixed_order.load()),
+                    _PACKED)
 
 
 def _kind(packed) -> int:
-    """-1 for cpu_gemm_f32's panels in the engine's dtype, -2 for bf16-stored ones in a float32 engine, the GGUF
-    type quant_f32.c reads, or KIND_DOT + the one quant_dot.c reads."""
-    if isinstance(packed, cpu_quant_dot.QuantDotWeight):
+    """-1 for dense_fixed_order.c's panels in the engine's dtype, -2 for bf16-stored ones in a float32 engine, the GGUF
+    type quant_exact_f32.c reads, or KIND_DOT + the one quant_int8_rows.c reads."""
+    if isinstance(packed, quant_int8_rows.QuantDotWeight):
         return KIND_DOT + packed.type_id
-    if isinstance(packed, cpu_quant_f32.QuantF32Weight):
+    if isinstance(packed, quant_exact_f32.QuantF32Weight):
         return packed.type_id
     return -2 if packed.storage is not packed.dtype else -1
 
@@ -100,12 +102,12 @@ class CpuDecoderF32(CpuDecoder):
 
     def _kernels(self) -> dict[str, int]:
         """The addresses of the kernels the loop calls (the _Model fields of that name)."""
-        gemm, ops = cpu_gemm_f32.load(), cpu_ops.load_f32()
+        gemm, ops = dense_linear.load_fixed_order(), fused_ops.load_f32()
         return dict(dense=address(gemm, "linear_f32"), dense_bf16w=address(gemm, "linear_f32_bf16w"),
-                    quant=address(cpu_quant_f32.load(), "quant_f32_linear"),
-                    dot=address(cpu_quant_dot.load(), "quant_dot_linear_f32"), norm=address(ops, "rms_norm_f32"),
+                    quant=address(quant_exact_f32.load(), "quant_f32_linear"),
+                    dot=address(quant_int8_rows.load(), "quant_dot_linear_f32"), norm=address(ops, "rms_norm_f32"),
                     rotary=address(ops, "rotary_f32"), act_and_mul=address(ops, self._act_and_mul()),
-                    attention=address(cpu_generic_attention.load(), "generic_paged_attention"))
+                    attention=address(paged_fixed_order.load(), "generic_paged_attention"))
 
     def _act_and_mul(self) -> str:
         return "gelu_tanh_and_mul_f32" if self.model.spec.activation == "gelu_tanh" else "silu_and_mul_f32"
@@ -148,15 +150,15 @@ class CpuDecoderF32(CpuDecoder):
                     post_ffn_norm=layer.post_feedforward_layernorm.weight.data_ptr())
 
 
-_PACKED_BF16 = (cpu_gemm_f32.GenericPanelWeight, cpu_quant_dot.QuantDotWeight)
+_PACKED_BF16 = (dense_linear.GenericPanelWeight, quant_int8_rows.QuantDotWeight)
 
 
 def why_not_bf16(model) -> str | None:
     """Why the bf16 build of the C loop cannot run this bf16 model's layers exactly as its modules would."""
-    if cpu_ops.load() is not None and not cpu_ops.norm_kernel_ok():
+    if fused_ops.load() is not None and not fused_ops.norm_kernel_ok():
         return "the fused RMSNorm does not reproduce this torch's sum order"
-    return _why_not(model, torch.bfloat16, (load_bf16(), cpu_gemm_f32.load(), cpu_quant_dot.load(), cpu_ops.load(),
-                                            cpu_generic_attention.load()), _PACKED_BF16)
+    return _why_not(model, torch.bfloat16, (load_bf16(), dense_linear.load_fixed_order(), quant_int8_rows.load(),
+                                            fused_ops.load(), paged_fixed_order.load()), _PACKED_BF16)
 
 
 class CpuDecoderBF16Generic(CpuDecoderF32):
@@ -172,9 +174,10 @@ class CpuDecoderBF16Generic(CpuDecoderF32):
         return load_bf16().decoder_layers_bf16_generic
 
     def _kernels(self) -> dict[str, int]:
-        ops = cpu_ops.load()
-        return dict(dense=address(cpu_gemm_f32.load(), "linear_bf16_generic"), dense_bf16w=None,
-                    quant=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"),
-                    dot=address(cpu_quant_dot.load(), "quant_dot_linear_bf16"), norm=address(ops, cpu_ops.bf16_norm_name()),
+        ops = fused_ops.load()
+        return dict(dense=address(dense_linear.load_fixed_order(), "linear_bf16_generic"), dense_bf16w=None,
+                    quant=address(quant_int8_rows.load(), "quant_dot_linear_bf16"),
+                    dot=address(quant_int8_rows.load(), "quant_dot_linear_bf16"),
+                    norm=address(ops, fused_ops.bf16_norm_name()),
                     rotary=address(ops, "rotary_bf16"), act_and_mul=address(ops, "silu_and_mul_bf16"),
-                    attention=address(cpu_generic_attention.load(), "generic_paged_attention"))
+                    attention=address(paged_fixed_order.load(), "generic_paged_attention"))

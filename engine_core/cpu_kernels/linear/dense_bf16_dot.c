@@ -100,7 +100,7 @@ static inline __attribute__((always_inline)) void tile(const bf16 *x, long x_str
                 const __m256i up = to_bf16(_mm512_add_ps(acc[i][j + 2], bu));
                 /* silu of the bf16 gate from the table of torch's results (4-byte gathers at 2-byte
                  * steps: the low half is the entry; the table has one padding entry), times up,
-                 * rounded once: what silu_and_mul (cpu_ops.c) computes from the stored gate and up */
+                 * rounded once: what silu_and_mul (fused_torch_rounding.c) computes from the stored gate and up */
                 const __m512i s = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(gate), (const void *)silu, 2);
                 const __m512 product = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(s, 16)), widen(up));
                 _mm256_storeu_si256((__m256i *)(out + i * out_stride + n0 / 2 + j * LANES), to_bf16(product));

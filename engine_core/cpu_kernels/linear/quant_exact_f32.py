@@ -1,8 +1,8 @@
-"""Float32 linear layers whose GGUF Q4_0 / Q4_1 / Q8_0 weights stay quantized, on every CPU tier (quant_f32.c),
+"""Float32 linear layers whose GGUF Q4_0 / Q4_1 / Q8_0 weights stay quantized, on every CPU tier (quant_exact_f32.c),
 through ctypes.
 
 The weights are unpacked to their exact values (d q + m) as the kernel reads them and multiplied with
-cpu_gemm_f32.c's arithmetic, so a row's result is the dequantized float32 model's to the bit while a decode
+dense_fixed_order.c's arithmetic, so a row's result is the dequantized float32 model's to the bit while a decode
 step reads 5 (Q4) or 8.5 (Q8) bits per weight instead of 32; from a few rows on, slabs of panels are
 unpacked once for every row and run at the dense kernel's rate.
 """
@@ -12,14 +12,14 @@ import ctypes
 import torch
 
 from engine_core.cpu_kernels import table
-from engine_core.layers.cpu_quant import QuantizedTensor
-from engine_core.layers.gguf_packed import GgufPackedWeight, declare_packing
-from engine_core.layers.gguf_types import GGUF_TYPES
+from engine_core.cpu_kernels.linear.quant_bf16_dot import QuantizedTensor
+from engine_core.cpu_kernels.linear.gguf_packed import GgufPackedWeight, declare_packing
+from engine_core.cpu_kernels.linear.gguf_types import GGUF_TYPES
 
 _ptr, _long, _int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 
 
-@table.loader("quant_f32")
+@table.loader("quant_exact_f32")
 def load(library):
     """The kernel library (every tier), or None where it cannot be built."""
     declare_packing(library, "quant_f32", [_ptr])
@@ -34,10 +34,10 @@ def can_pack(weight) -> bool:
 
 
 class QuantF32Weight(GgufPackedWeight):
-    """A quantized weight [N, K] packed for quant_f32.c; `matmul` takes float32 inputs."""
+    """A quantized weight [N, K] packed for quant_exact_f32.c; `matmul` takes float32 inputs."""
 
     prefix = "quant_f32"
-    kernel = "linear/quant_f32.c"
+    kernel = "linear/quant_exact_f32.c"
     load = staticmethod(load)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -2,7 +2,7 @@
  *
  * Three element-type sets, one scheme: float32 (weights, inputs and outputs in fp32); bfloat16 (weights
  * and inputs widened exactly to fp32, fp32 sums, the output rounded once to bf16: for CPUs where the
- * AVX512-BF16 kernel cpu_gemm.c cannot run); and float32 with bf16-stored weights (a bf16 checkpoint in
+ * AVX512-BF16 kernel dense_bf16_dot.c cannot run); and float32 with bf16-stored weights (a bf16 checkpoint in
  * a float32 engine: the same sums as float32, half the weight bytes).
  *
  * The weight is packed once into panels of 16 output columns: [K][16], the 16 columns' weights of

@@ -683,7 +683,7 @@ int quant_dot_linear(const void *x, int x_bf16, long M, long K, long x_stride, c
 
 
 /* quant_dot_linear with bf16 (or float32) inputs and outputs, in the argument order of quant_f32_linear: the
- * quantized linears of the decoder loops (decoder/cpu_decoder_f32.c, built for float32 or bf16; cpu_decoder.c) */
+ * quantized linears of the decoder loops (decoder/loop_portable.c, built for float32 or bf16; loop_avx512_bf16.c) */
 int quant_dot_linear_bf16(const bf16 *x, long M, long K, long x_stride, const uint8_t *packed, int type, long N,
                           const float *bias, bf16 *out, long out_stride, int num_threads) {
     return quant_dot_linear(x, 1, M, K, x_stride, packed, type, N, bias, out, 1, out_stride, num_threads);

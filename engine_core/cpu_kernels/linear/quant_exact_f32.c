@@ -3,15 +3,15 @@
  *
  * The weights are unpacked to their exact float values, w = d q + m (d q is exact in fp32: an fp16 scale
  * times a 4- or 8-bit integer; + m rounds once, as gguf-py dequantizes), and multiplied with
- * cpu_gemm_f32.c's arithmetic: one fp32 fused multiply-add per input, k in order, then the bias. So a
- * row's result is, to the bit, what the dequantized float32 model gives through cpu_gemm_f32.c: keeping
+ * dense_fixed_order.c's arithmetic: one fp32 fused multiply-add per input, k in order, then the bias. So a
+ * row's result is, to the bit, what the dequantized float32 model gives through dense_fixed_order.c: keeping
  * the weights quantized changes the bytes a step reads, never a result. Every tier gives the bits of
- * cpu_gemm_f32.c on that tier (the same on all of them).
+ * dense_fixed_order.c on that tier (the same on all of them).
  *
  * Few rows (decode): each weight is unpacked in registers as the tile reaches it, a 16-column vector per
  * input (Q4: 8 bytes, zero-extended, the two nibbles masked and shifted out; Q8: 16 signed bytes), so a
  * step streams 5 (Q4) or 8.5 (Q8) bits per weight. From SLAB_MIN_M rows (batched decodes, prefill): a
- * thread unpacks a slab of panels into cpu_gemm_f32.c's float panels, which stay in L2, and runs that
+ * thread unpacks a slab of panels into dense_fixed_order.c's float panels, which stay in L2, and runs that
  * file's tiles over every row: the same values, the same sums, the dense kernel's rate.
  *
  * Packed layout: panels of 16 output columns, each a run of blocks of 32 inputs:
@@ -20,7 +20,7 @@
  *   Q8 block (544 bytes): d[16] (fp16), then per input k 16 signed bytes, one per column.
  * Columns past N have d = m = 0.
  */
-#include "cpu_gemm_f32.c"
+#include "dense_fixed_order.c"
 #include "prefetch_run.h"
 
 #include <stdlib.h>
@@ -140,7 +140,7 @@ static inline vec q8_weights(const uint8_t *p, vec d) {
 }
 #endif
 
-/* panel [K/32 blocks] -> cpu_gemm_f32.c's float panel [K][16] */
+/* panel [K/32 blocks] -> dense_fixed_order.c's float panel [K][16] */
 static void unpack_panel(const uint8_t *panel, long K, int q8, float *dst) {
     const long blocks = K / QBLOCK, bb = block_bytes(q8);
     for (long b = 0; b < blocks; b++) {
@@ -182,7 +182,7 @@ static inline __attribute__((always_inline)) void qtile(const float *x, long x_s
             }
         }
     }
-    for (int j = 0; j < nr; j++) { /* one panel at a time through cpu_gemm_f32.c's epilogue */
+    for (int j = 0; j < nr; j++) { /* one panel at a time through dense_fixed_order.c's epilogue */
         vec column[MR][NR];
         for (int i = 0; i < mr; i++) column[i][0] = acc[i][j];
         store_tile(column, bias, out, out_stride, n0 + j * LANES, N, mr, 1, 0);
@@ -230,7 +230,7 @@ static void few_rows(const float *x, long M, long K, long x_stride, const uint8_
 #undef QTILE_NR
 #undef QTILE
 
-/* ---- many rows: slabs unpacked into float panels, then cpu_gemm_f32.c's tiles --------------------- */
+/* ---- many rows: slabs unpacked into float panels, then dense_fixed_order.c's tiles --------------------- */
 
 static void many_rows(const float *x, long M, long K, long x_stride, const uint8_t *packed, int q8, long N,
                       const float *bias, float *out, long out_stride, long p_begin, long p_end, long slab,

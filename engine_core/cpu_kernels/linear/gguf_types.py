@@ -1,8 +1,8 @@
 """The GGUF block types whose weights stay quantized in memory, and which kernel takes which.
 
-quant_dot.c takes them all (every CPU tier); quant_f32.c (float32 engines: the dequantized model's results
-to the bit) and cpu_quant.c (bfloat16 engines on the avx512_bf16 and amx tiers) take Q4_0, Q4_1 and Q8_0,
-and hand the others to quant_dot.c (cpu_packing.pack_quantized).
+quant_int8_rows.c takes them all (every CPU tier); quant_exact_f32.c (float32 engines: the dequantized model's results
+to the bit) and quant_bf16_dot.c (bfloat16 engines on the avx512_bf16 and amx tiers) take Q4_0, Q4_1 and Q8_0,
+and hand the others to quant_int8_rows.c (cpu_packing.pack_quantized).
 """
 
 from dataclasses import dataclass
@@ -14,8 +14,8 @@ class GgufType:
     type_id: int  # ggml.h's
     block_inputs: int  # inputs per block: 32, or a K-quant's super-block of 256
     block_bytes: int
-    cpu_quant_format: int | None = None  # cpu_quant.c's packed format; None: cpu_quant.c does not take it
-    exact_f32_kernel: bool = False  # quant_f32.c takes it
+    cpu_quant_format: int | None = None  # quant_bf16_dot.c's packed format; None: quant_bf16_dot.c does not take it
+    exact_f32_kernel: bool = False  # quant_exact_f32.c takes it
 
     def row_bytes(self, in_features: int) -> int:
         return in_features // self.block_inputs * self.block_bytes

@@ -1,6 +1,6 @@
 /* Batch-invariant paged attention for any x86-64 CPU, float32 or bfloat16 caches, any head dim.
  *
- * What cpu_decode.c does not take (float32; bf16 head dims that are not a multiple of 32, more than 8
+ * What paged_avx512_bf16.c does not take (float32; bf16 head dims that are not a multiple of 32, more than 8
  * query heads per KV head; CPUs without AVX512-BF16) comes here when batch invariance is on.
  *
  * Layouts: q [T, H, D] (row stride q_row elements, heads contiguous), caches [blocks, block_size, Hkv,

@@ -1,6 +1,6 @@
-"""The batch-invariant paged attention kernel for any x86-64 CPU (cpu_generic_attention.c), via ctypes.
+"""The batch-invariant paged attention kernel for any x86-64 CPU (paged_fixed_order.c), via ctypes.
 
-float32 or bfloat16, any head dim and group size: what cpu_decode.c does not take. Every query row
+float32 or bfloat16, any head dim and group size: what paged_avx512_bf16.c does not take. Every query row
 (decodes, prefill chunks, chunks after cached blocks alike) walks its keys 0..p in tiles aligned to
 absolute key positions with an online softmax in fp32, so a row's result depends on that row alone.
 Built at first use for the active tier like the other kernels (engine_core/cpu_kernels); -ffp-contract=off, see the C
@@ -16,7 +16,7 @@ from engine_core.cpu_kernels import table
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-@table.loader("cpu_generic_attention")
+@table.loader("paged_fixed_order")
 def load(library):
     """The kernel library, or None where it cannot be had (turned off, no compiler: logged once)."""
     ptr, long, int_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
