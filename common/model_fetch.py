@@ -8,7 +8,7 @@
   without hashing it again, and a file lock keeps two processes from fetching one file at once.
 
 Used by engine_core's model resolver (the default model's wheel) and by the benchmarks' catalogue of real
-models (bench/models/fetch.py). No torch and no gguf here: the checks that read a GGUF are the callers'.
+models (benchmarks/models/fetch.py). No torch and no gguf here: the checks that read a GGUF are the callers'.
 """
 
 import fcntl

@@ -1,13 +1,14 @@
-"""The frontend's one door into the bench package (bench/, beside frontend/ and engine_core/): `nvllm bench ...`
-exists where bench is installed. The frontend image leaves bench out (it carries none of the benchmarks' torch
-side), and there `nvllm` simply has no bench command. import-linter lets no other frontend module import bench
-(the contracts in pyproject.toml)."""
+"""The frontend's one door into the benchmarks package (benchmarks/, beside frontend/ and engine_core/):
+`nvllm bench ...` exists where that package is installed. The frontend image leaves it out (it carries none of
+the benchmarks' torch side), and there `nvllm` simply has no bench command. import-linter lets no other frontend
+module import benchmarks (the contracts in pyproject.toml)."""
+
+import importlib.util
 
 
 def register_bench_commands(sub, formatter) -> None:
-    try:
-        import bench  # noqa: F401
-    except ImportError:
+    # a checkout's benchmarks/ always holds the result files; the commands are there only with the code
+    if importlib.util.find_spec("benchmarks.cli") is None:
         return
-    from bench.cli import register_commands
+    from benchmarks.cli import register_commands
     register_commands(sub, formatter)

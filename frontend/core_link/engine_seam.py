@@ -2,7 +2,7 @@
 
 The frontend talks to a core over ZeroMQ; only these two uses need the core's code in this
 process: the `nvllm` command line registering the core's own commands, and `LLM(multiprocess=False)`
-running a core in-process (the benchmarks' torch side is the bench package's own: bench/torch_side/).
+running a core in-process (the benchmarks' torch side is the benchmarks package's own: benchmarks/torch_side/).
 Each function imports what it needs when it is called, so importing the frontend never imports torch.
 import-linter holds every other frontend module to that (the contracts in pyproject.toml).
 """

@@ -7,8 +7,8 @@ NEAR_TIE = 0.5  # logprob gap where kept and dequantized may pick differently (8
 
 def cached_real_model(name: str) -> str:
     """The path of the catalogue's model `name` in the cache; skips, saying how to fetch it, where it is not."""
-    from bench.models.fetch import default_dest, is_cached, model_path
-    from bench.models.catalogue import find
+    from benchmarks.models.fetch import default_dest, is_cached, model_path
+    from benchmarks.models.catalogue import find
 
     model = find(name)
     path = model_path(model, default_dest())

@@ -14,10 +14,10 @@ import re
 import pytest
 
 from tests.support.doc_pages import DOCS, ROOT
-from bench import report
-from bench.report.pages import GENERATED
-from bench.report.results import load
-from bench.result_file import machine_label
+from benchmarks import report
+from benchmarks.report.pages import GENERATED
+from benchmarks.report.results import load
+from benchmarks.result_file import machine_label
 
 pytestmark = pytest.mark.unit
 

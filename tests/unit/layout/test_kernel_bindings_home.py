@@ -17,7 +17,7 @@ DECLARATIONS = {"argtypes", "restype"}
 
 
 def _python_files_outside_the_kernels():
-    for package in ("common", "frontend", "engine_core", "bench"):
+    for package in ("common", "frontend", "engine_core", "benchmarks"):
         for folder, _, files in os.walk(os.path.join(ROOT, package)):
             if os.path.commonpath([folder, KERNELS]) == KERNELS:
                 continue

@@ -12,7 +12,7 @@ import pytest
 from tests.support.doc_pages import page, section
 from tests.support.paths import ROOT
 
-PACKAGES = ("common", "frontend", "engine_core", "bench")
+PACKAGES = ("common", "frontend", "engine_core", "benchmarks")
 pytestmark = pytest.mark.unit
 
 

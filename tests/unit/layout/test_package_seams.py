@@ -40,7 +40,7 @@ PACKAGES_ONLY = ("-e", "tests", "-e", r"(^|/)\.", "-e", "build", "-e", "dist",
 
 
 def _copy_tree(tmp_path, with_tests: bool = False) -> str:
-    for name in ("common", "frontend", "engine_core", "bench") + (("tests",) if with_tests else ()):
+    for name in ("common", "frontend", "engine_core", "benchmarks") + (("tests",) if with_tests else ()):
         shutil.copytree(os.path.join(ROOT, name), tmp_path / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path)

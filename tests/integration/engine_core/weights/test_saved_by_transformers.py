@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from common.sampling_params import SamplingParams
-from bench.torch_side.dense_folder import dense_folder
+from benchmarks.torch_side.dense_folder import dense_folder
 from frontend.offline.llm import LLM
 from common.lora import LoRARequest
 from tests.support.lora_adapters import make_adapter, peft_greedy

@@ -312,7 +312,7 @@ def qwen3_shaped(tmp_path_factory):
     choices are not near-ties that rounding could flip."""
     if not CUDA:
         pytest.skip("needs a CUDA GPU")
-    from bench.torch_side.random_model import random_model_folder
+    from benchmarks.torch_side.random_model import random_model_folder
     return random_model_folder("qwen3-0.6b", root=str(tmp_path_factory.mktemp("qwen3")), num_hidden_layers=4,
                                initializer_range=0.1)
 
