@@ -7,8 +7,6 @@ keeps models written like their reference implementations.
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import torch
-
 from engine_core.attention.backend import AttentionBackend
 from engine_core.attention.metadata import AttentionMetadata
 from engine_core.cpu_kernels.linear.prompt_rows import read_prompt_runs_with

@@ -6,9 +6,16 @@ module import benchmarks (the contracts in pyproject.toml)."""
 import importlib.util
 
 
-def register_bench_commands(sub, formatter) -> None:
+def _benchmarks_installed() -> bool:
     # a checkout's benchmarks/ always holds the result files; the commands are there only with the code
-    if importlib.util.find_spec("benchmarks.cli") is None:
+    try:
+        return importlib.util.find_spec("benchmarks.cli") is not None
+    except ModuleNotFoundError:  # no benchmarks package at all (the frontend image)
+        return False
+
+
+def register_bench_commands(sub, formatter) -> None:
+    if not _benchmarks_installed():
         return
     from benchmarks.cli import register_commands
     register_commands(sub, formatter)

@@ -6,6 +6,7 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from tests.support.cpu_tier_helpers import forced_tier, tier_params
+from tests.support.near_ties import identical_but_for_near_ties
 from engine_core.cpu_kernels.linear import dense_linear, quant_bf16_dot, quant_exact_f32, quant_int8_rows
 
 pytestmark = pytest.mark.integration
